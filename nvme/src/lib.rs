@@ -1,1 +1,42 @@
-//! placeholder
+//! hypoll-nvme: NVMe command and completion types, the [`QueuePair`] trait that every hypoll
+//! device implements, the emulated NVMe controller (the project's default device) and the
+//! zero-latency `null` device.
+//!
+//! Open a device from a spec string and drive it one command at a time:
+//!
+//! ```
+//! use std::time::Duration;
+//! use hypoll_nvme::{DeviceSpec, SyncIo};
+//!
+//! let ctrl = "emu:optane,size=64M".parse::<DeviceSpec>()?.open()?;
+//! let mut qp = ctrl.create_queue_pair(32)?;
+//! let mut io = SyncIo::new(&mut *qp, Duration::from_secs(1));
+//! io.write(8, &[0xab; 4096])?;
+//! assert_eq!(&io.read(8, 8)?[..], &[0xab; 4096][..]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A reactor drives a queue pair with [`QueuePair::submit`] and
+//! [`QueuePair::process_completions`] instead, many commands in flight.
+
+pub mod buf;
+pub mod clock;
+pub mod device;
+pub mod emu;
+pub mod null;
+pub mod qpair;
+pub mod spec;
+pub mod sync;
+mod sys;
+
+pub use buf::IoBuf;
+pub use clock::{Clock, VirtualClock};
+pub use device::{parse_size_bytes, DeviceSpec, SpecError};
+pub use emu::{EmuConfig, EmuController, EmuQueuePair};
+pub use null::{NullConfig, NullController, NullQueuePair};
+pub use qpair::{
+    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+};
+pub use spec::{NamespaceInfo, Opcode, Status};
+pub use sync::{IoError, SyncIo};
+pub use sys::{monotonic_ns, wait_readable};

@@ -1,0 +1,259 @@
+//! The device-independent I/O interface: commands, completions, the [`QueuePair`] trait a
+//! reactor polls, and the [`Controller`] that hands out one queue pair per reactor.
+
+use std::marker::PhantomData;
+use std::os::fd::BorrowedFd;
+
+use crate::spec::{NamespaceInfo, Opcode, Status};
+
+/// Buffers handed to a device must be aligned to this many bytes: NVMe requires data pointers
+/// to be dword aligned.
+pub const BUFFER_ALIGN_BYTES: usize = 4;
+
+/// Largest queue depth a queue pair may be created with (NVMe's MQES is 16 bits; real
+/// controllers commonly cap queues at 1024 entries).
+pub const MAX_QUEUE_DEPTH: usize = 1024;
+
+/// One I/O command, as a host builds it. Building a command is safe; it borrows its data
+/// buffer for `'buf` so the borrow checker sees the buffer in use while the command is
+/// built. Handing the buffer to a device outlives that borrow, which is why
+/// [`QueuePair::submit`] is `unsafe`.
+#[derive(Clone, Copy, Debug)]
+pub struct Command<'buf> {
+    pub opcode: Opcode,
+    /// First logical block.
+    pub slba: u64,
+    /// Number of logical blocks, counted from 1 (0 is an invalid command).
+    pub nlb: u32,
+    /// Force Unit Access (writes reach non-volatile media before completing).
+    pub fua: bool,
+    buf_ptr: *mut u8,
+    buf_len_bytes: usize,
+    _buf: PhantomData<&'buf mut [u8]>,
+}
+
+impl<'buf> Command<'buf> {
+    fn new(opcode: Opcode, slba: u64, nlb: u32, buf_ptr: *mut u8, buf_len_bytes: usize) -> Self {
+        Command {
+            opcode,
+            slba,
+            nlb,
+            fua: false,
+            buf_ptr,
+            buf_len_bytes,
+            _buf: PhantomData,
+        }
+    }
+
+    /// Reads `nlb` blocks starting at `slba` into `buf`.
+    pub fn read(slba: u64, nlb: u32, buf: &'buf mut [u8]) -> Self {
+        Self::new(Opcode::Read, slba, nlb, buf.as_mut_ptr(), buf.len())
+    }
+
+    /// Writes `nlb` blocks starting at `slba` from `buf`.
+    pub fn write(slba: u64, nlb: u32, buf: &'buf [u8]) -> Self {
+        // The device only reads a write's buffer; the pointer is stored as `*mut` so one
+        // field serves both directions.
+        Self::new(Opcode::Write, slba, nlb, buf.as_ptr().cast_mut(), buf.len())
+    }
+
+    /// Makes every completed write durable.
+    pub fn flush() -> Self {
+        Self::new(Opcode::Flush, 0, 0, std::ptr::null_mut(), 0)
+    }
+
+    /// Sets `nlb` blocks starting at `slba` to zero, without a data buffer.
+    pub fn write_zeroes(slba: u64, nlb: u32) -> Self {
+        Self::new(Opcode::WriteZeroes, slba, nlb, std::ptr::null_mut(), 0)
+    }
+
+    /// Deallocates (trims) `nlb` blocks starting at `slba`: a Dataset Management command with
+    /// one range and the Deallocate attribute. Deallocated blocks read back as zeroes.
+    pub fn deallocate(slba: u64, nlb: u32) -> Self {
+        Self::new(
+            Opcode::DatasetManagement,
+            slba,
+            nlb,
+            std::ptr::null_mut(),
+            0,
+        )
+    }
+
+    pub fn with_fua(mut self, fua: bool) -> Self {
+        self.fua = fua;
+        self
+    }
+
+    pub fn buf_ptr(&self) -> *mut u8 {
+        self.buf_ptr
+    }
+
+    pub fn buf_len_bytes(&self) -> usize {
+        self.buf_len_bytes
+    }
+
+    /// Checks what the host side can check before a command reaches a device: a length the
+    /// NVMe encoding can carry and a buffer that is aligned and large enough. Range and
+    /// transfer-size checks belong to the device, which answers them with a status.
+    pub fn check(&self, lba_size_bytes: u32) -> Result<(), SubmitError> {
+        let needs_range = !matches!(self.opcode, Opcode::Flush);
+        if needs_range && self.nlb == 0 {
+            return Err(SubmitError::InvalidField("zero-length transfer (nlb = 0)"));
+        }
+        let encodable = match self.opcode {
+            Opcode::Flush | Opcode::DatasetManagement => true,
+            _ => self.nlb <= crate::spec::MAX_NLB,
+        };
+        if !encodable {
+            return Err(SubmitError::InvalidField(
+                "nlb over 65536 cannot be encoded in one command",
+            ));
+        }
+        if matches!(self.opcode, Opcode::Read | Opcode::Write) {
+            let need_bytes = u64::from(self.nlb) * u64::from(lba_size_bytes);
+            if (self.buf_len_bytes as u64) < need_bytes {
+                return Err(SubmitError::BufferTooSmall {
+                    need_bytes,
+                    have_bytes: self.buf_len_bytes as u64,
+                });
+            }
+            let addr = self.buf_ptr as usize;
+            if !addr.is_multiple_of(BUFFER_ALIGN_BYTES) {
+                return Err(SubmitError::MisalignedBuffer {
+                    addr,
+                    align_bytes: BUFFER_ALIGN_BYTES,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a command was not accepted. The command never reached the device, and no completion
+/// will be posted for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Every slot of the queue pair is in use: back-pressure, retry after reaping.
+    #[error("queue full: {depth} commands outstanding")]
+    QueueFull { depth: usize },
+    /// The command cannot be expressed as an NVMe command (NVMe's Invalid Field in Command,
+    /// raised by the host because the field cannot even be encoded).
+    #[error("invalid field in command: {0}")]
+    InvalidField(&'static str),
+    #[error("data buffer at {addr:#x} is not aligned to {align_bytes} bytes")]
+    MisalignedBuffer { addr: usize, align_bytes: usize },
+    #[error("data buffer holds {have_bytes} bytes, the command moves {need_bytes}")]
+    BufferTooSmall { need_bytes: u64, have_bytes: u64 },
+    /// The queue pair was shut down (for example by a controller reset that deleted it).
+    #[error("queue pair is disabled")]
+    Disabled,
+}
+
+/// A command's completion, as the host sees it after reaping the completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The tag given to [`QueuePair::submit`].
+    pub tag: u64,
+    pub status: Status,
+}
+
+/// A submission/completion queue pair on one namespace, owned by one reactor.
+///
+/// Not `Send` by design: queue pairs belong to the thread that created them (SPDK's
+/// one-thread-per-qpair rule made a type fact); implementations hold a non-`Send` marker.
+pub trait QueuePair {
+    /// Places `cmd` on the submission queue and rings the doorbell. Never blocks and never
+    /// allocates: a full queue is [`SubmitError::QueueFull`].
+    ///
+    /// # Safety
+    /// For a Read or Write, the memory `cmd` points at must stay valid, and for a Read must not
+    /// be read or written by anyone else, until the completion carrying `tag` has been
+    /// delivered by [`QueuePair::process_completions`] (or the queue pair has been dropped).
+    /// The device writes into or reads from that memory at a time of its choosing.
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError>;
+
+    /// Reaps up to `max` completions, handing each to `out`, and returns how many it reaped:
+    /// 0 means an idle poll. Callbacks that submit must do so after this returns.
+    fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize;
+
+    /// A file descriptor that becomes readable when a completion is posted while interrupts
+    /// are armed (see [`QueuePair::arm_interrupt`]); `None` if the device cannot interrupt.
+    fn interrupt_fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Asks the device to make [`QueuePair::interrupt_fd`] readable once the next completion
+    /// is posted, or at once if one is already waiting. Interrupts are one-shot: reaping a
+    /// completion disarms them. Polling paths never call this, so they pay no syscall.
+    fn arm_interrupt(&mut self);
+
+    /// Commands submitted and not yet reaped.
+    fn outstanding(&self) -> usize;
+
+    /// Most commands that can be outstanding at once.
+    fn depth(&self) -> usize;
+
+    /// The namespace this queue pair reads and writes.
+    fn namespace(&self) -> NamespaceInfo;
+
+    /// The true completion deadline (CLOCK_MONOTONIC ns) of the outstanding command that will
+    /// complete first, where the device knows it: only the emulated controller does. For
+    /// benchmarks' `oracle` policy, which marks the physical limit of sleeping; a real policy
+    /// must never use it.
+    fn oracle_next_deadline_ns(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Why a controller could not hand out a queue pair.
+#[derive(Debug, thiserror::Error)]
+pub enum QueuePairError {
+    #[error("queue depth {depth} is out of range: 1..={max}")]
+    BadDepth { depth: usize, max: usize },
+    #[error("the controller has no more I/O queues: all {max} are in use")]
+    NoQueuesLeft { max: usize },
+    #[error("{0}")]
+    Os(#[from] std::io::Error),
+}
+
+/// A controller with one namespace: shared by every reactor (hence `Send + Sync`), it hands
+/// out one queue pair per reactor.
+pub trait Controller: Send + Sync {
+    /// A short description, as a spec string would name it (`emu:optane`, `null`).
+    fn describe(&self) -> String;
+
+    fn namespace(&self) -> NamespaceInfo;
+
+    /// Creates an I/O queue pair of `depth` entries for the calling thread.
+    fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_side_checks_catch_what_cannot_be_encoded() {
+        let mut buf = vec![0u8; 8192];
+        assert_eq!(
+            Command::read(0, 0, &mut buf).check(512),
+            Err(SubmitError::InvalidField("zero-length transfer (nlb = 0)"))
+        );
+        assert!(matches!(
+            Command::write_zeroes(0, crate::spec::MAX_NLB + 1).check(512),
+            Err(SubmitError::InvalidField(_))
+        ));
+        assert_eq!(
+            Command::read(0, 3, &mut buf).check(4096),
+            Err(SubmitError::BufferTooSmall {
+                need_bytes: 12288,
+                have_bytes: 8192
+            })
+        );
+        let misaligned = &mut buf[1..4098];
+        assert!(matches!(
+            Command::read(0, 1, misaligned).check(4096),
+            Err(SubmitError::MisalignedBuffer { align_bytes: 4, .. })
+        ));
+        assert_eq!(Command::flush().check(512), Ok(()));
+        assert_eq!(Command::read(0, 2, &mut buf).check(4096), Ok(()));
+    }
+}
