@@ -1,0 +1,521 @@
+//! Building a policy from its spec string, and the list of policies.
+//!
+//! A spec is a name, optionally followed by `:` and the policy's arguments:
+//! `classic`, `fixed:5`, `hybrid-min:adjust=2000`. Adding a policy is adding one entry to
+//! [`POLICIES`] (the `adaptive` and `oracle` policies of later issues go there).
+
+use std::fmt;
+
+use crate::classic::Classic;
+use crate::fixed::{Fixed, FIXED_SLEEP_US_MAX};
+use crate::hybrid::Hybrid;
+use crate::hybrid_min::HybridMin;
+use crate::hybrid_three_quarters::HybridThreeQuarters;
+use crate::interrupt::Interrupt;
+use crate::policy::PollPolicy;
+use crate::uring_hybrid::UringHybrid;
+
+/// A policy's name, spec syntax and one-line description, for `hypoll policies`.
+#[derive(Clone, Copy)]
+pub struct PolicyInfo {
+    /// Name, the part of the spec before `:`.
+    pub name: &'static str,
+    /// Spec syntax: `[...]` is optional, `<...>` a value.
+    pub syntax: &'static str,
+    /// What it does and where it comes from, in one line.
+    pub description: &'static str,
+    build: Builder,
+}
+
+/// Builds a policy from the arguments after the `:`, if any.
+type Builder = fn(Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError>;
+
+impl fmt::Debug for PolicyInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyInfo")
+            .field("name", &self.name)
+            .field("syntax", &self.syntax)
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
+const ADJUST: &str = "adjust";
+
+static POLICIES: [PolicyInfo; 7] = [
+    PolicyInfo {
+        name: Classic::NAME,
+        syntax: "classic",
+        description: "always spin on the completion queue (Linux io_poll_delay = -1)",
+        build: |args| {
+            no_arguments(Classic::NAME, args)?;
+            Ok(Box::new(Classic))
+        },
+    },
+    PolicyInfo {
+        name: Interrupt::NAME,
+        syntax: "interrupt",
+        description: "always block on the device's interrupt fd (IRQ-driven completion)",
+        build: |args| {
+            no_arguments(Interrupt::NAME, args)?;
+            Ok(Box::new(Interrupt))
+        },
+    },
+    PolicyInfo {
+        name: Hybrid::NAME,
+        syntax: "hybrid",
+        description: "sleep (mean + 1) / 2 of the I/O's bucket once, then spin \
+                      (Linux io_poll_delay = 0, 2016)",
+        build: |args| {
+            no_arguments(Hybrid::NAME, args)?;
+            Ok(Box::new(Hybrid))
+        },
+    },
+    PolicyInfo {
+        name: Fixed::NAME,
+        syntax: "fixed:<us>",
+        description: "sleep <us> microseconds once per I/O, then spin (Linux io_poll_delay > 0)",
+        build: build_fixed,
+    },
+    PolicyInfo {
+        name: HybridThreeQuarters::NAME,
+        syntax: "hybrid-3/4",
+        description: "sleep (mean + 1) * 3 / 4 of the I/O's bucket once, then spin \
+                      (blk-mq proposal, 2020)",
+        build: |args| {
+            no_arguments(HybridThreeQuarters::NAME, args)?;
+            Ok(Box::new(HybridThreeQuarters))
+        },
+    },
+    PolicyInfo {
+        name: HybridMin::NAME,
+        syntax: "hybrid-min[:adjust=<ns>]",
+        description: "sleep max((mean + 1) / 2, bucket min) minus adjust once, no sleep if \
+                      adjust is at least that (blk-mq proposal, 2017)",
+        build: build_hybrid_min,
+    },
+    PolicyInfo {
+        name: UringHybrid::NAME,
+        syntax: "uring-hybrid",
+        description: "sleep half the shortest runtime seen once, then spin \
+                      (io_uring IORING_SETUP_HYBRID_IOPOLL, 2024)",
+        build: |args| {
+            no_arguments(UringHybrid::NAME, args)?;
+            Ok(Box::new(UringHybrid::new()))
+        },
+    },
+];
+
+/// Every policy [`build`] knows, with its syntax and a one-line description.
+pub fn list() -> &'static [PolicyInfo] {
+    &POLICIES
+}
+
+/// Builds the policy that `spec` names, e.g. `hybrid`, `fixed:5`, `hybrid-min:adjust=2000`.
+/// Surrounding whitespace is ignored; names and keys are case-sensitive.
+pub fn build(spec: &str) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err(PolicySpecError::Empty);
+    }
+    let (name, args) = match spec.split_once(':') {
+        Some((name, args)) => (name, Some(args)),
+        None => (spec, None),
+    };
+    let info = POLICIES
+        .iter()
+        .find(|info| info.name == name)
+        .ok_or_else(|| PolicySpecError::UnknownPolicy {
+            name: name.to_owned(),
+        })?;
+    (info.build)(args)
+}
+
+fn no_arguments(policy: &'static str, args: Option<&str>) -> Result<(), PolicySpecError> {
+    match args {
+        None => Ok(()),
+        Some(args) => Err(PolicySpecError::UnexpectedArguments {
+            policy,
+            arguments: args.to_owned(),
+        }),
+    }
+}
+
+fn build_fixed(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
+    let value = args.ok_or(PolicySpecError::MissingValue {
+        policy: Fixed::NAME,
+        syntax: "fixed:<us>, e.g. fixed:5",
+    })?;
+    let sleep_us = value
+        .parse::<u64>()
+        .ok()
+        .filter(|us| (1..=FIXED_SLEEP_US_MAX).contains(us))
+        .ok_or_else(|| PolicySpecError::InvalidValue {
+            policy: Fixed::NAME,
+            key: "<us>",
+            value: value.to_owned(),
+            expected: "whole microseconds from 1 to 1000000 (0 is `hybrid` in Linux)",
+        })?;
+    Ok(Box::new(Fixed::from_us(sleep_us)))
+}
+
+fn build_hybrid_min(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
+    const ACCEPTED: &[&str] = &[ADJUST];
+    let mut adjust_ns = None;
+    for pair in args.into_iter().flat_map(|args| args.split(',')) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != ADJUST {
+            return Err(PolicySpecError::UnknownParameter {
+                policy: HybridMin::NAME,
+                key: key.to_owned(),
+                accepted: ACCEPTED,
+            });
+        }
+        if adjust_ns.is_some() {
+            return Err(PolicySpecError::DuplicateParameter {
+                policy: HybridMin::NAME,
+                key: ADJUST,
+            });
+        }
+        let ns = value
+            .parse::<u64>()
+            .map_err(|_| PolicySpecError::InvalidValue {
+                policy: HybridMin::NAME,
+                key: ADJUST,
+                value: value.to_owned(),
+                expected: "whole nanoseconds, e.g. adjust=2000",
+            })?;
+        adjust_ns = Some(ns);
+    }
+    Ok(Box::new(HybridMin::new(adjust_ns.unwrap_or(0))))
+}
+
+/// Why a spec names no policy. The message names the culprit and what would be accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySpecError {
+    /// The spec is empty.
+    Empty,
+    /// No policy has this name.
+    UnknownPolicy {
+        /// The name given.
+        name: String,
+    },
+    /// The policy takes no arguments, but some were given.
+    UnexpectedArguments {
+        /// The policy.
+        policy: &'static str,
+        /// What followed the `:`.
+        arguments: String,
+    },
+    /// The policy has no parameter of this name.
+    UnknownParameter {
+        /// The policy.
+        policy: &'static str,
+        /// The key given.
+        key: String,
+        /// The keys the policy accepts.
+        accepted: &'static [&'static str],
+    },
+    /// A parameter was given twice.
+    DuplicateParameter {
+        /// The policy.
+        policy: &'static str,
+        /// The key given twice.
+        key: &'static str,
+    },
+    /// The policy needs a value that was not given.
+    MissingValue {
+        /// The policy.
+        policy: &'static str,
+        /// The syntax it expects.
+        syntax: &'static str,
+    },
+    /// A value does not parse or is out of range.
+    InvalidValue {
+        /// The policy.
+        policy: &'static str,
+        /// The parameter (`<us>` for a positional one).
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+}
+
+impl fmt::Display for PolicySpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => write!(f, "empty policy spec; known policies: ")?,
+            Self::UnknownPolicy { name } => {
+                write!(f, "unknown policy `{name}`; known policies: ")?;
+            }
+            Self::UnexpectedArguments { policy, arguments } => {
+                return write!(
+                    f,
+                    "policy `{policy}` takes no arguments, got `{policy}:{arguments}`"
+                );
+            }
+            Self::UnknownParameter {
+                policy,
+                key,
+                accepted,
+            } => {
+                return write!(
+                    f,
+                    "policy `{policy}` has no parameter `{key}`; accepted: {}",
+                    accepted.join(", ")
+                );
+            }
+            Self::DuplicateParameter { policy, key } => {
+                return write!(f, "parameter `{key}` of policy `{policy}` is given twice");
+            }
+            Self::MissingValue { policy, syntax } => {
+                return write!(f, "policy `{policy}` needs a value: {syntax}");
+            }
+            Self::InvalidValue {
+                policy,
+                key,
+                value,
+                expected,
+            } => {
+                return write!(
+                    f,
+                    "invalid value `{value}` for `{key}` of policy `{policy}`: expected {expected}"
+                );
+            }
+        }
+        let syntaxes: Vec<&str> = POLICIES.iter().map(|info| info.syntax).collect();
+        f.write_str(&syntaxes.join(", "))
+    }
+}
+
+impl std::error::Error for PolicySpecError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Decision, InFlight, Observation, PollContext};
+    use crate::stats::{Bucket, BucketStats, OvershootStats, Snapshot, BUCKETS};
+    use proptest::prelude::*;
+
+    fn every_policy() -> Vec<Box<dyn PollPolicy>> {
+        [
+            "classic",
+            "interrupt",
+            "hybrid",
+            "fixed:5",
+            "hybrid-3/4",
+            "hybrid-min:adjust=100",
+        ]
+        .into_iter()
+        .chain(["hybrid-min", "uring-hybrid"])
+        .map(|spec| build(spec).unwrap())
+        .collect()
+    }
+
+    fn any_stats() -> impl Strategy<Value = BucketStats> {
+        (1u64..1000, 0u64..10_000_000, 0u64..10_000_000).prop_map(|(count, mean_ns, min_ns)| {
+            BucketStats {
+                count,
+                mean_ns,
+                min_ns: min_ns.min(mean_ns),
+                max_ns: mean_ns * 2,
+                p50_ns: mean_ns,
+                p90_ns: mean_ns,
+                p99_ns: mean_ns,
+                window: 1,
+            }
+        })
+    }
+
+    proptest! {
+        /// No policy sleeps twice for one I/O, whatever the statistics and history; and
+        /// none but `fixed` sleeps before it has samples.
+        #[test]
+        fn every_policy_sleeps_at_most_once_and_never_without_samples(
+            stats in any_stats(),
+            index in 0..BUCKETS,
+            latencies_ns in prop::collection::vec(1u64..1_000_000, 0..5),
+            now_ns in 0u64..1_000_000_000,
+        ) {
+            let bucket = Bucket::from_index(index);
+            let overshoot = OvershootStats::new();
+            let empty = Snapshot::EMPTY;
+            let full = Snapshot::EMPTY.with_bucket(bucket.unwrap(), stats);
+            let context = |stats, slept| PollContext {
+                now_ns,
+                outstanding: 1,
+                oldest: InFlight { bucket, submit_ns: now_ns / 2, slept },
+                stats,
+                overshoot: &overshoot,
+                oracle_deadline_ns: None,
+            };
+            for mut policy in every_policy() {
+                let fresh = policy.decide(&context(&empty, false));
+                prop_assert!(
+                    !matches!(fresh, Decision::Sleep(_)) || policy.name() == "fixed:5",
+                    "{} slept without samples", policy.name()
+                );
+                for latency_ns in &latencies_ns {
+                    policy.on_completion(&Observation {
+                        bucket,
+                        latency_ns: *latency_ns,
+                        slept: None,
+                        idle_polls: 0,
+                    });
+                }
+                for stats in [&empty, &full] {
+                    let again = policy.decide(&context(stats, true));
+                    prop_assert!(
+                        !matches!(again, Decision::Sleep(_)),
+                        "{} slept twice: {:?}", policy.name(), again
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn builds_every_spec_of_the_issue() {
+        for (spec, name) in [
+            ("classic", "classic"),
+            ("interrupt", "interrupt"),
+            ("hybrid", "hybrid"),
+            ("fixed:5", "fixed:5"),
+            ("hybrid-3/4", "hybrid-3/4"),
+            ("hybrid-min", "hybrid-min"),
+            ("hybrid-min:adjust=2000", "hybrid-min:adjust=2000"),
+            ("hybrid-min:adjust=0", "hybrid-min"),
+            ("uring-hybrid", "uring-hybrid"),
+            ("  hybrid \n", "hybrid"),
+        ] {
+            let policy = build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(policy.name(), name, "{spec}");
+            // A policy's name is a spec that builds the same policy.
+            assert_eq!(build(policy.name()).unwrap().name(), name);
+        }
+    }
+
+    #[test]
+    fn lists_every_policy_once_and_builds_each_by_its_name() {
+        let names: Vec<_> = list().iter().map(|info| info.name).collect();
+        assert_eq!(
+            names,
+            [
+                "classic",
+                "interrupt",
+                "hybrid",
+                "fixed",
+                "hybrid-3/4",
+                "hybrid-min",
+                "uring-hybrid"
+            ]
+        );
+        for info in list() {
+            assert!(!info.description.is_empty() && !info.description.contains('\n'));
+            assert!(info.syntax.starts_with(info.name));
+            if info.name != "fixed" {
+                assert_eq!(build(info.name).unwrap().name(), info.name);
+            }
+        }
+    }
+
+    fn error(spec: &str) -> (PolicySpecError, String) {
+        let error = build(spec).map(|p| p.name().to_owned()).unwrap_err();
+        let message = error.to_string();
+        (error, message)
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let (e, message) = error("hybird");
+        assert_eq!(
+            e,
+            PolicySpecError::UnknownPolicy {
+                name: "hybird".into()
+            }
+        );
+        assert!(message.contains("`hybird`"), "{message}");
+        for info in list() {
+            assert!(message.contains(info.syntax), "{message}");
+        }
+        assert_eq!(error("").0, PolicySpecError::Empty);
+        assert!(error("  ").1.contains("hybrid-min[:adjust=<ns>]"));
+        assert!(matches!(
+            error("Classic").0,
+            PolicySpecError::UnknownPolicy { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_parameters_name_the_key_and_the_accepted_ones() {
+        let (e, message) = error("hybrid-min:adjst=2000");
+        assert!(matches!(e, PolicySpecError::UnknownParameter { .. }));
+        assert_eq!(
+            message,
+            "policy `hybrid-min` has no parameter `adjst`; accepted: adjust"
+        );
+        let (e, message) = error("hybrid-min:adjust=2us");
+        assert!(matches!(e, PolicySpecError::InvalidValue { .. }));
+        assert!(
+            message.contains("`2us`") && message.contains("nanoseconds"),
+            "{message}"
+        );
+        assert!(matches!(
+            error("hybrid-min:adjust").0,
+            PolicySpecError::InvalidValue { .. }
+        ));
+        assert!(matches!(
+            error("hybrid-min:adjust=-1").0,
+            PolicySpecError::InvalidValue { .. }
+        ));
+        let (e, _) = error("hybrid-min:adjust=1,adjust=2");
+        assert!(matches!(
+            e,
+            PolicySpecError::DuplicateParameter { key: "adjust", .. }
+        ));
+        assert!(matches!(
+            error("hybrid-min:").0,
+            PolicySpecError::UnknownParameter { .. }
+        ));
+    }
+
+    #[test]
+    fn policies_without_parameters_refuse_them() {
+        for name in [
+            "classic",
+            "interrupt",
+            "hybrid",
+            "hybrid-3/4",
+            "uring-hybrid",
+        ] {
+            let (e, message) = error(&format!("{name}:x=1"));
+            assert!(
+                matches!(e, PolicySpecError::UnexpectedArguments { .. }),
+                "{name}"
+            );
+            assert!(message.contains("takes no arguments"), "{message}");
+        }
+    }
+
+    #[test]
+    fn fixed_needs_whole_microseconds_in_range() {
+        let (e, message) = error("fixed");
+        assert!(matches!(e, PolicySpecError::MissingValue { .. }));
+        assert!(message.contains("fixed:<us>"), "{message}");
+        for bad in [
+            "fixed:0",
+            "fixed:5us",
+            "fixed:1.5",
+            "fixed:-3",
+            "fixed:1000001",
+            "fixed:",
+        ] {
+            let (e, message) = error(bad);
+            assert!(matches!(e, PolicySpecError::InvalidValue { .. }), "{bad}");
+            assert!(message.contains("microseconds"), "{message}");
+        }
+        assert_eq!(build("fixed:1000000").unwrap().name(), "fixed:1000000");
+    }
+}
