@@ -1,0 +1,118 @@
+//! Cost of the policy crate's hot path: recording one completion and one decision.
+//!
+//! Both run once per I/O on a reactor, so both must stay far below the 50 ns budget of
+//! issue 4. Run: `cargo bench -p hypoll-benches --bench policy`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use hypoll_policy::{
+    build, Bucket, BucketStats, DeviceStats, Direction, InFlight, Observation, OvershootStats,
+    PollContext, Slept, Snapshot,
+};
+
+/// Latencies to cycle through, so the histogram counters touched vary as in a real run.
+const LATENCIES: usize = 1024;
+const WINDOW_NS: u64 = hypoll_policy::DEFAULT_WINDOW_MS * 1_000_000;
+
+fn latencies_ns() -> Vec<u64> {
+    // Around 9 us, spread over several sub-buckets and a few powers of two.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..LATENCIES)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            6_000 + state % 12_000
+        })
+        .collect()
+}
+
+fn record(c: &mut Criterion) {
+    let device = DeviceStats::new();
+    let mut stats = device.recorder(0);
+    let bucket = Bucket::new(Direction::Read, 4096).unwrap();
+    let latencies_ns = latencies_ns();
+    let mut next = 0;
+    c.bench_function("stats/record one completion", |b| {
+        b.iter(|| {
+            next = (next + 1) % LATENCIES;
+            stats.record(black_box(bucket), black_box(latencies_ns[next]));
+        })
+    });
+    c.bench_function("stats/tick within a window", |b| {
+        b.iter(|| stats.tick(black_box(WINDOW_NS / 2)))
+    });
+    let mut now_ns = WINDOW_NS;
+    c.bench_function("stats/publish one window (16 busy buckets)", |b| {
+        b.iter(|| {
+            for bucket in Bucket::all() {
+                stats.record(bucket, 9001);
+            }
+            now_ns += WINDOW_NS;
+            stats.tick(black_box(now_ns))
+        })
+    });
+}
+
+fn decide(c: &mut Criterion) {
+    let bucket = Bucket::new(Direction::Read, 4096);
+    let published = BucketStats {
+        count: 1000,
+        mean_ns: 9001,
+        min_ns: 8000,
+        max_ns: 30_000,
+        p50_ns: 8900,
+        p90_ns: 11_000,
+        p99_ns: 20_000,
+        window: 7,
+    };
+    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), published);
+    let overshoot = OvershootStats::new();
+    let ctx = PollContext {
+        now_ns: 1_000,
+        outstanding: 1,
+        oldest: InFlight {
+            bucket,
+            submit_ns: 0,
+            slept: false,
+        },
+        stats: &snapshot,
+        overshoot: &overshoot,
+        oracle_deadline_ns: None,
+    };
+    for spec in [
+        "classic",
+        "hybrid",
+        "hybrid-min:adjust=2000",
+        "uring-hybrid",
+    ] {
+        // Through the registry's `Box<dyn PollPolicy>`, as a reactor holds it.
+        let mut policy = build(spec).unwrap();
+        policy.on_completion(&Observation {
+            bucket,
+            latency_ns: 9001,
+            slept: None,
+            idle_polls: 0,
+        });
+        c.bench_function(&format!("decide ({spec})"), |b| {
+            b.iter(|| policy.decide(black_box(&ctx)))
+        });
+    }
+    let mut policy = build("uring-hybrid").unwrap();
+    let seen = Observation {
+        bucket,
+        latency_ns: 9001,
+        slept: Some(Slept {
+            requested_ns: 4000,
+            actual_ns: 4600,
+        }),
+        idle_polls: 12,
+    };
+    c.bench_function("on_completion (uring-hybrid)", |b| {
+        b.iter(|| policy.on_completion(black_box(&seen)))
+    });
+}
+
+criterion_group!(benches, record, decide);
+criterion_main!(benches);
