@@ -178,8 +178,9 @@ impl Histogram {
         if self.count == 0 {
             return None;
         }
-        let fraction = (percentile / 100.0).clamp(0.0, 1.0);
-        let rank = ((fraction * self.count as f64).ceil() as u64).clamp(1, self.count);
+        // Multiply before dividing: exact for whole percentiles (99 * count / 100).
+        let percentile = percentile.clamp(0.0, 100.0);
+        let rank = ((percentile * self.count as f64 / 100.0).ceil() as u64).clamp(1, self.count);
         // The extreme ranks are known exactly.
         if rank == 1 {
             return Some(self.min_ns);
@@ -258,6 +259,13 @@ mod tests {
         }
         assert_eq!(h.percentile_ns(100.0), Some(100_000));
         assert_eq!(h.percentile_ns(0.0), Some(1000));
+        // Whole percentiles take exact ranks: p90 of 10 values is the 9th, not the 10th.
+        let mut ten = Histogram::new();
+        for value in 1..=10u64 {
+            ten.record(value);
+        }
+        assert_eq!(ten.percentile_ns(90.0), Some(9));
+        assert_eq!(ten.percentile_ns(91.0), Some(10));
     }
 
     #[test]
@@ -292,7 +300,7 @@ mod tests {
             }
             values.sort_unstable();
             let n = values.len() as u64;
-            let rank = (((percentile / 100.0) * n as f64).ceil() as u64).clamp(1, n);
+            let rank = ((percentile * n as f64 / 100.0).ceil() as u64).clamp(1, n);
             let exact = values[rank as usize - 1];
             let got = h.percentile_ns(percentile).unwrap();
             prop_assert!(got.abs_diff(exact) <= exact / 32, "p{percentile}: {got} vs exact {exact}");

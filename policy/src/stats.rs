@@ -928,6 +928,14 @@ mod tests {
     }
 
     #[test]
+    fn recorders_and_devices_can_move_to_their_reactor_threads() {
+        fn send<T: Send>() {}
+        send::<StatsRecorder>();
+        send::<Arc<DeviceStats>>();
+        send::<Box<dyn crate::PollPolicy>>();
+    }
+
+    #[test]
     fn leaving_after_a_silent_window_loses_nothing() {
         let device = DeviceStats::new();
         let (mut a, mut b) = (device.recorder(0), device.recorder(0));
