@@ -6,12 +6,13 @@ use crate::policy::{Decision, PollContext, PollPolicy};
 pub const FIXED_SLEEP_US_MAX: u64 = 1_000_000;
 const NS_PER_US: u64 = 1_000;
 
-/// Sleeps `io_poll_delay` microseconds once per I/O, whatever the statistics say.
+/// Sleeps `io_poll_delay` microseconds once per I/O, whatever the statistics' values.
 ///
-/// As in Linux (`blk_mq_poll_hybrid_sleep` takes `poll_nsec` when it is positive and never
-/// looks at the statistics), this policy sleeps from the first I/O on, with or without
-/// samples, and for I/Os without a bucket too: the one policy that does not wait for
-/// samples, because its sleep does not come from them.
+/// Linux (`blk_mq_poll_hybrid_sleep` takes `poll_nsec` when it is positive) never looks at
+/// the statistics for this delay. hypoll's contract adds one rule to every policy, this one
+/// included: no sleep before the I/O's bucket has samples. So `fixed` spins for an I/O whose
+/// bucket is still empty, or that has no bucket (flush), and otherwise sleeps exactly the
+/// configured time, as Linux does.
 #[derive(Clone, Debug)]
 pub struct Fixed {
     sleep_ns: u64,
@@ -51,10 +52,9 @@ impl PollPolicy for Fixed {
 
     #[inline]
     fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
-        if ctx.oldest.slept {
-            Decision::Spin
-        } else {
-            Decision::sleep_ns(self.sleep_ns)
+        match ctx.sleepable_bucket() {
+            Some(stats) if stats.has_samples() => Decision::sleep_ns(self.sleep_ns),
+            _ => Decision::Spin,
         }
     }
 }
@@ -78,14 +78,16 @@ mod tests {
     }
 
     #[test]
-    fn like_linux_it_does_not_wait_for_samples() {
+    fn no_sleep_before_the_bucket_has_samples() {
         let mut policy = Fixed::from_us(9);
         assert_eq!(
             decide_with(&mut policy, BucketStats::EMPTY, |_| {}),
-            sleep(9000)
+            Decision::Spin
         );
         let flush = decide_with(&mut policy, stats(1, 1), |c| c.oldest.bucket = None);
-        assert_eq!(flush, sleep(9000));
+        assert_eq!(flush, Decision::Spin);
+        // Once there are samples, their values do not matter: the sleep is fixed.
+        assert_eq!(decide_with(&mut policy, stats(1, 1), |_| {}), sleep(9000));
     }
 
     #[test]
