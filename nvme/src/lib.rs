@@ -27,7 +27,7 @@ pub mod null;
 pub mod qpair;
 pub mod spec;
 pub mod sync;
-mod sys;
+pub mod sys;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};

@@ -1,2 +1,48 @@
-//! Per-core reactors: pinned threads that own queue pairs, pollers, messages, timers and
-//! idle sleep. Not built yet (issue 3); the crate exists so the workspace has its final shape.
+//! hypoll-reactor: per-core reactors, the heart of hypoll.
+//!
+//! A [`ReactorSet`] starts one pinned thread per core. Each [`Reactor`] owns its queue pairs
+//! (one per attached device), its pollers, timers and poll policy; other threads reach it
+//! with closures sent through a bounded mailbox ([`ReactorHandle::send`]). Every loop turn
+//! runs messages, timers, pollers and completions; when none had work, the reactor asks its
+//! policy (spin, sleep then spin, or wait for the interrupt) if I/O is outstanding, or spins
+//! briefly and then parks in epoll if nothing is.
+//!
+//! ```no_run
+//! use hypoll_reactor::{Device, ReactorConfig, ReactorSet};
+//!
+//! let device = Device::open("emu:optane")?;
+//! let set = ReactorSet::start(ReactorConfig::default(), move |reactor| {
+//!     reactor.attach(&device, 32).map(drop)
+//! })?;
+//! set.handles()[0].send(|reactor| println!("hello from core {}", reactor.core()))?;
+//! let report = set.shutdown();
+//! assert!(report.panics.is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! See `examples/embed.rs` for a whole storage-server skeleton.
+
+pub mod cores;
+pub mod io;
+mod reactor;
+mod set;
+pub mod stats;
+mod sys;
+mod timer;
+
+pub use cores::{CoreError, CoreList};
+pub use io::{
+    Device, DeviceError, DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason,
+    Rejected,
+};
+pub use reactor::{
+    ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning, SendError,
+    COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
+};
+pub use set::{
+    ReactorConfig, ReactorPanic, ReactorSet, ShutdownReport, StartError, MAILBOX_CAPACITY,
+    REACTOR_TIMER_SLACK_NS,
+};
+pub use stats::{Counters, ReactorStats};
+pub use sys::{allowed_cores, timer_slack_ns};
+pub use timer::TimerId;

@@ -1,0 +1,168 @@
+//! The I/O API's types: requests, completions, rejections and attached devices.
+
+use std::sync::Arc;
+
+use hypoll_nvme::{Controller, DeviceSpec, IoBuf, Status, SubmitError};
+use hypoll_policy::{DeviceStats, StatsConfigError};
+
+/// A device as reactors share it: its controller and its shared completion statistics (each
+/// reactor records its own and publishes them here every window).
+#[derive(Clone)]
+pub struct Device {
+    pub ctrl: Arc<dyn Controller>,
+    pub stats: Arc<DeviceStats>,
+}
+
+impl Device {
+    /// Wraps a controller, with statistics windows of the default 100 ms.
+    pub fn new(ctrl: Arc<dyn Controller>) -> Device {
+        Device {
+            ctrl,
+            stats: DeviceStats::new(),
+        }
+    }
+
+    /// Opens a device from a spec string (`emu:optane`, `null`).
+    pub fn open(spec: &str) -> Result<Device, DeviceError> {
+        let parsed: DeviceSpec = spec
+            .parse()
+            .map_err(|e| DeviceError::Spec(format!("{e}")))?;
+        let ctrl = parsed
+            .open()
+            .map_err(|e| DeviceError::Open(spec.to_string(), e.to_string()))?;
+        Ok(Device::new(ctrl))
+    }
+
+    /// Uses statistics windows of `window_ms` instead of 100 ms.
+    pub fn with_window_ms(mut self, window_ms: u64) -> Result<Device, StatsConfigError> {
+        self.stats = DeviceStats::with_window_ms(window_ms)?;
+        Ok(self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("device spec: {0}")]
+    Spec(String),
+    #[error("opening {0}: {1}")]
+    Open(String, String),
+}
+
+/// A device attached to one reactor: its position in the order of `Reactor::attach` calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceId(pub(crate) u16);
+
+impl DeviceId {
+    /// The first device a reactor attached.
+    pub const FIRST: DeviceId = DeviceId(0);
+
+    /// The device attached `index`-th (from 0).
+    pub fn from_index(index: u16) -> DeviceId {
+        DeviceId(index)
+    }
+
+    pub fn index(self) -> u16 {
+        self.0
+    }
+}
+
+/// What an I/O does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read,
+    Write,
+    Flush,
+    WriteZeroes,
+    Deallocate,
+}
+
+/// One I/O as an application asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoRequest {
+    pub op: IoOp,
+    pub slba: u64,
+    /// Blocks, counted from 1.
+    pub nlb: u32,
+    /// Force Unit Access, for writes.
+    pub fua: bool,
+    /// Handed back in [`IoDone::user`]: state for the callback without an allocation.
+    pub user: u64,
+}
+
+impl IoRequest {
+    pub fn new(op: IoOp, slba: u64, nlb: u32) -> IoRequest {
+        IoRequest {
+            op,
+            slba,
+            nlb,
+            fua: false,
+            user: 0,
+        }
+    }
+
+    pub fn with_user(mut self, user: u64) -> IoRequest {
+        self.user = user;
+        self
+    }
+
+    pub fn with_fua(mut self, fua: bool) -> IoRequest {
+        self.fua = fua;
+        self
+    }
+}
+
+/// Why an I/O failed after it was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IoFailure {
+    #[error("device returned {0}")]
+    Device(Status),
+    /// The reactor shut down before the device completed it; the queue pair was deleted.
+    #[error("not completed before the reactor shut down")]
+    Shutdown,
+}
+
+/// A completed I/O, handed to its callback.
+#[derive(Debug)]
+pub struct IoDone {
+    pub device: DeviceId,
+    pub result: Result<(), IoFailure>,
+    /// The buffer given at submission, back to its owner.
+    pub buf: Option<IoBuf>,
+    pub user: u64,
+    /// Completion seen by the reactor minus submission.
+    pub latency_ns: u64,
+}
+
+/// Why an I/O was not accepted. The buffer comes back with it.
+#[derive(Debug)]
+pub struct Rejected {
+    pub reason: RejectReason,
+    pub buf: Option<IoBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    /// The queue pair refused it: full (back-pressure: retry after completions), or a
+    /// command that cannot be built.
+    #[error("{0}")]
+    Submit(#[from] SubmitError),
+    #[error("no such device on this reactor")]
+    UnknownDevice,
+    #[error("a read or write needs a buffer; other operations take none")]
+    Buffer,
+    #[error("the reactor is shutting down")]
+    ShuttingDown,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reason.fmt(f)
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+/// The callback an I/O runs on completion, on its reactor. A closure that captures nothing
+/// (or a plain `fn`) costs no allocation; one that captures state costs one small
+/// allocation per I/O: use [`IoRequest::user`] to carry a number without one.
+pub type IoCallback = Box<dyn FnOnce(&mut crate::Reactor, IoDone)>;

@@ -1,0 +1,909 @@
+//! The reactor: one pinned thread's loop over messages, timers, pollers and queue pairs, and
+//! what it does when none of them has work (ask the policy, or park).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use hypoll_nvme::sys::{monotonic_ns, EventFd, TimerFd};
+use hypoll_nvme::{Command, Completion, QueuePair};
+use hypoll_policy::{
+    Bucket, Decision, Direction, InFlight, Observation, PollContext, PollPolicy, Slept,
+    StatsRecorder,
+};
+use slab::Slab;
+
+use crate::io::{
+    Device, DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason, Rejected,
+};
+use crate::stats::{Counters, ReactorStats, SharedStats, STATS_PUBLISH_NS};
+use crate::sys::Epoll;
+use crate::timer::{TimerFn, TimerId, Timers};
+
+/// Most messages run per loop turn, so a flood of messages cannot starve I/O.
+pub const MESSAGE_BATCH: usize = 32;
+/// Most completions reaped from one queue pair per loop turn.
+pub const COMPLETION_BATCH: usize = 64;
+/// Most devices one reactor attaches.
+pub const DEVICES_MAX: usize = 64;
+
+const TOKEN_MAILBOX: u64 = 0;
+const TOKEN_TIMER: u64 = 1;
+const TOKEN_DEVICE_BASE: u64 = 1 << 16;
+const TOKEN_POLLER_BASE: u64 = 1 << 32;
+
+/// A closure run on a reactor.
+pub type Message = Box<dyn FnOnce(&mut Reactor) + Send>;
+
+/// Work a reactor polls every turn (a socket, a ring). Returns the work it did: 0 means it
+/// found nothing. Pollers that can say when they have work give a `wake_fd`, so a parked
+/// reactor wakes for them; one without an fd is polled only when the reactor is awake.
+pub trait Poller {
+    fn poll(&mut self, reactor: &mut Reactor) -> usize;
+
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+/// Identifies a poller for [`Reactor::remove_poller`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PollerId(u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The reactor's mailbox is full: back-pressure, retry later.
+    #[error("the reactor's mailbox is full")]
+    Full,
+    /// The reactor stopped, or died.
+    #[error("the reactor has stopped")]
+    Stopped,
+}
+
+/// Shared between a reactor and the handles to it.
+pub(crate) struct Wake {
+    eventfd: EventFd,
+    /// The reactor is (about to be) blocked in epoll: senders must signal the eventfd.
+    parked: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// A handle to a reactor, usable from any thread.
+#[derive(Clone)]
+pub struct ReactorHandle {
+    index: usize,
+    core: usize,
+    tx: Sender<Message>,
+    wake: Arc<Wake>,
+    stats: Arc<SharedStats>,
+}
+
+impl ReactorHandle {
+    /// Queues `f` to run on the reactor. A full mailbox is an error, never a wait.
+    pub fn send(&self, f: impl FnOnce(&mut Reactor) + Send + 'static) -> Result<(), SendError> {
+        if self.wake.stop.load(Ordering::Acquire) {
+            return Err(SendError::Stopped);
+        }
+        match self.tx.try_send(Box::new(f)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(SendError::Full),
+            Err(TrySendError::Disconnected(_)) => return Err(SendError::Stopped),
+        }
+        // Pairs with the fence in `Reactor::park`: either the reactor sees the message before
+        // it blocks, or we see `parked` and wake it.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.wake.parked.load(Ordering::SeqCst) {
+            let _ = self.wake.eventfd.signal();
+        }
+        Ok(())
+    }
+
+    /// Asks the reactor to stop: it finishes what is queued, drains or fails its I/O and
+    /// exits. Idempotent.
+    pub(crate) fn stop(&self) {
+        self.wake.stop.store(true, Ordering::Release);
+        let _ = self.wake.eventfd.signal();
+    }
+
+    /// The reactor's counters as last published (every 10 ms while it runs, and before it
+    /// parks), with its CPU time read from the OS now.
+    pub fn stats(&self) -> ReactorStats {
+        self.stats.read(self.core)
+    }
+
+    /// The reactor thread's CPU time (user + system) from the OS; `None` before it started
+    /// or after it exited.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        self.stats.cpu_ns()
+    }
+
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub(crate) fn stats_cell(&self) -> &SharedStats {
+        &self.stats
+    }
+}
+
+/// Creates the mailbox of one reactor: the handle and what the reactor keeps.
+pub(crate) fn mailbox(
+    index: usize,
+    core: usize,
+    capacity: usize,
+) -> std::io::Result<(ReactorHandle, Receiver<Message>)> {
+    let (tx, rx) = crossbeam_channel::bounded(capacity);
+    let wake = Arc::new(Wake {
+        eventfd: EventFd::new()?,
+        parked: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+    });
+    let handle = ReactorHandle {
+        index,
+        core,
+        tx,
+        wake,
+        stats: Arc::new(SharedStats::default()),
+    };
+    Ok((handle, rx))
+}
+
+/// A device attached to this reactor: its queue pair and this reactor's statistics for it.
+struct Attached {
+    qp: Box<dyn QueuePair>,
+    recorder: StatsRecorder,
+    lba_bytes: u32,
+    has_irq: bool,
+}
+
+/// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
+struct IoSlot {
+    device: u16,
+    bucket: Option<Bucket>,
+    submit_ns: u64,
+    /// Submission order, to find the oldest outstanding I/O.
+    seq: u64,
+    slept: Option<Slept>,
+    idle_polls_at_submit: u64,
+    user: u64,
+    buf: Option<hypoll_nvme::IoBuf>,
+    callback: IoCallback,
+}
+
+/// Tunables of a reactor.
+#[derive(Clone, Debug)]
+pub struct ReactorTuning {
+    /// With nothing outstanding and no work, spin this long before parking.
+    pub idle_spin_ns: u64,
+    /// How long shutdown waits for outstanding I/O before failing it.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ReactorTuning {
+    fn default() -> Self {
+        ReactorTuning {
+            idle_spin_ns: 50_000,
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a reactor reports when it exits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitReport {
+    pub core: usize,
+    /// I/Os that completed while the reactor was stopping.
+    pub drained_ios: u64,
+    /// I/Os still outstanding at the shutdown timeout: each callback ran with
+    /// [`IoFailure::Shutdown`].
+    pub failed_ios: u64,
+    pub stats: ReactorStats,
+}
+
+/// One reactor: owns its queue pairs, pollers, timers, policy and statistics. Lives on its
+/// own thread; other threads reach it through a [`ReactorHandle`].
+pub struct Reactor {
+    index: usize,
+    core: usize,
+    // Field order matters for drop: queue pairs go before the slots that own I/O buffers,
+    // so a device never touches a freed buffer.
+    devices: Vec<Attached>,
+    slots: Slab<IoSlot>,
+    io_capacity: usize,
+    order: VecDeque<(usize, u64)>,
+    next_seq: u64,
+    completions: Vec<(u16, Completion)>,
+    policy: Box<dyn PollPolicy>,
+    mailbox: Receiver<Message>,
+    handles: Arc<[ReactorHandle]>,
+    timers: Timers,
+    timer_fd: TimerFd,
+    timer_fd_armed: bool,
+    pollers: Vec<(PollerId, Box<dyn Poller>)>,
+    poller_fds: Vec<(PollerId, RawFd)>,
+    removed_pollers: Vec<PollerId>,
+    next_poller: u64,
+    epoll: Epoll,
+    tuning: ReactorTuning,
+    counters: Counters,
+    start_ns: u64,
+    now_ns: u64,
+    last_publish_ns: u64,
+    idle_since_ns: Option<u64>,
+    stopping: bool,
+}
+
+impl Reactor {
+    pub(crate) fn new(
+        index: usize,
+        mailbox: Receiver<Message>,
+        handles: Arc<[ReactorHandle]>,
+        policy: Box<dyn PollPolicy>,
+        tuning: ReactorTuning,
+    ) -> std::io::Result<Reactor> {
+        let me = &handles[index];
+        let epoll = Epoll::new()?;
+        epoll.add(me.wake.eventfd.as_fd(), TOKEN_MAILBOX)?;
+        let timer_fd = TimerFd::new()?;
+        epoll.add(timer_fd.as_fd(), TOKEN_TIMER)?;
+        let now_ns = monotonic_ns();
+        Ok(Reactor {
+            index,
+            core: me.core,
+            devices: Vec::new(),
+            slots: Slab::new(),
+            io_capacity: 0,
+            order: VecDeque::new(),
+            next_seq: 0,
+            completions: Vec::new(),
+            policy,
+            mailbox,
+            handles,
+            timers: Timers::default(),
+            timer_fd,
+            timer_fd_armed: false,
+            pollers: Vec::new(),
+            poller_fds: Vec::new(),
+            removed_pollers: Vec::new(),
+            next_poller: 0,
+            epoll,
+            tuning,
+            counters: Counters::default(),
+            start_ns: now_ns,
+            now_ns,
+            last_publish_ns: now_ns,
+            idle_since_ns: None,
+            stopping: false,
+        })
+    }
+
+    fn me(&self) -> &ReactorHandle {
+        &self.handles[self.index]
+    }
+
+    // ---- what embedders call ----
+
+    /// The core this reactor is pinned to.
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// This reactor's position in its set.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Handles to every reactor of the set, this one included, for cross-core messages.
+    pub fn handles(&self) -> &Arc<[ReactorHandle]> {
+        &self.handles
+    }
+
+    /// The timestamp of the current poll batch (CLOCK_MONOTONIC ns): one clock read per
+    /// batch, not per I/O.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// The policy's name, as its spec.
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
+    /// I/Os submitted on this reactor and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The counters so far (the published copy lags by up to 10 ms).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Creates a queue pair of `depth` on `device` for this reactor.
+    pub fn attach(&mut self, device: &Device, depth: usize) -> Result<DeviceId, String> {
+        if self.devices.len() >= DEVICES_MAX {
+            return Err(format!("a reactor attaches at most {DEVICES_MAX} devices"));
+        }
+        let qp = device
+            .ctrl
+            .create_queue_pair(depth)
+            .map_err(|e| format!("{}: {e}", device.ctrl.describe()))?;
+        let id = self.devices.len() as u16;
+        let has_irq = match qp.interrupt_fd() {
+            Some(fd) => {
+                self.epoll
+                    .add(fd, TOKEN_DEVICE_BASE + u64::from(id))
+                    .map_err(|e| format!("watching the interrupt fd: {e}"))?;
+                true
+            }
+            None => false,
+        };
+        self.io_capacity += qp.depth();
+        // Preallocate everything the I/O path touches, so it never allocates.
+        self.slots.reserve(self.io_capacity - self.slots.len());
+        self.order
+            .reserve(2 * self.io_capacity - self.order.len().min(2 * self.io_capacity));
+        self.completions
+            .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
+        self.devices.push(Attached {
+            lba_bytes: qp.namespace().lba_size_bytes,
+            qp,
+            recorder: device.stats.recorder(self.now_ns),
+            has_irq,
+        });
+        Ok(DeviceId(id))
+    }
+
+    /// The namespace of an attached device.
+    pub fn namespace(&self, device: DeviceId) -> Option<hypoll_nvme::NamespaceInfo> {
+        self.devices
+            .get(device.0 as usize)
+            .map(|d| d.qp.namespace())
+    }
+
+    /// Submits one I/O. `buf` is required for reads and writes (at least `nlb` blocks) and
+    /// must be `None` otherwise; it comes back in the completion, or in the rejection.
+    pub fn submit(
+        &mut self,
+        device: DeviceId,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        let reject = |reason, buf| Err(Rejected { reason, buf });
+        if self.stopping {
+            return reject(RejectReason::ShuttingDown, buf);
+        }
+        let Some(dev) = self.devices.get_mut(device.0 as usize) else {
+            return reject(RejectReason::UnknownDevice, buf);
+        };
+        let mut buf = buf;
+        let data_op = matches!(req.op, IoOp::Read | IoOp::Write);
+        if data_op != buf.is_some() {
+            return reject(RejectReason::Buffer, buf);
+        }
+        let key = self.slots.vacant_key();
+        let submitted = {
+            let cmd = match (req.op, buf.as_mut()) {
+                (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
+                (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
+                (IoOp::Flush, None) => Command::flush(),
+                (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
+                (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
+                _ => unreachable!("checked above"),
+            }
+            .with_fua(req.fua);
+            // SAFETY: the buffer moves into the slot below (moving an IoBuf does not move
+            // its memory) and stays there until the completion for `key` is reaped, or
+            // until the queue pair is dropped (shutdown drops queue pairs before slots).
+            unsafe { dev.qp.submit(&cmd, key as u64) }
+        };
+        if let Err(e) = submitted {
+            return reject(RejectReason::Submit(e), buf);
+        }
+        let bucket = match req.op {
+            IoOp::Read => Bucket::new(
+                Direction::Read,
+                u64::from(req.nlb) * u64::from(dev.lba_bytes),
+            ),
+            IoOp::Write => Bucket::new(
+                Direction::Write,
+                u64::from(req.nlb) * u64::from(dev.lba_bytes),
+            ),
+            _ => None,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let inserted = self.slots.insert(IoSlot {
+            device: device.0,
+            bucket,
+            submit_ns: self.now_ns,
+            seq,
+            slept: None,
+            idle_polls_at_submit: self.counters.idle_polls,
+            user: req.user,
+            buf,
+            callback: Box::new(callback),
+        });
+        debug_assert_eq!(inserted, key);
+        if self.order.len() == self.order.capacity() {
+            // Completed entries pile up behind a slow oldest I/O: drop them in one pass.
+            let slots = &self.slots;
+            self.order
+                .retain(|&(k, s)| slots.get(k).is_some_and(|slot| slot.seq == s));
+        }
+        self.order.push_back((key, seq));
+        Ok(())
+    }
+
+    /// Runs `f` on this reactor after `delay`.
+    pub fn after(&mut self, delay: Duration, f: impl FnOnce(&mut Reactor) + 'static) -> TimerId {
+        let deadline_ns = self.now_ns + delay.as_nanos() as u64;
+        self.timers.add(deadline_ns, 0, TimerFn::Once(Box::new(f)))
+    }
+
+    /// Runs `f` on this reactor every `period` (missed periods are skipped, not bunched).
+    pub fn every(&mut self, period: Duration, f: impl FnMut(&mut Reactor) + 'static) -> TimerId {
+        let period_ns = (period.as_nanos() as u64).max(1);
+        self.timers.add(
+            self.now_ns + period_ns,
+            period_ns,
+            TimerFn::Every(Box::new(f)),
+        )
+    }
+
+    /// Cancels a timer; returns whether it was still pending.
+    pub fn cancel_timer(&mut self, id: TimerId) -> bool {
+        self.timers.cancel(id)
+    }
+
+    /// Adds a poller, polled every loop turn; its wake fd (if any) wakes a parked reactor.
+    pub fn add_poller(&mut self, poller: Box<dyn Poller>) -> std::io::Result<PollerId> {
+        let id = PollerId(self.next_poller);
+        self.next_poller += 1;
+        if let Some(fd) = poller.wake_fd() {
+            self.epoll.add(fd, TOKEN_POLLER_BASE + id.0)?;
+            self.poller_fds.push((id, fd.as_raw_fd()));
+        }
+        self.pollers.push((id, poller));
+        Ok(id)
+    }
+
+    /// Removes a poller (also from inside a `poll`).
+    pub fn remove_poller(&mut self, id: PollerId) {
+        self.pollers.retain(|(p, _)| *p != id);
+        // While pollers run they are out of `self.pollers`: remember the removal.
+        self.removed_pollers.push(id);
+        if let Some(pos) = self.poller_fds.iter().position(|(p, _)| *p == id) {
+            let (_, fd) = self.poller_fds.swap_remove(pos);
+            let _ = self.epoll.remove(fd);
+        }
+    }
+
+    // ---- the loop ----
+
+    /// Runs until stopped, then drains or fails outstanding I/O. Returns the exit report.
+    pub(crate) fn run(mut self) -> ExitReport {
+        let mut prev_ns = self.now_ns;
+        let mut prev_busy = false;
+        while !self.me().wake.stop.load(Ordering::Acquire) {
+            self.now_ns = monotonic_ns();
+            let elapsed = self.now_ns.saturating_sub(prev_ns);
+            if prev_busy {
+                self.counters.busy_ns += elapsed;
+            } else {
+                self.counters.idle_ns += elapsed;
+            }
+            let work = self.turn();
+            prev_busy = work > 0;
+            prev_ns = self.now_ns;
+            if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
+                self.publish();
+            }
+            if work == 0 {
+                self.when_idle();
+                // Time asleep or parked counts as idle.
+                let after = monotonic_ns();
+                self.counters.idle_ns += after.saturating_sub(self.now_ns);
+                prev_ns = after;
+                self.now_ns = after;
+            } else {
+                self.idle_since_ns = None;
+            }
+        }
+        self.shut_down()
+    }
+
+    /// One loop turn: messages, timers, pollers, completions. Returns the work done.
+    fn turn(&mut self) -> usize {
+        self.counters.polls += 1;
+        let mut work = self.run_messages(MESSAGE_BATCH);
+        work += self.run_timers();
+        work += self.run_pollers();
+        work += self.reap();
+        for dev in &mut self.devices {
+            dev.recorder.tick(self.now_ns);
+        }
+        if work == 0 {
+            self.counters.idle_polls += 1;
+        }
+        work
+    }
+
+    fn run_messages(&mut self, max: usize) -> usize {
+        let mut ran = 0;
+        while ran < max {
+            let Ok(message) = self.mailbox.try_recv() else {
+                break;
+            };
+            message(self);
+            ran += 1;
+        }
+        self.counters.messages += ran as u64;
+        ran
+    }
+
+    fn run_timers(&mut self) -> usize {
+        let mut ran = 0;
+        while let Some((id, callback)) = self.timers.pop_due(self.now_ns) {
+            match callback {
+                TimerFn::Once(f) => f(self),
+                TimerFn::Every(mut f) => {
+                    f(self);
+                    self.timers.finish(id, TimerFn::Every(f), self.now_ns);
+                }
+            }
+            ran += 1;
+        }
+        self.counters.timers += ran as u64;
+        ran
+    }
+
+    fn run_pollers(&mut self) -> usize {
+        if self.pollers.is_empty() {
+            return 0;
+        }
+        let mut pollers = std::mem::take(&mut self.pollers);
+        let mut work = 0;
+        for (id, poller) in pollers.iter_mut() {
+            if self.removed_pollers.contains(id) {
+                continue;
+            }
+            let did = poller.poll(self);
+            if did > 0 {
+                work += did;
+                // Submissions after this poller's work are stamped with a fresh time.
+                self.now_ns = monotonic_ns();
+            }
+        }
+        // Pollers added during the turn were pushed onto the (taken) list: keep them.
+        pollers.append(&mut self.pollers);
+        if !self.removed_pollers.is_empty() {
+            let removed = std::mem::take(&mut self.removed_pollers);
+            pollers.retain(|(id, _)| !removed.contains(id));
+        }
+        self.pollers = pollers;
+        work
+    }
+
+    /// Reaps every queue pair, then runs the callbacks: completions are collected first so a
+    /// callback that submits or frees never re-enters a poll.
+    fn reap(&mut self) -> usize {
+        let mut reaped = 0;
+        let completions = &mut self.completions;
+        for (i, dev) in self.devices.iter_mut().enumerate() {
+            if dev.qp.outstanding() == 0 {
+                continue;
+            }
+            reaped += dev
+                .qp
+                .process_completions(COMPLETION_BATCH, &mut |c| completions.push((i as u16, c)));
+        }
+        if reaped == 0 {
+            return 0;
+        }
+        // One timestamp for the whole batch.
+        self.now_ns = monotonic_ns();
+        let mut batch = std::mem::take(&mut self.completions);
+        for (dev, completion) in batch.drain(..) {
+            self.complete(dev, completion);
+        }
+        self.completions = batch;
+        reaped
+    }
+
+    fn complete(&mut self, dev: u16, completion: Completion) {
+        let slot = self
+            .slots
+            .try_remove(completion.tag as usize)
+            .unwrap_or_else(|| {
+                panic!(
+                    "reactor {}: completion for tag {} that is not outstanding",
+                    self.core, completion.tag
+                )
+            });
+        let latency_ns = self.now_ns.saturating_sub(slot.submit_ns);
+        let ok = completion.status.is_success();
+        if ok {
+            if let Some(bucket) = slot.bucket {
+                self.devices[dev as usize]
+                    .recorder
+                    .record(bucket, latency_ns);
+            }
+        } else {
+            self.counters.io_errors += 1;
+        }
+        self.counters.ios += 1;
+        self.policy.on_completion(&Observation {
+            bucket: slot.bucket,
+            latency_ns,
+            slept: slot.slept,
+            idle_polls: self.counters.idle_polls - slot.idle_polls_at_submit,
+        });
+        let done = IoDone {
+            device: DeviceId(dev),
+            result: if ok {
+                Ok(())
+            } else {
+                Err(IoFailure::Device(completion.status))
+            },
+            buf: slot.buf,
+            user: slot.user,
+            latency_ns,
+        };
+        (slot.callback)(self, done);
+    }
+
+    /// The oldest outstanding I/O's slot key.
+    fn oldest(&mut self) -> Option<usize> {
+        while let Some(&(key, seq)) = self.order.front() {
+            if self.slots.get(key).is_some_and(|s| s.seq == seq) {
+                return Some(key);
+            }
+            self.order.pop_front();
+        }
+        None
+    }
+
+    /// Nothing had work this turn.
+    fn when_idle(&mut self) {
+        if self.slots.is_empty() {
+            let since = *self.idle_since_ns.get_or_insert(self.now_ns);
+            if self.now_ns - since >= self.tuning.idle_spin_ns {
+                self.park(false);
+            } else {
+                std::hint::spin_loop();
+            }
+            return;
+        }
+        self.idle_since_ns = None;
+        let key = self.oldest().expect("outstanding I/O has an oldest");
+        let slot = &self.slots[key];
+        let dev = &self.devices[slot.device as usize];
+        let ctx = PollContext {
+            now_ns: self.now_ns,
+            outstanding: self.slots.len(),
+            oldest: InFlight {
+                bucket: slot.bucket,
+                submit_ns: slot.submit_ns,
+                slept: slot.slept.is_some(),
+            },
+            stats: dev.recorder.snapshot(),
+            overshoot: dev.recorder.overshoot(),
+            oracle_deadline_ns: dev.qp.oracle_next_deadline_ns(),
+        };
+        match self.policy.decide(&ctx) {
+            Decision::Spin => std::hint::spin_loop(),
+            Decision::Sleep(duration) => self.sleep_for(key, duration),
+            Decision::WaitInterrupt => {
+                if self
+                    .devices
+                    .iter()
+                    .all(|d| d.has_irq || d.qp.outstanding() == 0)
+                {
+                    self.counters.interrupt_waits += 1;
+                    for dev in &mut self.devices {
+                        if dev.qp.outstanding() > 0 {
+                            dev.qp.arm_interrupt();
+                        }
+                    }
+                    self.park(true);
+                } else {
+                    // A device without an interrupt line (virtual time): poll instead.
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Sleeps for the I/O in `key`, once, and records how far the wake-up overshot.
+    fn sleep_for(&mut self, key: usize, duration: Duration) {
+        let requested_ns = duration.as_nanos() as u64;
+        let before_ns = monotonic_ns();
+        std::thread::sleep(duration);
+        let actual_ns = monotonic_ns() - before_ns;
+        let slept = Slept {
+            requested_ns,
+            actual_ns,
+        };
+        let slot = &mut self.slots[key];
+        slot.slept = Some(slept);
+        let dev = slot.device as usize;
+        self.devices[dev]
+            .recorder
+            .record_sleep(requested_ns, actual_ns);
+        self.counters.sleeps += 1;
+        self.counters.slept_ns += requested_ns;
+        self.counters.overshoot_ns += slept.overshoot_ns();
+    }
+
+    /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
+    /// armed device interrupts.
+    fn park(&mut self, for_io: bool) {
+        match self.timers.next_deadline_ns() {
+            Some(deadline_ns) => {
+                self.timer_fd
+                    .arm_at(deadline_ns)
+                    .expect("reactor: arming its own timerfd failed");
+                self.timer_fd_armed = true;
+            }
+            None if self.timer_fd_armed => {
+                self.timer_fd
+                    .disarm()
+                    .expect("reactor: disarming its own timerfd failed");
+                self.timer_fd_armed = false;
+            }
+            None => {}
+        }
+        if !for_io {
+            self.counters.parks += 1;
+            self.publish();
+        }
+        let wake = self.handles[self.index].wake.clone();
+        wake.parked.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `ReactorHandle::send`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst) {
+            if let Err(e) = self.epoll.wait(None).map(|tokens| tokens.count()) {
+                panic!("reactor {}: epoll_wait failed: {e}", self.core);
+            }
+        }
+        wake.parked.store(false, Ordering::SeqCst);
+        wake.eventfd.drain();
+    }
+
+    fn publish(&mut self) {
+        self.last_publish_ns = self.now_ns;
+        self.me().stats.publish(
+            &self.counters,
+            self.now_ns - self.start_ns,
+            self.slots.len() as u64,
+        );
+    }
+
+    /// Stops: runs what is queued, stops timers and pollers, lets outstanding I/O complete
+    /// for up to the shutdown timeout, then deletes the queue pairs and fails the rest.
+    fn shut_down(mut self) -> ExitReport {
+        self.stopping = true;
+        while self.run_messages(MESSAGE_BATCH) > 0 {}
+        self.pollers.clear();
+        self.timers = Timers::default();
+        let ios_before = self.counters.ios;
+        let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
+        while !self.slots.is_empty() && monotonic_ns() < deadline_ns {
+            self.now_ns = monotonic_ns();
+            if self.reap() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        let drained_ios = self.counters.ios - ios_before;
+        // Delete the queue pairs first: after this no device touches an I/O buffer.
+        self.devices.clear();
+        let failed: Vec<IoSlot> = self.slots.drain().collect();
+        let failed_ios = failed.len() as u64;
+        self.now_ns = monotonic_ns();
+        for slot in failed {
+            let done = IoDone {
+                device: DeviceId(slot.device),
+                result: Err(IoFailure::Shutdown),
+                buf: slot.buf,
+                user: slot.user,
+                latency_ns: self.now_ns.saturating_sub(slot.submit_ns),
+            };
+            self.counters.ios += 1;
+            self.counters.io_errors += 1;
+            (slot.callback)(&mut self, done);
+        }
+        self.publish();
+        ExitReport {
+            core: self.core,
+            drained_ios,
+            failed_ios,
+            stats: self.me().stats(),
+        }
+    }
+}
+
+/// Convenience wrappers over [`Reactor::submit`].
+impl Reactor {
+    pub fn read(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        buf: hypoll_nvme::IoBuf,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Read, slba, nlb),
+            Some(buf),
+            callback,
+        )
+    }
+
+    pub fn write(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        buf: hypoll_nvme::IoBuf,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        let lba = self
+            .devices
+            .get(device.0 as usize)
+            .map_or(1, |d| d.lba_bytes as usize);
+        let nlb = (buf.len() / lba) as u32;
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Write, slba, nlb),
+            Some(buf),
+            callback,
+        )
+    }
+
+    pub fn flush(
+        &mut self,
+        device: DeviceId,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(device, IoRequest::new(IoOp::Flush, 0, 0), None, callback)
+    }
+
+    pub fn write_zeroes(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::WriteZeroes, slba, nlb),
+            None,
+            callback,
+        )
+    }
+
+    pub fn deallocate(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Deallocate, slba, nlb),
+            None,
+            callback,
+        )
+    }
+}

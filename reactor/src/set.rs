@@ -1,0 +1,249 @@
+//! `ReactorSet`: starts one pinned reactor thread per core, and stops them.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::cores::{CoreError, CoreList};
+use crate::reactor::{mailbox, ExitReport, Reactor, ReactorHandle, ReactorTuning};
+
+/// Default mailbox size of each reactor.
+pub const MAILBOX_CAPACITY: usize = 1024;
+/// Timer slack reactor threads run with: short sleeps must not turn into 55 us ones.
+pub const REACTOR_TIMER_SLACK_NS: u64 = 1;
+
+/// How to start a set of reactors.
+#[derive(Clone, Debug)]
+pub struct ReactorConfig {
+    /// Cores to run on, one reactor each; `None`: every core the process may use.
+    pub cores: Option<CoreList>,
+    /// Poll policy spec for every reactor (`classic`, `hybrid`, `hybrid-min:adjust=2000`).
+    pub policy: String,
+    pub mailbox_capacity: usize,
+    pub tuning: ReactorTuning,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            cores: None,
+            policy: "classic".to_string(),
+            mailbox_capacity: MAILBOX_CAPACITY,
+            tuning: ReactorTuning::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Cores(#[from] CoreError),
+    #[error("no cores to run on")]
+    NoCores,
+    #[error("policy: {0}")]
+    Policy(String),
+    #[error("mailbox capacity must be at least 1")]
+    Mailbox,
+    #[error("reactor on core {core}: {message}")]
+    Reactor { core: usize, message: String },
+}
+
+/// A reactor that panicked: its core and the panic message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("reactor on core {core} panicked: {message}")]
+pub struct ReactorPanic {
+    pub core: usize,
+    pub message: String,
+}
+
+/// What `shutdown` found.
+#[derive(Debug, Default)]
+pub struct ShutdownReport {
+    /// One per reactor that exited normally.
+    pub exits: Vec<ExitReport>,
+    /// One per reactor that panicked.
+    pub panics: Vec<ReactorPanic>,
+}
+
+/// Running reactors, one per core.
+pub struct ReactorSet {
+    handles: Arc<[ReactorHandle]>,
+    threads: Vec<(usize, JoinHandle<ExitReport>)>,
+}
+
+impl ReactorSet {
+    /// Starts one reactor per core of `cfg.cores` (checked against the allowed set), each
+    /// pinned, named `hypoll-r<core>`, with 1 ns timer slack, and runs `init` on each before
+    /// its loop starts (attach devices, add pollers and timers there). Returns once every
+    /// reactor is running, or the first error (having stopped the others).
+    pub fn start(
+        cfg: ReactorConfig,
+        init: impl Fn(&mut Reactor) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Result<ReactorSet, StartError> {
+        let allowed = CoreList::allowed()?;
+        let cores = match cfg.cores {
+            Some(cores) => {
+                cores.check_within(&allowed)?;
+                cores
+            }
+            None => allowed,
+        };
+        if cores.is_empty() {
+            return Err(StartError::NoCores);
+        }
+        if cfg.mailbox_capacity == 0 {
+            return Err(StartError::Mailbox);
+        }
+        hypoll_policy::build(&cfg.policy).map_err(|e| StartError::Policy(e.to_string()))?;
+
+        let mut handles = Vec::new();
+        let mut receivers = Vec::new();
+        for (index, &core) in cores.as_slice().iter().enumerate() {
+            let (handle, rx) =
+                mailbox(index, core, cfg.mailbox_capacity).map_err(|e| StartError::Reactor {
+                    core,
+                    message: format!("creating its mailbox: {e}"),
+                })?;
+            handles.push(handle);
+            receivers.push(rx);
+        }
+        let handles: Arc<[ReactorHandle]> = handles.into();
+        let init = Arc::new(init);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(cores.len());
+        let mut set = ReactorSet {
+            handles: handles.clone(),
+            threads: Vec::new(),
+        };
+        for (index, rx) in receivers.into_iter().enumerate() {
+            let core = handles[index].core();
+            let handles = handles.clone();
+            let init = init.clone();
+            let ready = ready_tx.clone();
+            let policy_spec = cfg.policy.clone();
+            let tuning = cfg.tuning.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("hypoll-r{core}"))
+                .spawn(move || {
+                    let started = (|| -> Result<Reactor, String> {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                            return Err(format!("pinning to core {core} failed"));
+                        }
+                        crate::sys::set_timer_slack_ns(REACTOR_TIMER_SLACK_NS)
+                            .map_err(|e| format!("setting timer slack: {e}"))?;
+                        let cpu = crate::sys::ThreadCpuClock::current()
+                            .map_err(|e| format!("reading its CPU clock: {e}"))?;
+                        handles[index].stats_cell().set_cpu_clock(cpu);
+                        let policy = hypoll_policy::build(&policy_spec)
+                            .map_err(|e| format!("policy: {e}"))?;
+                        let mut reactor = Reactor::new(index, rx, handles.clone(), policy, tuning)
+                            .map_err(|e| format!("creating its epoll and timer: {e}"))?;
+                        init(&mut reactor)?;
+                        Ok(reactor)
+                    })();
+                    match started {
+                        Ok(reactor) => {
+                            let _ = ready.send(Ok(core));
+                            reactor.run()
+                        }
+                        Err(message) => {
+                            let _ = ready.send(Err((core, message)));
+                            ExitReport {
+                                core,
+                                ..ExitReport::default()
+                            }
+                        }
+                    }
+                });
+            match spawned {
+                Ok(thread) => set.threads.push((core, thread)),
+                Err(e) => {
+                    let _ = set.shutdown();
+                    return Err(StartError::Reactor {
+                        core,
+                        message: format!("spawning its thread: {e}"),
+                    });
+                }
+            }
+        }
+        drop(ready_tx);
+        for _ in 0..set.threads.len() {
+            let outcome = ready_rx.recv();
+            let failure = match outcome {
+                Ok(Ok(_)) => continue,
+                Ok(Err((core, message))) => StartError::Reactor { core, message },
+                // A thread panicked during init: its sender is gone.
+                Err(_) => {
+                    let report = set.shutdown();
+                    let panic = report.panics.into_iter().next();
+                    return Err(match panic {
+                        Some(p) => StartError::Reactor {
+                            core: p.core,
+                            message: format!("panicked while starting: {}", p.message),
+                        },
+                        None => StartError::Reactor {
+                            core: usize::MAX,
+                            message: "a reactor thread exited while starting".into(),
+                        },
+                    });
+                }
+            };
+            let _ = set.shutdown();
+            return Err(failure);
+        }
+        Ok(set)
+    }
+
+    /// Handles to every reactor, in core order.
+    pub fn handles(&self) -> &Arc<[ReactorHandle]> {
+        &self.handles
+    }
+
+    /// Reactors whose thread has ended (they panicked, or were stopped).
+    pub fn finished(&self) -> Vec<usize> {
+        self.threads
+            .iter()
+            .filter(|(_, t)| t.is_finished())
+            .map(|(core, _)| *core)
+            .collect()
+    }
+
+    /// Stops every reactor and joins its thread: each runs what is queued, lets its
+    /// outstanding I/O complete (up to its shutdown timeout) and fails the rest with a
+    /// clear status. Panics are reported, never a hang.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> ShutdownReport {
+        for handle in self.handles.iter() {
+            handle.stop();
+        }
+        let mut report = ShutdownReport::default();
+        for (core, thread) in self.threads.drain(..) {
+            match thread.join() {
+                Ok(exit) => report.exits.push(exit),
+                Err(payload) => report.panics.push(ReactorPanic {
+                    core,
+                    message: panic_message(payload.as_ref()),
+                }),
+            }
+        }
+        report
+    }
+}
+
+impl Drop for ReactorSet {
+    /// Dropping a set stops and joins its reactors, so no thread outlives it.
+    fn drop(&mut self) {
+        let _ = self.stop_and_join();
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}

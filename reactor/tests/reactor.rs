@@ -1,0 +1,567 @@
+//! Integration tests of the reactor: messages, timers, pinning, parking, I/O, policies,
+//! shutdown and panics, on real threads.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
+use hypoll_reactor::{
+    allowed_cores, timer_slack_ns, CoreError, CoreList, Device, DeviceId, IoDone, IoFailure, IoOp,
+    IoRequest, Reactor, ReactorConfig, ReactorHandle, ReactorSet, ReactorStats, ReactorTuning,
+    RejectReason, Rejected, SendError, StartError,
+};
+
+/// Up to `n` cores this process may use.
+fn cores(n: usize) -> CoreList {
+    CoreList::new(allowed_cores().unwrap().into_iter().take(n).collect())
+}
+
+fn config(n: usize, policy: &str) -> ReactorConfig {
+    ReactorConfig {
+        cores: Some(cores(n)),
+        policy: policy.to_string(),
+        ..ReactorConfig::default()
+    }
+}
+
+/// Waits until `cond` holds, for up to 10 s.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn messages_arrive_in_order_within_and_across_reactors() {
+    let set = ReactorSet::start(config(2, "classic"), |_| Ok(())).unwrap();
+    let handles = set.handles().clone();
+    let last = handles.len() - 1;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // From an outside thread, retrying when the mailbox is full.
+    for i in 0..5_000u64 {
+        loop {
+            let seen = seen.clone();
+            match handles[last].send(move |_| seen.lock().unwrap().push(i)) {
+                Ok(()) => break,
+                Err(SendError::Full) => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    wait_for("5000 messages", || seen.lock().unwrap().len() == 5_000);
+    assert!(seen.lock().unwrap().iter().copied().eq(0..5_000));
+
+    // From reactor 0 to the last reactor, from inside reactor code.
+    let across = Arc::new(Mutex::new(Vec::new()));
+    let sink = across.clone();
+    handles[0]
+        .send(move |r| {
+            let target = r.handles()[r.handles().len() - 1].clone();
+            for i in 0..500u64 {
+                let sink = sink.clone();
+                target
+                    .send(move |r| sink.lock().unwrap().push((r.index(), i)))
+                    .expect("mailbox of 1024 holds 500");
+            }
+        })
+        .unwrap();
+    wait_for("500 cross-reactor messages", || {
+        across.lock().unwrap().len() == 500
+    });
+    let got = across.lock().unwrap();
+    assert!(got.iter().all(|&(index, _)| index == last));
+    assert!(got.iter().map(|&(_, i)| i).eq(0..500));
+    drop(got);
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn a_full_mailbox_is_reported_not_grown() {
+    let cfg = ReactorConfig {
+        mailbox_capacity: 4,
+        ..config(1, "classic")
+    };
+    let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
+    let h = &set.handles()[0];
+    let (block_tx, block_rx) = crossbeam_channel::bounded::<()>(0);
+    h.send(move |_| {
+        let _ = block_rx.recv_timeout(Duration::from_secs(10));
+    })
+    .unwrap();
+    // Once the reactor is stuck in that message, at most 4 more fit.
+    std::thread::sleep(Duration::from_millis(50));
+    let results: Vec<_> = (0..10).map(|_| h.send(|_| {})).collect();
+    assert!(results.iter().filter(|r| r.is_ok()).count() <= 5);
+    assert!(results.contains(&Err(SendError::Full)));
+    block_tx.send(()).unwrap();
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn timers_fire_on_time_even_on_a_parked_reactor() {
+    let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
+    let fired = Arc::new(Mutex::new(Vec::new()));
+    let sink = fired.clone();
+    let started = Arc::new(AtomicU64::new(0));
+    let start_ns = started.clone();
+    set.handles()[0]
+        .send(move |r| {
+            start_ns.store(r.now_ns(), Ordering::SeqCst);
+            for delay_ms in [30u64, 10, 20] {
+                let sink = sink.clone();
+                r.after(Duration::from_millis(delay_ms), move |_| {
+                    sink.lock().unwrap().push((delay_ms, monotonic_ns()));
+                });
+            }
+        })
+        .unwrap();
+    wait_for("three timers", || fired.lock().unwrap().len() == 3);
+    let fired = fired.lock().unwrap();
+    let t0 = started.load(Ordering::SeqCst);
+    let order: Vec<u64> = fired.iter().map(|&(d, _)| d).collect();
+    assert_eq!(order, vec![10, 20, 30], "timers fire in deadline order");
+    for &(delay_ms, at_ns) in fired.iter() {
+        let late_ns = at_ns as i64 - (t0 + delay_ms * 1_000_000) as i64;
+        // Never early; late by at most 5 ms on this shared machine.
+        assert!(
+            (0..5_000_000).contains(&late_ns),
+            "{delay_ms} ms timer off by {late_ns} ns"
+        );
+    }
+    drop(fired);
+
+    // A periodic timer, then cancelled.
+    let ticks = Arc::new(AtomicU64::new(0));
+    let t = ticks.clone();
+    let (id_tx, id_rx) = crossbeam_channel::bounded(1);
+    set.handles()[0]
+        .send(move |r| {
+            let id = r.every(Duration::from_millis(2), move |_| {
+                t.fetch_add(1, Ordering::SeqCst);
+            });
+            id_tx.send(id).unwrap();
+        })
+        .unwrap();
+    let id = id_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    set.handles()[0]
+        .send(move |r| done_tx.send(r.cancel_timer(id)).unwrap())
+        .unwrap();
+    assert!(done_rx.recv().unwrap(), "the periodic timer was live");
+    let n = ticks.load(Ordering::SeqCst);
+    assert!((25..=55).contains(&n), "{n} ticks of 2 ms in ~100 ms");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(ticks.load(Ordering::SeqCst), n, "no ticks after cancel");
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn reactors_are_pinned_named_and_run_with_1ns_timer_slack() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let set = ReactorSet::start(config(2, "classic"), move |r| {
+        sink.lock().unwrap().push((
+            r.core(),
+            allowed_cores().unwrap(),
+            std::thread::current().name().unwrap().to_string(),
+            timer_slack_ns().unwrap(),
+        ));
+        Ok(())
+    })
+    .unwrap();
+    // Pinning holds while the reactor runs, too.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for h in set.handles().iter() {
+        let tx = tx.clone();
+        h.send(move |r| tx.send((r.core(), allowed_cores().unwrap())).unwrap())
+            .unwrap();
+    }
+    for _ in 0..set.handles().len() {
+        let (core, mask) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(mask, vec![core]);
+    }
+    for (core, mask, name, slack) in seen.lock().unwrap().iter() {
+        assert_eq!(
+            mask,
+            &vec![*core],
+            "sched_getaffinity on the reactor thread"
+        );
+        assert_eq!(name, &format!("hypoll-r{core}"));
+        assert_eq!(*slack, 1);
+    }
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn start_errors_are_clear() {
+    let outside = allowed_cores().unwrap().last().unwrap() + 1;
+    let cfg = ReactorConfig {
+        cores: Some(CoreList::new(vec![outside])),
+        ..ReactorConfig::default()
+    };
+    match ReactorSet::start(cfg, |_| Ok(())) {
+        Err(StartError::Cores(CoreError::NotAllowed { core, .. })) => assert_eq!(core, outside),
+        other => panic!("expected NotAllowed, got {:?}", other.err()),
+    }
+    let err = ReactorSet::start(config(1, "warp-speed"), |_| Ok(()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("warp-speed"), "{err}");
+    let err = ReactorSet::start(config(1, "classic"), |_| Err("no disk".into()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("no disk"), "{err}");
+    let err = ReactorSet::start(config(1, "classic"), |_| panic!("init exploded"))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("init exploded"), "{err}");
+}
+
+#[test]
+fn a_parked_reactor_uses_under_1_percent_of_a_core() {
+    let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
+    let h = &set.handles()[0];
+    wait_for("the reactor to park", || h.stats().counters.parks > 0);
+    let cpu0 = h.cpu_ns().unwrap();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let cpu_pct = 100.0 * (h.cpu_ns().unwrap() - cpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    assert!(
+        cpu_pct < 1.0,
+        "parked reactor used {cpu_pct:.3} % of a core"
+    );
+    // And it still wakes for a message.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    h.send(move |r| tx.send(r.core()).unwrap()).unwrap();
+    rx.recv_timeout(Duration::from_secs(1))
+        .expect("a parked reactor wakes for messages");
+    assert!(set.shutdown().panics.is_empty());
+}
+
+/// Drives `count` I/Os at queue depth `qd` on a reactor's first device: `make(i)` builds
+/// I/O number `i`, `check(i, done)` judges its completion. Returns how many failed `check`.
+type Make = fn(u64) -> (IoRequest, Option<IoBuf>);
+type Check = fn(u64, &IoDone) -> bool;
+
+fn drive(h: &ReactorHandle, count: u64, qd: u64, make: Make, check: Check) -> u64 {
+    struct Driver {
+        next: u64,
+        done: u64,
+        failed: u64,
+        count: u64,
+        make: Make,
+        check: Check,
+        tx: crossbeam_channel::Sender<u64>,
+    }
+    fn issue(r: &mut Reactor, driver: &Rc<RefCell<Driver>>) {
+        let (i, make) = {
+            let mut d = driver.borrow_mut();
+            if d.next == d.count {
+                return;
+            }
+            d.next += 1;
+            (d.next - 1, d.make)
+        };
+        let (req, buf) = make(i);
+        let driver2 = driver.clone();
+        r.submit(DeviceId::FIRST, req.with_user(i), buf, move |r, done| {
+            let finished = {
+                let mut d = driver2.borrow_mut();
+                if !(d.check)(done.user, &done) {
+                    d.failed += 1;
+                }
+                d.done += 1;
+                (d.done == d.count).then_some(d.failed)
+            };
+            match finished {
+                Some(failed) => driver2.borrow().tx.send(failed).unwrap(),
+                None => issue(r, &driver2),
+            }
+        })
+        .expect("the queue has room for qd I/Os");
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    h.send(move |r| {
+        let driver = Rc::new(RefCell::new(Driver {
+            next: 0,
+            done: 0,
+            failed: 0,
+            count,
+            make,
+            check,
+            tx,
+        }));
+        for _ in 0..qd {
+            issue(r, &driver);
+        }
+    })
+    .unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("workload finished")
+}
+
+fn pattern(i: u64) -> IoBuf {
+    let mut b = IoBuf::zeroed(4096);
+    for (j, x) in b.iter_mut().enumerate() {
+        *x = (i as usize * 7 + j / 3) as u8;
+    }
+    b
+}
+
+fn write_block(i: u64) -> (IoRequest, Option<IoBuf>) {
+    (IoRequest::new(IoOp::Write, i * 8, 8), Some(pattern(i)))
+}
+
+fn read_block(i: u64) -> (IoRequest, Option<IoBuf>) {
+    (
+        IoRequest::new(IoOp::Read, i * 8, 8),
+        Some(IoBuf::zeroed(4096)),
+    )
+}
+
+fn succeeded(_: u64, done: &IoDone) -> bool {
+    done.result.is_ok() && done.buf.is_some()
+}
+
+fn matches_pattern(i: u64, done: &IoDone) -> bool {
+    done.result.is_ok() && done.buf.as_deref() == Some(&pattern(i)[..])
+}
+
+/// Writes then reads back `count` 4 KiB blocks through one reactor under `policy`; returns
+/// the reactor's final statistics.
+fn write_then_read(device: &str, policy: &str, count: u64, qd: u64) -> ReactorStats {
+    let device = Device::open(device).unwrap();
+    let set =
+        ReactorSet::start(config(1, policy), move |r| r.attach(&device, 64).map(drop)).unwrap();
+    let h = &set.handles()[0];
+    assert_eq!(
+        drive(h, count, qd, write_block, succeeded),
+        0,
+        "writes failed"
+    );
+    assert_eq!(
+        drive(h, count, qd, read_block, matches_pattern),
+        0,
+        "reads differ"
+    );
+    let report = set.shutdown();
+    assert!(report.panics.is_empty());
+    assert_eq!(report.exits[0].failed_ios, 0);
+    report.exits[0].stats
+}
+
+#[test]
+fn data_written_through_a_reactor_reads_back_under_every_seed_policy() {
+    for policy in [
+        "classic",
+        "interrupt",
+        "hybrid",
+        "fixed:5",
+        "hybrid-3/4",
+        "hybrid-min",
+        "uring-hybrid",
+    ] {
+        let stats = write_then_read("emu:optane,size=64M", policy, 2_000, 8);
+        assert_eq!(stats.counters.ios, 4_000, "{policy}");
+        assert_eq!(stats.counters.io_errors, 0, "{policy}");
+    }
+}
+
+#[test]
+fn the_policy_decides_how_the_reactor_waits() {
+    // 300 us per I/O: time enough for every kind of wait, even in a debug build.
+    let dev = "emu:nand,size=64M,read_us=300,write_us=300";
+    let classic = write_then_read(dev, "classic", 600, 1);
+    assert_eq!(classic.counters.sleeps, 0);
+    assert_eq!(classic.counters.interrupt_waits, 0);
+    assert!(
+        classic.cpu_pct() > 50.0,
+        "classic spins: {:.1} % CPU",
+        classic.cpu_pct()
+    );
+
+    let interrupt = write_then_read(dev, "interrupt", 600, 1);
+    assert_eq!(interrupt.counters.sleeps, 0);
+    assert!(
+        interrupt.counters.interrupt_waits >= 1_000,
+        "{:?}",
+        interrupt.counters
+    );
+    assert!(
+        interrupt.cpu_pct() < classic.cpu_pct() / 2.0,
+        "interrupts {:.1} % CPU against classic {:.1} %",
+        interrupt.cpu_pct(),
+        classic.cpu_pct()
+    );
+
+    let hybrid = write_then_read(dev, "hybrid", 600, 1);
+    // One sleep per I/O once the first window is published (100 ms): most I/Os slept.
+    assert!(hybrid.counters.sleeps > 600, "{:?}", hybrid.counters);
+    assert!(hybrid.counters.sleeps <= 1_200, "at most once per I/O");
+    assert!(
+        hybrid.cpu_pct() < classic.cpu_pct() * 0.8,
+        "hybrid {:.1} % CPU against classic {:.1} %",
+        hybrid.cpu_pct(),
+        classic.cpu_pct()
+    );
+    assert!(hybrid.overshoot_mean_ns().unwrap() > 0);
+}
+
+#[test]
+fn a_deep_queue_on_null_completes_every_io() {
+    let device = Device::open("null").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 128).map(drop)
+    })
+    .unwrap();
+    let failed = drive(&set.handles()[0], 200_000, 128, read_block, succeeded);
+    assert_eq!(failed, 0);
+    let stats = set.shutdown().exits[0].stats;
+    assert_eq!(stats.counters.ios, 200_000);
+}
+
+#[test]
+fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
+    // Commands on this device never complete; the shutdown waits 200 ms, then fails them.
+    let device = Device::open("emu:optane,size=16M,lost_pct=100").unwrap();
+    let cfg = ReactorConfig {
+        tuning: ReactorTuning {
+            shutdown_timeout: Duration::from_millis(200),
+            ..ReactorTuning::default()
+        },
+        ..config(1, "classic")
+    };
+    let set = ReactorSet::start(cfg, move |r| r.attach(&device, 16).map(drop)).unwrap();
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let sink = outcomes.clone();
+    set.handles()[0]
+        .send(move |r| {
+            for i in 0..10u64 {
+                let sink = sink.clone();
+                r.read(
+                    DeviceId::FIRST,
+                    i * 8,
+                    8,
+                    IoBuf::zeroed(4096),
+                    move |_, done| {
+                        sink.lock()
+                            .unwrap()
+                            .push((done.user, done.result, done.buf.is_some()));
+                    },
+                )
+                .unwrap();
+            }
+        })
+        .unwrap();
+    wait_for("10 I/Os in flight", || {
+        set.handles()[0].stats().outstanding == 10
+    });
+    let t0 = Instant::now();
+    let report = set.shutdown();
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert_eq!(report.exits[0].failed_ios, 10);
+    assert_eq!(report.exits[0].drained_ios, 0);
+    let outcomes = outcomes.lock().unwrap();
+    assert_eq!(outcomes.len(), 10, "every I/O's callback ran");
+    for (_, result, buf_back) in outcomes.iter() {
+        assert_eq!(*result, Err(IoFailure::Shutdown));
+        assert!(buf_back, "the buffer came back");
+    }
+
+    // A slow device whose I/O completes within the timeout is drained, not failed.
+    let device = Device::open("emu:nand,size=16M,read_us=20000,jitter=0,tail_pct=0").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 16).map(drop)
+    })
+    .unwrap();
+    set.handles()[0]
+        .send(|r| {
+            for i in 0..5u64 {
+                r.read(DeviceId::FIRST, i * 8, 8, IoBuf::zeroed(4096), |_, done| {
+                    assert!(done.result.is_ok());
+                })
+                .unwrap();
+            }
+        })
+        .unwrap();
+    wait_for("5 I/Os in flight", || {
+        set.handles()[0].stats().outstanding == 5
+    });
+    let report = set.shutdown();
+    assert_eq!(report.exits[0].drained_ios, 5);
+    assert_eq!(report.exits[0].failed_ios, 0);
+    assert!(report.panics.is_empty());
+}
+
+#[test]
+fn submissions_are_refused_with_reasons_and_the_buffer_back() {
+    let device = Device::open("emu:optane,size=1M").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 2).map(drop)
+    })
+    .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    set.handles()[0]
+        .send(move |r| {
+            let mut reasons = Vec::new();
+            let mut note = |res: Result<(), Rejected>| {
+                let e = res.unwrap_err();
+                reasons.push((e.reason, e.buf.is_some()));
+            };
+            note(r.submit(
+                DeviceId::FIRST,
+                IoRequest::new(IoOp::Read, 0, 8),
+                None,
+                |_, _| {},
+            ));
+            note(r.flush(DeviceId::from_index(9), |_, _| {}));
+            note(r.read(DeviceId::FIRST, 0, 0, IoBuf::zeroed(4096), |_, _| {}));
+            r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
+            r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
+            note(r.read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {}));
+            tx.send(reasons).unwrap();
+        })
+        .unwrap();
+    let reasons = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        reasons,
+        vec![
+            (RejectReason::Buffer, false),
+            (RejectReason::UnknownDevice, false),
+            (
+                RejectReason::Submit(SubmitError::InvalidField("zero-length transfer (nlb = 0)")),
+                true
+            ),
+            (
+                RejectReason::Submit(SubmitError::QueueFull { depth: 2 }),
+                true
+            ),
+        ]
+    );
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn a_reactor_panic_is_reported_not_hung() {
+    let set = ReactorSet::start(config(2, "classic"), |_| Ok(())).unwrap();
+    let victim = set.handles()[0].clone();
+    victim.send(|_| panic!("disk on fire")).unwrap();
+    wait_for("the reactor to die", || {
+        set.finished().contains(&victim.core())
+    });
+    assert_eq!(victim.send(|_| {}), Err(SendError::Stopped));
+    let report = set.shutdown();
+    assert_eq!(report.panics.len(), 1);
+    assert_eq!(report.panics[0].core, victim.core());
+    assert!(report.panics[0].message.contains("disk on fire"));
+    assert_eq!(report.exits.len() + report.panics.len(), cores(2).len());
+}
