@@ -122,15 +122,15 @@ impl QueuePair for NullQueuePair {
             return Err(SubmitError::QueueFull { depth });
         }
         cmd.check(self.ns.lba_size_bytes)?;
-        let in_range = matches!(cmd.opcode, Opcode::Flush)
+        let in_range = matches!(cmd.opcode(), Opcode::Flush)
             || cmd
-                .slba
-                .checked_add(u64::from(cmd.nlb))
+                .slba()
+                .checked_add(u64::from(cmd.nlb()))
                 .is_some_and(|end| end <= self.ns.capacity_lbas);
-        let bytes = u64::from(cmd.nlb) * u64::from(self.ns.lba_size_bytes);
+        let bytes = u64::from(cmd.nlb()) * u64::from(self.ns.lba_size_bytes);
         let status = if !in_range {
             Status::LBA_OUT_OF_RANGE
-        } else if matches!(cmd.opcode, Opcode::Read | Opcode::Write)
+        } else if matches!(cmd.opcode(), Opcode::Read | Opcode::Write)
             && bytes > u64::from(self.ns.max_transfer_bytes)
         {
             Status::INVALID_FIELD

@@ -18,15 +18,26 @@ pub const MAX_QUEUE_DEPTH: usize = 1024;
 /// buffer for `'buf` so the borrow checker sees the buffer in use while the command is
 /// built. Handing the buffer to a device outlives that borrow, which is why
 /// [`QueuePair::submit`] is `unsafe`.
+///
+/// The fields are private and only the constructors set the opcode: the direction of the
+/// transfer must match how the buffer was borrowed. A `write` borrows `&[u8]`; were its
+/// opcode changeable to `Read`, the device would write through a pointer taken from a
+/// shared reference while the caller met every rule of `submit`:
+///
+/// ```compile_fail,E0616
+/// let data = [0u8; 512];
+/// let mut cmd = hypoll_nvme::Command::write(0, 1, &data);
+/// cmd.opcode = hypoll_nvme::Opcode::Read; // error: field `opcode` is private
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Command<'buf> {
-    pub opcode: Opcode,
+    opcode: Opcode,
     /// First logical block.
-    pub slba: u64,
+    slba: u64,
     /// Number of logical blocks, counted from 1 (0 is an invalid command).
-    pub nlb: u32,
+    nlb: u32,
     /// Force Unit Access (writes reach non-volatile media before completing).
-    pub fua: bool,
+    fua: bool,
     buf_ptr: *mut u8,
     buf_len_bytes: usize,
     _buf: PhantomData<&'buf mut [u8]>,
@@ -79,11 +90,33 @@ impl<'buf> Command<'buf> {
         )
     }
 
+    /// Sets Force Unit Access: the command completes only once its data is on non-volatile
+    /// media.
     pub fn with_fua(mut self, fua: bool) -> Self {
         self.fua = fua;
         self
     }
 
+    pub fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+
+    /// First logical block (0 for Flush).
+    pub fn slba(&self) -> u64 {
+        self.slba
+    }
+
+    /// Number of logical blocks, counted from 1 (0 for Flush).
+    pub fn nlb(&self) -> u32 {
+        self.nlb
+    }
+
+    /// Whether Force Unit Access is set.
+    pub fn fua(&self) -> bool {
+        self.fua
+    }
+
+    /// The data buffer handed to the device: null for commands without data.
     pub fn buf_ptr(&self) -> *mut u8 {
         self.buf_ptr
     }

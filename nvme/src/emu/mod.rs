@@ -538,22 +538,22 @@ impl QueuePair for EmuQueuePair {
         self.tags[cid as usize] = tag;
         self.in_use[cid as usize] = true;
         let mut sqe = SubmissionEntry {
-            opcode: cmd.opcode as u8,
+            opcode: cmd.opcode() as u8,
             cid,
             nsid: NSID,
             prp1: cmd.buf_ptr() as u64,
             ..SubmissionEntry::default()
         };
-        match cmd.opcode {
+        match cmd.opcode() {
             Opcode::Read | Opcode::Write | Opcode::WriteZeroes => {
-                sqe.set_slba(cmd.slba);
-                sqe.cdw12 = (cmd.nlb - 1) | if cmd.fua { CDW12_FUA } else { 0 };
+                sqe.set_slba(cmd.slba());
+                sqe.cdw12 = (cmd.nlb() - 1) | if cmd.fua() { CDW12_FUA } else { 0 };
             }
             Opcode::DatasetManagement => {
                 self.dsm_ranges[cid as usize] = DsmRange {
                     context_attributes: 0,
-                    nlb: cmd.nlb,
-                    slba: cmd.slba,
+                    nlb: cmd.nlb(),
+                    slba: cmd.slba(),
                 };
                 sqe.prp1 = &self.dsm_ranges[cid as usize] as *const DsmRange as u64;
                 sqe.cdw10 = 0; // one range (0-based)
