@@ -194,6 +194,15 @@ pub struct Completion {
 ///
 /// Not `Send` by design: queue pairs belong to the thread that created them (SPDK's
 /// one-thread-per-qpair rule made a type fact); implementations hold a non-`Send` marker.
+///
+/// # For implementors
+/// [`QueuePair::submit`]'s contract lets a caller free a command's buffer once the queue pair
+/// has been dropped, even if the command never completed. An implementation must therefore
+/// guarantee that once its `drop` returns, the device reads and writes no buffer handed to
+/// it: a real controller deletes its I/O queues (or is reset) and waits for that to finish
+/// before `drop` returns; if it cannot be sure the device has stopped, it must leak the
+/// memory the device may still touch rather than return. Every completion still pending at
+/// drop time is discarded.
 pub trait QueuePair {
     /// Places `cmd` on the submission queue and rings the doorbell. Never blocks and never
     /// allocates: a full queue is [`SubmitError::QueueFull`].
@@ -201,7 +210,8 @@ pub trait QueuePair {
     /// # Safety
     /// For a Read or Write, the memory `cmd` points at must stay valid, and for a Read must not
     /// be read or written by anyone else, until the completion carrying `tag` has been
-    /// delivered by [`QueuePair::process_completions`] (or the queue pair has been dropped).
+    /// delivered by [`QueuePair::process_completions`] (or the queue pair has been dropped:
+    /// implementors guarantee the device touches no buffer after that, see the trait docs).
     /// The device writes into or reads from that memory at a time of its choosing.
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError>;
 

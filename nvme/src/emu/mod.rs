@@ -370,10 +370,17 @@ impl EmuQueuePair {
                         // One range, deallocate: all hypoll's host side ever sends.
                         Err(Status::INVALID_FIELD)
                     } else {
-                        // SAFETY: PRP1 of a DSM command points at this queue pair's own
-                        // `dsm_ranges` entry for this command id (written in `submit`), which
-                        // lives as long as the queue pair.
-                        let r = unsafe { std::ptr::read(sqe.prp1 as *const DsmRange) };
+                        let own_range: *const DsmRange = &self.dsm_ranges[cid];
+                        assert_eq!(
+                            sqe.prp1, own_range as u64,
+                            "emulated controller: a Dataset Management command's PRP1 must \
+                             point at its queue pair's range list for command id {cid} \
+                             (host bug)"
+                        );
+                        // SAFETY: PRP1 was just checked to be this queue pair's own
+                        // `dsm_ranges` entry for this command id (written in `submit`): a
+                        // live, aligned, initialised `DsmRange` owned by `self`.
+                        let r = unsafe { std::ptr::read(own_range) };
                         range(r.slba, u64::from(r.nlb))
                     }
                 }
@@ -658,6 +665,10 @@ impl QueuePair for EmuQueuePair {
     }
 }
 
+/// Dropping a queue pair deletes its queues: the controller works only when the host
+/// touches the queue pair, and all of its state (rings, pending commands and their buffer
+/// pointers) lives inside it, so after `drop` the device touches no buffer, as
+/// [`QueuePair`]'s implementor rule requires. Commands still outstanding are discarded.
 impl Drop for EmuQueuePair {
     fn drop(&mut self) {
         self.shared.queues_live.fetch_sub(1, Ordering::AcqRel);

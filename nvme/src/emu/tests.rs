@@ -306,35 +306,98 @@ fn bad_input_gets_what_a_real_controller_returns() {
     assert_eq!(io.queue_pair().outstanding(), 0);
 }
 
+/// Writes a hand-crafted submission entry, as a buggy host could, and rings the doorbell.
+/// `fill` gets the entry with its command id and namespace set, and the command id.
+fn submit_raw(
+    qp: &mut EmuQueuePair,
+    now_ns: u64,
+    tag: u64,
+    fill: impl FnOnce(&mut SubmissionEntry, &EmuQueuePair),
+) {
+    let cid = qp.free_cids.pop().unwrap();
+    qp.tags[cid as usize] = tag;
+    qp.in_use[cid as usize] = true;
+    qp.outstanding += 1;
+    let mut sqe = SubmissionEntry {
+        cid,
+        nsid: NSID,
+        ..Default::default()
+    };
+    fill(&mut sqe, qp);
+    let tail = qp.host_sq_tail as usize;
+    qp.sq[tail] = sqe;
+    qp.host_sq_tail = (qp.host_sq_tail + 1) % qp.ring_len();
+    qp.sq_tail_doorbell = qp.host_sq_tail;
+    qp.sq_doorbell(now_ns);
+}
+
 #[test]
 fn invalid_opcodes_and_namespaces_are_answered_by_the_controller() {
     let (ctrl, clock) = virtual_controller("emu:optane,size=1M");
     let mut qp = ctrl.queue_pair(4).unwrap();
-    // Hand-craft entries a buggy host could write.
     for (tag, (opcode, nsid)) in [(0x7fu8, NSID), (Opcode::Flush as u8, 9)]
         .into_iter()
         .enumerate()
     {
-        let cid = qp.free_cids.pop().unwrap();
-        qp.tags[cid as usize] = tag as u64;
-        qp.in_use[cid as usize] = true;
-        qp.outstanding += 1;
-        let tail = qp.host_sq_tail as usize;
-        qp.sq[tail] = SubmissionEntry {
-            opcode,
-            cid,
-            nsid,
-            ..Default::default()
-        };
-        qp.host_sq_tail = (qp.host_sq_tail + 1) % qp.ring_len();
-        qp.sq_tail_doorbell = qp.host_sq_tail;
-        qp.sq_doorbell(clock.now_ns());
+        submit_raw(&mut qp, clock.now_ns(), tag as u64, |sqe, _| {
+            sqe.opcode = opcode;
+            sqe.nsid = nsid;
+        });
     }
     let statuses: Vec<Status> = reap(&mut qp).iter().map(|c| c.status).collect();
     assert_eq!(
         statuses,
         vec![Status::INVALID_OPCODE, Status::INVALID_NAMESPACE]
     );
+}
+
+/// A Dataset Management entry pointing at the queue pair's own range for its command id.
+fn dsm_entry(sqe: &mut SubmissionEntry, qp: &EmuQueuePair, nr: u32, attributes: u32) {
+    sqe.opcode = Opcode::DatasetManagement as u8;
+    sqe.prp1 = &qp.dsm_ranges[sqe.cid as usize] as *const DsmRange as u64;
+    sqe.cdw10 = nr;
+    sqe.cdw11 = attributes;
+}
+
+#[test]
+fn dataset_management_takes_one_deallocate_range_only() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M");
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let now_ns = clock.now_ns();
+    // Two ranges (NR is 0-based), deallocate: hypoll's host side never sends that.
+    submit_raw(&mut qp, now_ns, 0, |sqe, qp| {
+        dsm_entry(sqe, qp, 1, DSM_ATTR_DEALLOCATE)
+    });
+    // One range without the Deallocate attribute (integral read only: a hint we ignore).
+    submit_raw(&mut qp, now_ns, 1, |sqe, qp| dsm_entry(sqe, qp, 0, 1));
+    // One range, deallocate: accepted.
+    submit_raw(&mut qp, now_ns, 2, |sqe, qp| {
+        dsm_entry(sqe, qp, 0, DSM_ATTR_DEALLOCATE)
+    });
+    let mut done = reap(&mut qp);
+    clock.advance_to(qp.oracle_next_deadline_ns().unwrap());
+    done.extend(reap(&mut qp));
+    let statuses: Vec<(u64, Status)> = done.iter().map(|c| (c.tag, c.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (0, Status::INVALID_FIELD),
+            (1, Status::INVALID_FIELD),
+            (2, Status::SUCCESS)
+        ]
+    );
+}
+
+#[test]
+#[should_panic(expected = "PRP1 must point at its queue pair's range list")]
+fn a_dataset_management_prp1_elsewhere_is_a_host_bug_not_a_read() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M");
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let elsewhere = DsmRange::default();
+    submit_raw(&mut qp, clock.now_ns(), 0, |sqe, qp| {
+        dsm_entry(sqe, qp, 0, DSM_ATTR_DEALLOCATE);
+        sqe.prp1 = &elsewhere as *const DsmRange as u64;
+    });
 }
 
 #[derive(Clone, Debug)]
