@@ -35,6 +35,7 @@ pub mod hybrid;
 pub mod hybrid_min;
 pub mod hybrid_three_quarters;
 pub mod interrupt;
+pub mod oracle;
 mod policy;
 mod registry;
 pub mod stats;
@@ -47,6 +48,7 @@ pub use hybrid::Hybrid;
 pub use hybrid_min::HybridMin;
 pub use hybrid_three_quarters::HybridThreeQuarters;
 pub use interrupt::Interrupt;
+pub use oracle::Oracle;
 pub use policy::{Decision, InFlight, Observation, PollContext, PollPolicy, Slept};
 pub use registry::{build, list, PolicyInfo, PolicySpecError};
 pub use stats::{

@@ -12,6 +12,7 @@ use crate::hybrid::Hybrid;
 use crate::hybrid_min::HybridMin;
 use crate::hybrid_three_quarters::HybridThreeQuarters;
 use crate::interrupt::Interrupt;
+use crate::oracle::Oracle;
 use crate::policy::PollPolicy;
 use crate::uring_hybrid::UringHybrid;
 
@@ -42,7 +43,7 @@ impl fmt::Debug for PolicyInfo {
 
 const ADJUST: &str = "adjust";
 
-static POLICIES: [PolicyInfo; 7] = [
+static POLICIES: [PolicyInfo; 8] = [
     PolicyInfo {
         name: Classic::NAME,
         syntax: "classic",
@@ -102,6 +103,16 @@ static POLICIES: [PolicyInfo; 7] = [
         build: |args| {
             no_arguments(UringHybrid::NAME, args)?;
             Ok(Box::new(UringHybrid::new()))
+        },
+    },
+    PolicyInfo {
+        name: Oracle::NAME,
+        syntax: "oracle",
+        description: "benchmark only, emulated devices: sleep until the device's true \
+                      deadline minus the measured wake-up overshoot (the limit of sleeping)",
+        build: |args| {
+            no_arguments(Oracle::NAME, args)?;
+            Ok(Box::new(Oracle::new()))
         },
     },
 ];
@@ -309,7 +320,7 @@ mod tests {
             "hybrid-min:adjust=100",
         ]
         .into_iter()
-        .chain(["hybrid-min", "uring-hybrid"])
+        .chain(["hybrid-min", "uring-hybrid", "oracle"])
         .map(|spec| build(spec).unwrap())
         .collect()
     }
@@ -409,7 +420,8 @@ mod tests {
                 "fixed",
                 "hybrid-3/4",
                 "hybrid-min",
-                "uring-hybrid"
+                "uring-hybrid",
+                "oracle"
             ]
         );
         for info in list() {
