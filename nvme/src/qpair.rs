@@ -14,6 +14,11 @@ pub const BUFFER_ALIGN_BYTES: usize = 4;
 /// controllers commonly cap queues at 1024 entries).
 pub const MAX_QUEUE_DEPTH: usize = 1024;
 
+/// Why [`Command::check`] refuses a command of zero blocks.
+pub const ZERO_NLB: &str = "zero-length transfer (nlb = 0)";
+/// Why [`Command::check`] refuses a command of more blocks than NLB can encode.
+pub const NLB_TOO_LARGE: &str = "nlb over 65536 cannot be encoded in one command";
+
 /// One I/O command, as a host builds it. Building a command is safe; it borrows its data
 /// buffer for `'buf` so the borrow checker sees the buffer in use while the command is
 /// built. Handing the buffer to a device outlives that borrow, which is why
@@ -131,16 +136,14 @@ impl<'buf> Command<'buf> {
     pub fn check(&self, lba_size_bytes: u32) -> Result<(), SubmitError> {
         let needs_range = !matches!(self.opcode, Opcode::Flush);
         if needs_range && self.nlb == 0 {
-            return Err(SubmitError::InvalidField("zero-length transfer (nlb = 0)"));
+            return Err(SubmitError::InvalidField(ZERO_NLB));
         }
         let encodable = match self.opcode {
             Opcode::Flush | Opcode::DatasetManagement => true,
             _ => self.nlb <= crate::spec::MAX_NLB,
         };
         if !encodable {
-            return Err(SubmitError::InvalidField(
-                "nlb over 65536 cannot be encoded in one command",
-            ));
+            return Err(SubmitError::InvalidField(NLB_TOO_LARGE));
         }
         if matches!(self.opcode, Opcode::Read | Opcode::Write) {
             let need_bytes = u64::from(self.nlb) * u64::from(lba_size_bytes);

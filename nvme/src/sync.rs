@@ -1,14 +1,21 @@
 //! Blocking, one-command-at-a-time I/O on a queue pair, for tools, examples and tests (the
 //! reactor is the way to drive a queue pair at speed). Buffers are owned [`IoBuf`]s, so the
 //! helpers are safe: a command that never completes keeps its buffer (leaked) rather than
-//! letting the device write into freed memory.
+//! letting the device write into freed memory, and so does a command whose wait is cut
+//! short by a panic (the buffer is held in `ManuallyDrop` until its completion is seen, so
+//! unwinding leaks it instead of freeing it).
+//!
+//! Sizes are checked before anything is allocated: a transfer must be 1 to 65 536 blocks
+//! and at most the namespace's maximum transfer size (MDTS), so a wild block count is an
+//! error, not a multi-terabyte allocation.
 
+use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
-use crate::qpair::{Command, Completion, QueuePair, SubmitError};
-use crate::spec::Status;
+use crate::qpair::{Command, Completion, QueuePair, SubmitError, NLB_TOO_LARGE, ZERO_NLB};
+use crate::spec::{Status, MAX_NLB};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
@@ -20,6 +27,19 @@ pub enum IoError {
     TimedOut(Duration),
     #[error("the queue pair has {0} commands outstanding; sync I/O needs it idle")]
     Busy(usize),
+    /// A write's data must fill whole logical blocks; nothing was submitted.
+    #[error("{len_bytes} bytes of data is not a whole number of {lba_bytes}-byte blocks")]
+    NotBlockMultiple { len_bytes: usize, lba_bytes: u32 },
+    /// One command cannot move more than the namespace's MDTS; nothing was submitted (split
+    /// the transfer).
+    #[error(
+        "a transfer of {len_bytes} bytes is over the namespace's maximum of \
+         {max_transfer_bytes} bytes per command (MDTS)"
+    )]
+    OverMaxTransfer {
+        len_bytes: u64,
+        max_transfer_bytes: u32,
+    },
 }
 
 /// Runs commands one at a time on a queue pair, waiting for each.
@@ -57,25 +77,70 @@ impl<'q> SyncIo<'q> {
         self.qp
     }
 
-    fn lba_bytes(&self) -> usize {
-        self.qp.namespace().lba_size_bytes as usize
+    /// The bytes `nlb` blocks move, once they are known to fit one command: 1 to
+    /// [`MAX_NLB`] blocks, at most the namespace's MDTS.
+    fn transfer_bytes(&self, nlb: u32) -> Result<usize, IoError> {
+        if nlb == 0 {
+            return Err(SubmitError::InvalidField(ZERO_NLB).into());
+        }
+        if nlb > MAX_NLB {
+            return Err(SubmitError::InvalidField(NLB_TOO_LARGE).into());
+        }
+        let ns = self.qp.namespace();
+        let len_bytes = u64::from(nlb) * u64::from(ns.lba_size_bytes);
+        if len_bytes > u64::from(ns.max_transfer_bytes) {
+            return Err(IoError::OverMaxTransfer {
+                len_bytes,
+                max_transfer_bytes: ns.max_transfer_bytes,
+            });
+        }
+        // At most MDTS, a u32: fits usize.
+        Ok(len_bytes as usize)
     }
 
     /// Reads `nlb` blocks at `slba`.
     pub fn read(&mut self, slba: u64, nlb: u32) -> Result<IoBuf, IoError> {
-        let mut buf = IoBuf::zeroed(nlb as usize * self.lba_bytes());
-        // SAFETY: `buf` is handed to `wait`, which keeps it until the command completes.
-        let tag = unsafe { self.start(&Command::read(slba, nlb, &mut buf)) }?;
+        let len_bytes = self.transfer_bytes(nlb)?;
+        // From here until the completion is seen, the device may write into `buf`: an
+        // unwind must leak it, not free it.
+        let mut buf = ManuallyDrop::new(IoBuf::zeroed(len_bytes));
+        // SAFETY: `buf` is handed to `wait`, which keeps it until the command completes and
+        // leaks it if it never does; on a submit error the device never saw it.
+        let started = unsafe { self.start(&Command::read(slba, nlb, &mut buf)) };
+        let tag = match started {
+            Ok(tag) => tag,
+            Err(e) => {
+                drop(ManuallyDrop::into_inner(buf));
+                return Err(e);
+            }
+        };
         self.wait(tag, Some(buf))
             .map(|buf| buf.expect("a read keeps its buffer"))
     }
 
-    /// Writes `data` (a whole number of blocks) at `slba`.
+    /// Writes `data` at `slba`. `data` must be a whole number of blocks, at most the
+    /// namespace's MDTS.
     pub fn write(&mut self, slba: u64, data: &[u8]) -> Result<(), IoError> {
-        let nlb = (data.len() / self.lba_bytes()) as u32;
-        let buf = IoBuf::from_slice(data);
-        // SAFETY: `buf` is handed to `wait`, which keeps it until the command completes.
-        let tag = unsafe { self.start(&Command::write(slba, nlb, &buf)) }?;
+        let lba_bytes = self.qp.namespace().lba_size_bytes;
+        if !data.len().is_multiple_of(lba_bytes as usize) {
+            return Err(IoError::NotBlockMultiple {
+                len_bytes: data.len(),
+                lba_bytes,
+            });
+        }
+        // A count past u32 is past MAX_NLB too, which `transfer_bytes` refuses.
+        let nlb = u32::try_from(data.len() / lba_bytes as usize).unwrap_or(u32::MAX);
+        self.transfer_bytes(nlb)?;
+        let buf = ManuallyDrop::new(IoBuf::from_slice(data));
+        // SAFETY: as in `read`.
+        let started = unsafe { self.start(&Command::write(slba, nlb, &buf)) };
+        let tag = match started {
+            Ok(tag) => tag,
+            Err(e) => {
+                drop(ManuallyDrop::into_inner(buf));
+                return Err(e);
+            }
+        };
         self.wait(tag, Some(buf)).map(drop)
     }
 
@@ -100,7 +165,8 @@ impl<'q> SyncIo<'q> {
     /// Submits `cmd` on an idle queue pair and returns its tag.
     ///
     /// # Safety
-    /// `cmd`'s buffer, if any, must be passed to [`SyncIo::wait`] for the returned tag.
+    /// `cmd`'s buffer, if any, must be passed to [`SyncIo::wait`] for the returned tag, in a
+    /// `ManuallyDrop` that nothing drops before then.
     unsafe fn start(&mut self, cmd: &Command<'_>) -> Result<u64, IoError> {
         let busy = self.qp.outstanding();
         if busy != 0 {
@@ -114,15 +180,22 @@ impl<'q> SyncIo<'q> {
     }
 
     /// Waits for the completion of `tag`, keeping `owned` (the command's buffer) alive until
-    /// then; gives the buffer back on success. If the command never completes, the buffer
-    /// is leaked: the device may still write into it.
-    fn wait(&mut self, tag: u64, owned: Option<IoBuf>) -> Result<Option<IoBuf>, IoError> {
+    /// then; gives the buffer back on success and frees it on an error status. If the
+    /// command never completes, or a panic cuts the wait short, the buffer is leaked: the
+    /// device may still write into it.
+    fn wait(
+        &mut self,
+        tag: u64,
+        owned: Option<ManuallyDrop<IoBuf>>,
+    ) -> Result<Option<IoBuf>, IoError> {
         let started = Instant::now();
         let mut result: Option<Completion> = None;
         loop {
             self.qp.process_completions(1, &mut |c| result = Some(c));
             if let Some(done) = result {
                 assert_eq!(done.tag, tag, "sync I/O: a completion for another command");
+                // The device is done with the buffer: it may be freed again.
+                let owned = owned.map(ManuallyDrop::into_inner);
                 return if done.status.is_success() {
                     Ok(owned)
                 } else {
@@ -140,10 +213,151 @@ impl<'q> SyncIo<'q> {
                 None => started.elapsed() >= self.timeout,
             };
             if waited_out {
-                std::mem::forget(owned);
+                // `owned` stays in its ManuallyDrop: leaked, never freed under the device.
                 return Err(IoError::TimedOut(self.timeout));
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Panic safety: a wait cut short by a panic must leak the buffer, not free it. A
+    //! watching allocator (this test binary only) records whether the one address a test
+    //! names is freed on the test's thread.
+
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::os::fd::BorrowedFd;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use super::*;
+    use crate::spec::NamespaceInfo;
+
+    thread_local! {
+        static WATCHED_ADDR: Cell<usize> = const { Cell::new(0) };
+        static WATCHED_FREED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    struct WatchingAlloc;
+
+    // SAFETY: forwards every call to the system allocator unchanged; it only compares the
+    // freed address with a thread-local value (const-initialised, so reading it never
+    // allocates).
+    unsafe impl GlobalAlloc for WatchingAlloc {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as ours.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as ours.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            let _ = WATCHED_ADDR.try_with(|addr| {
+                if addr.get() == ptr as usize {
+                    let _ = WATCHED_FREED.try_with(|freed| freed.set(true));
+                }
+            });
+            // SAFETY: same contract as ours.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: same contract as ours.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: WatchingAlloc = WatchingAlloc;
+
+    /// A queue pair that remembers the buffer it was given and then either completes the
+    /// command or panics while being polled.
+    struct Scripted {
+        panic_on_poll: bool,
+        pending: Option<u64>,
+    }
+
+    impl QueuePair for Scripted {
+        unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+            WATCHED_ADDR.with(|a| a.set(cmd.buf_ptr() as usize));
+            WATCHED_FREED.with(|f| f.set(false));
+            self.pending = Some(tag);
+            Ok(())
+        }
+
+        fn process_completions(&mut self, _max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+            assert!(!self.panic_on_poll, "scripted device failure");
+            match self.pending.take() {
+                Some(tag) => {
+                    out(Completion {
+                        tag,
+                        status: Status::SUCCESS,
+                    });
+                    1
+                }
+                None => 0,
+            }
+        }
+
+        fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+
+        fn arm_interrupt(&mut self) {}
+
+        fn outstanding(&self) -> usize {
+            usize::from(self.pending.is_some())
+        }
+
+        fn depth(&self) -> usize {
+            1
+        }
+
+        fn namespace(&self) -> NamespaceInfo {
+            NamespaceInfo {
+                nsid: 1,
+                lba_size_bytes: 512,
+                capacity_lbas: 1 << 20,
+                max_transfer_bytes: 128 << 10,
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_while_waiting_leaks_the_buffer_instead_of_freeing_it() {
+        for write in [false, true] {
+            let mut qp = Scripted {
+                panic_on_poll: true,
+                pending: None,
+            };
+            let mut io = SyncIo::new(&mut qp, Duration::from_secs(1));
+            let unwound = catch_unwind(AssertUnwindSafe(|| {
+                if write {
+                    io.write(0, &[1u8; 1024]).map(drop)
+                } else {
+                    io.read(0, 2).map(drop)
+                }
+            }));
+            assert!(unwound.is_err(), "the scripted device panics");
+            assert!(
+                !WATCHED_FREED.with(Cell::get),
+                "the buffer the device holds was freed by unwinding (write: {write})"
+            );
+        }
+        // Control: when the completion is seen, the buffer is freed as usual.
+        let mut qp = Scripted {
+            panic_on_poll: false,
+            pending: None,
+        };
+        let mut io = SyncIo::new(&mut qp, Duration::from_secs(1));
+        drop(io.read(0, 2).unwrap());
+        assert!(WATCHED_FREED.with(Cell::get), "the watcher sees frees");
+        io.write(0, &[1u8; 512]).unwrap();
+        assert!(WATCHED_FREED.with(Cell::get));
     }
 }

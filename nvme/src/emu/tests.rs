@@ -266,11 +266,6 @@ fn bad_input_gets_what_a_real_controller_returns() {
     );
     assert_eq!(status(io.write_zeroes(2000, 49)), Status::LBA_OUT_OF_RANGE);
     assert_eq!(status(io.deallocate(2040, 9)), Status::LBA_OUT_OF_RANGE);
-    assert_eq!(
-        status(io.read(0, 257).map(drop)),
-        Status::INVALID_FIELD,
-        "one block over MDTS"
-    );
     io.read(0, 256).expect("exactly MDTS is fine");
     io.write_zeroes(0, 2048)
         .expect("write zeroes is not bound by MDTS");
@@ -398,6 +393,87 @@ fn a_dataset_management_prp1_elsewhere_is_a_host_bug_not_a_read() {
         dsm_entry(sqe, qp, 0, DSM_ATTR_DEALLOCATE);
         sqe.prp1 = &elsewhere as *const DsmRange as u64;
     });
+}
+
+/// The controller answers a Read or a Write over MDTS with Invalid Field (SyncIo refuses
+/// them before submitting, so this goes through `submit`).
+#[test]
+fn reads_and_writes_over_mdts_get_invalid_field() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M,mdts=128k");
+    let mut qp = ctrl.queue_pair(8).unwrap();
+    let mut read_buf = IoBuf::zeroed(257 * 512);
+    let write_buf = IoBuf::zeroed(257 * 512);
+    // SAFETY: both buffers outlive the commands, which are reaped below.
+    unsafe {
+        qp.submit(&Command::read(0, 257, &mut read_buf), 1).unwrap();
+        qp.submit(&Command::write(0, 257, &write_buf), 2).unwrap();
+        qp.submit(&Command::write(0, 256, &write_buf), 3).unwrap();
+    }
+    let mut done = Vec::new();
+    while qp.outstanding() > 0 {
+        if let Some(deadline_ns) = qp.oracle_next_deadline_ns() {
+            clock.advance_to(deadline_ns);
+        }
+        done.extend(reap(&mut qp).into_iter().map(|c| (c.tag, c.status)));
+    }
+    done.sort_by_key(|&(tag, _)| tag);
+    assert_eq!(
+        done,
+        vec![
+            (1, Status::INVALID_FIELD),
+            (2, Status::INVALID_FIELD),
+            (3, Status::SUCCESS)
+        ],
+        "one block over MDTS, either way; exactly MDTS is fine"
+    );
+}
+
+#[test]
+fn sync_io_checks_sizes_before_it_allocates_or_submits() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M,mdts=128k");
+    let mut qp = ctrl.queue_pair(8).unwrap();
+    let mut io = SyncIo::virtual_time(&mut qp, clock);
+    // 2^32 - 1 blocks would be a 2 TiB buffer: refused before any allocation.
+    assert_eq!(
+        io.read(0, u32::MAX).map(drop),
+        Err(IoError::Submit(SubmitError::InvalidField(
+            crate::qpair::NLB_TOO_LARGE
+        )))
+    );
+    assert_eq!(
+        io.read(0, 257).map(drop),
+        Err(IoError::OverMaxTransfer {
+            len_bytes: 257 * 512,
+            max_transfer_bytes: 128 << 10
+        })
+    );
+    assert_eq!(
+        io.write(0, &[0u8; 257 * 512]),
+        Err(IoError::OverMaxTransfer {
+            len_bytes: 257 * 512,
+            max_transfer_bytes: 128 << 10
+        })
+    );
+    // A write is never silently truncated to whole blocks.
+    assert_eq!(
+        io.write(0, &[7u8; 1000]),
+        Err(IoError::NotBlockMultiple {
+            len_bytes: 1000,
+            lba_bytes: 512
+        })
+    );
+    assert_eq!(
+        io.write(0, &[]),
+        Err(IoError::Submit(SubmitError::InvalidField(
+            crate::qpair::ZERO_NLB
+        )))
+    );
+    assert_eq!(
+        io.queue_pair().outstanding(),
+        0,
+        "nothing reached the device"
+    );
+    assert!(io.read(0, 2).unwrap().iter().all(|&b| b == 0));
 }
 
 #[derive(Clone, Debug)]
