@@ -141,7 +141,8 @@ pub fn profile_descriptions() -> Vec<(&'static str, &'static str)> {
     PROFILES.iter().map(|p| (p.name, p.what)).collect()
 }
 
-/// Keys `emu:` accepts, for error messages and documentation.
+/// Keys `emu:` accepts, for error messages and documentation, in the order a spec string
+/// writes them.
 pub const EMU_KEYS: &[&str] = &[
     "read_us",
     "write_us",
@@ -160,6 +161,109 @@ pub const EMU_KEYS: &[&str] = &[
     "reset_pct",
     "queues",
 ];
+
+/// Longest median latency `read_us`, `write_us` and `tail_us` accept: 10 s. Deadlines are
+/// nanosecond `u64`s; the controller's deadline arithmetic saturates as well.
+pub const MAX_LATENCY_US: f64 = 10_000_000.0;
+/// Largest `jitter` (coefficient of variation).
+pub const MAX_JITTER: f64 = 10.0;
+/// Most internal units (`parallel`) per queue pair.
+pub const MAX_PARALLEL: u32 = 4096;
+/// Slowest transfer rate (`mbps`): at 1 MB/s the largest transfer (2 MiB) takes about 2 s.
+pub const MIN_RATE_MBPS: f64 = 1.0;
+/// Fastest transfer rate (`mbps`): at 10^12 MB/s a 2 MiB transfer takes 0.002 ns, which
+/// rounds to nothing: transfers are free ([`EmuConfig::zero_latency`] uses it).
+pub const MAX_RATE_MBPS: f64 = 1e12;
+/// Smallest and largest MDTS (`mdts`), powers of two.
+pub const MIN_MDTS_BYTES: u32 = 4096;
+pub const MAX_MDTS_BYTES: u32 = 2 << 20;
+/// Most I/O queue pairs (`queues`) a controller hands out.
+pub const MAX_QUEUES: u32 = 1024;
+
+/// One `emu:` key, tied to its field of [`EmuConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Key {
+    ReadUs,
+    WriteUs,
+    Jitter,
+    TailPct,
+    TailUs,
+    Parallel,
+    Mbps,
+    Seed,
+    Size,
+    Lba,
+    Mdts,
+    Backing,
+    ErrPct,
+    LostPct,
+    ResetPct,
+    Queues,
+}
+
+/// Every key, in [`EMU_KEYS`] order.
+const KEYS: [Key; 16] = [
+    Key::ReadUs,
+    Key::WriteUs,
+    Key::Jitter,
+    Key::TailPct,
+    Key::TailUs,
+    Key::Parallel,
+    Key::Mbps,
+    Key::Seed,
+    Key::Size,
+    Key::Lba,
+    Key::Mdts,
+    Key::Backing,
+    Key::ErrPct,
+    Key::LostPct,
+    Key::ResetPct,
+    Key::Queues,
+];
+
+impl Key {
+    fn name(self) -> &'static str {
+        EMU_KEYS[KEYS
+            .iter()
+            .position(|&k| k == self)
+            .expect("every key is listed")]
+    }
+
+    fn from_name(name: &str) -> Option<Key> {
+        EMU_KEYS.iter().position(|&k| k == name).map(|i| KEYS[i])
+    }
+
+    /// What the key accepts, in words.
+    fn expected(self) -> &'static str {
+        match self {
+            Key::ReadUs | Key::WriteUs | Key::TailUs => {
+                "a number of microseconds from 0 to 10000000 (10 s)"
+            }
+            Key::Jitter => "a coefficient of variation from 0 to 10",
+            Key::TailPct | Key::ErrPct | Key::LostPct | Key::ResetPct => {
+                "a percentage from 0 to 100"
+            }
+            Key::Parallel => "an integer from 1 to 4096",
+            Key::Mbps => "a transfer rate in MB/s from 1 to 1000000000000",
+            Key::Seed => "an unsigned integer",
+            Key::Size => "a size such as 4096, 512M, 8G, 1T",
+            Key::Lba => "512 or 4096",
+            Key::Mdts => "a power of two from 4K to 2M",
+            Key::Backing => "ram, sparse or file:/path",
+            Key::Queues => "an integer from 1 to 1024",
+        }
+    }
+}
+
+/// Writes a byte count with the largest binary suffix that divides it: `64G`, `128K`, `1000`.
+fn size_text(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
 
 impl EmuConfig {
     /// The named profile with default namespace settings: 64 GiB, 512-byte blocks, 128 KiB
@@ -206,112 +310,154 @@ impl EmuConfig {
         }
     }
 
-    /// Applies one `key=value` override.
+    /// Applies one `key=value` override. The value is checked as [`EmuConfig::validate`]
+    /// checks it; a bad one leaves the configuration unchanged.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), SpecError> {
-        let bad = |expected: &str| SpecError::BadValue {
+        let Some(k) = Key::from_name(key) else {
+            return Err(SpecError::UnknownKey {
+                device: "emu".to_string(),
+                key: key.to_string(),
+                accepted: EMU_KEYS.join(", "),
+            });
+        };
+        let bad = || SpecError::BadValue {
             key: key.to_string(),
             value: value.to_string(),
-            expected: expected.to_string(),
+            expected: k.expected().to_string(),
         };
-        let micros = || -> Result<f64, SpecError> {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .ok_or_else(|| bad("a non-negative number of microseconds"))
-        };
-        let percent = || -> Result<f64, SpecError> {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| (0.0..=100.0).contains(v))
-                .ok_or_else(|| bad("a percentage from 0 to 100"))
-        };
-        match key {
-            "read_us" => self.read_us = micros()?,
-            "write_us" => self.write_us = micros()?,
-            "tail_us" => self.tail_us = micros()?,
-            "jitter" => {
-                self.jitter = value
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| (0.0..=10.0).contains(v))
-                    .ok_or_else(|| bad("a coefficient of variation from 0 to 10"))?
-            }
-            "tail_pct" => self.tail_pct = percent()?,
-            "err_pct" => self.err_pct = percent()?,
-            "lost_pct" => self.lost_pct = percent()?,
-            "reset_pct" => self.reset_pct = percent()?,
-            "parallel" => {
-                self.parallel = value
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|v| (1..=4096).contains(v))
-                    .ok_or_else(|| bad("an integer from 1 to 4096"))?
-            }
-            "mbps" => {
-                self.mbps = value
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v > 0.0)
-                    .ok_or_else(|| bad("a positive transfer rate in MB/s"))?
-            }
-            "seed" => self.seed = value.parse().map_err(|_| bad("an unsigned integer"))?,
-            "size" => {
-                self.size_bytes = parse_size_bytes(value)
-                    .ok()
-                    .filter(|v| *v > 0)
-                    .ok_or_else(|| bad("a size such as 4096, 512M, 8G, 1T"))?
-            }
-            "lba" => {
-                self.lba_bytes = match value {
-                    "512" => 512,
-                    "4096" | "4k" | "4K" => 4096,
-                    _ => return Err(bad("512 or 4096")),
-                }
-            }
-            "mdts" => {
-                self.mdts_bytes = parse_size_bytes(value)
-                    .ok()
-                    .filter(|v| (4096..=(2 << 20)).contains(v) && v.is_power_of_two())
-                    .ok_or_else(|| bad("a power of two from 4K to 2M"))?
-                    as u32
-            }
-            "backing" => {
-                self.backing = match value {
-                    "ram" => Backing::Ram,
-                    "sparse" => Backing::Sparse,
-                    _ => match value.strip_prefix("file:") {
-                        Some(path) if !path.is_empty() => Backing::File(PathBuf::from(path)),
-                        _ => return Err(bad("ram, sparse or file:/path")),
-                    },
-                }
-            }
-            "queues" => {
-                self.max_queues = value
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|v| (1..=1024).contains(v))
-                    .ok_or_else(|| bad("an integer from 1 to 1024"))?
-            }
-            _ => {
-                return Err(SpecError::UnknownKey {
-                    device: "emu".to_string(),
-                    key: key.to_string(),
-                    accepted: EMU_KEYS.join(", "),
-                })
-            }
+        let mut next = self.clone();
+        next.assign(k, value).ok_or_else(bad)?;
+        if !next.accepts(k) {
+            return Err(bad());
         }
+        *self = next;
         Ok(())
     }
 
-    /// Checks what no single key can: the size against the block size and the backing.
+    /// Parses `value` into the field of `k`; `None` if it does not parse.
+    fn assign(&mut self, k: Key, value: &str) -> Option<()> {
+        let float = || value.parse::<f64>().ok();
+        match k {
+            Key::ReadUs => self.read_us = float()?,
+            Key::WriteUs => self.write_us = float()?,
+            Key::Jitter => self.jitter = float()?,
+            Key::TailPct => self.tail_pct = float()?,
+            Key::TailUs => self.tail_us = float()?,
+            Key::Parallel => self.parallel = value.parse().ok()?,
+            Key::Mbps => self.mbps = float()?,
+            Key::Seed => self.seed = value.parse().ok()?,
+            Key::Size => self.size_bytes = parse_size_bytes(value).ok()?,
+            Key::Lba => {
+                self.lba_bytes = match value {
+                    "512" => 512,
+                    "4096" | "4k" | "4K" => 4096,
+                    _ => return None,
+                }
+            }
+            Key::Mdts => self.mdts_bytes = u32::try_from(parse_size_bytes(value).ok()?).ok()?,
+            Key::Backing => {
+                self.backing = match value {
+                    "ram" => Backing::Ram,
+                    "sparse" => Backing::Sparse,
+                    _ => Backing::File(PathBuf::from(value.strip_prefix("file:")?)),
+                }
+            }
+            Key::ErrPct => self.err_pct = float()?,
+            Key::LostPct => self.lost_pct = float()?,
+            Key::ResetPct => self.reset_pct = float()?,
+            Key::Queues => self.max_queues = value.parse().ok()?,
+        }
+        Some(())
+    }
+
+    /// Whether the field of `k` holds a value the key accepts (NaN never does).
+    fn accepts(&self, k: Key) -> bool {
+        let percent = |v: f64| (0.0..=100.0).contains(&v);
+        match k {
+            Key::ReadUs => (0.0..=MAX_LATENCY_US).contains(&self.read_us),
+            Key::WriteUs => (0.0..=MAX_LATENCY_US).contains(&self.write_us),
+            Key::TailUs => (0.0..=MAX_LATENCY_US).contains(&self.tail_us),
+            Key::Jitter => (0.0..=MAX_JITTER).contains(&self.jitter),
+            Key::TailPct => percent(self.tail_pct),
+            Key::ErrPct => percent(self.err_pct),
+            Key::LostPct => percent(self.lost_pct),
+            Key::ResetPct => percent(self.reset_pct),
+            Key::Parallel => (1..=MAX_PARALLEL).contains(&self.parallel),
+            Key::Mbps => (MIN_RATE_MBPS..=MAX_RATE_MBPS).contains(&self.mbps),
+            Key::Seed => true,
+            Key::Size => self.size_bytes > 0,
+            Key::Lba => matches!(self.lba_bytes, 512 | 4096),
+            Key::Mdts => {
+                self.mdts_bytes.is_power_of_two()
+                    && (MIN_MDTS_BYTES..=MAX_MDTS_BYTES).contains(&self.mdts_bytes)
+            }
+            Key::Backing => match &self.backing {
+                Backing::File(path) => !path.as_os_str().is_empty(),
+                Backing::Ram | Backing::Sparse => true,
+            },
+            Key::Queues => (1..=MAX_QUEUES).contains(&self.max_queues),
+        }
+    }
+
+    /// The value of `k` as a spec string writes it (parsing it back gives the same value).
+    fn value_text(&self, k: Key) -> String {
+        match k {
+            Key::ReadUs => self.read_us.to_string(),
+            Key::WriteUs => self.write_us.to_string(),
+            Key::Jitter => self.jitter.to_string(),
+            Key::TailPct => self.tail_pct.to_string(),
+            Key::TailUs => self.tail_us.to_string(),
+            Key::Parallel => self.parallel.to_string(),
+            Key::Mbps => self.mbps.to_string(),
+            Key::Seed => self.seed.to_string(),
+            Key::Size => size_text(self.size_bytes),
+            Key::Lba => self.lba_bytes.to_string(),
+            Key::Mdts => size_text(u64::from(self.mdts_bytes)),
+            Key::Backing => match &self.backing {
+                Backing::Ram => "ram".to_string(),
+                Backing::Sparse => "sparse".to_string(),
+                Backing::File(path) => format!("file:{}", path.display()),
+            },
+            Key::ErrPct => self.err_pct.to_string(),
+            Key::LostPct => self.lost_pct.to_string(),
+            Key::ResetPct => self.reset_pct.to_string(),
+            Key::Queues => self.max_queues.to_string(),
+        }
+    }
+
+    /// Checks every parameter, so a configuration built as a struct is held to the same
+    /// bounds as one parsed from a spec string: each key's range (as [`EmuConfig::set`]
+    /// checks it), a known profile, and what no single key can check: the size against the
+    /// block size and the backing, MDTS against the block size.
+    /// [`EmuController::with_clock`](super::EmuController::with_clock) calls it.
     pub fn validate(&self) -> Result<(), SpecError> {
+        if !PROFILES.iter().any(|p| p.name == self.profile) {
+            return Err(SpecError::UnknownProfile {
+                name: self.profile.to_string(),
+                accepted: profile_names().join(", "),
+            });
+        }
+        for k in KEYS {
+            if !self.accepts(k) {
+                return Err(SpecError::BadValue {
+                    key: k.name().to_string(),
+                    value: self.value_text(k),
+                    expected: k.expected().to_string(),
+                });
+            }
+        }
         if !self.size_bytes.is_multiple_of(u64::from(self.lba_bytes)) {
             return Err(SpecError::BadValue {
                 key: "size".to_string(),
                 value: self.size_bytes.to_string(),
                 expected: format!("a multiple of the block size ({} bytes)", self.lba_bytes),
+            });
+        }
+        if self.mdts_bytes < self.lba_bytes {
+            return Err(SpecError::BadValue {
+                key: "mdts".to_string(),
+                value: self.mdts_bytes.to_string(),
+                expected: format!("at least one block ({} bytes)", self.lba_bytes),
             });
         }
         if !matches!(self.backing, Backing::File(_)) && self.size_bytes > MAX_MEMORY_BACKED_BYTES {
@@ -355,6 +501,96 @@ mod tests {
         assert_eq!(cfg.size_bytes, 8 << 30);
         assert_eq!(cfg.lba_bytes, 4096);
         assert_eq!(cfg.backing, Backing::File("/tmp/x.img".into()));
+    }
+
+    #[test]
+    fn keys_and_their_names_agree() {
+        for (i, k) in KEYS.iter().enumerate() {
+            assert_eq!(k.name(), EMU_KEYS[i]);
+            assert_eq!(Key::from_name(EMU_KEYS[i]), Some(*k));
+        }
+        assert_eq!(Key::from_name("colour"), None);
+    }
+
+    /// Each bound, as a spec string meets it and as a struct-built configuration meets it:
+    /// `set` refuses the value (and leaves the configuration unchanged), `validate` names
+    /// the key.
+    #[test]
+    fn every_key_is_bounded_in_set_and_in_validate() {
+        type Poke = fn(&mut EmuConfig);
+        let cases: &[(&str, &str, Poke)] = &[
+            ("read_us", "1e300", |c| c.read_us = 1e300),
+            ("read_us", "10000000.5", |c| c.read_us = 10_000_000.5),
+            ("write_us", "-1", |c| c.write_us = -1.0),
+            ("tail_us", "NaN", |c| c.tail_us = f64::NAN),
+            ("tail_us", "inf", |c| c.tail_us = f64::INFINITY),
+            ("jitter", "10.01", |c| c.jitter = 10.01),
+            ("jitter", "NaN", |c| c.jitter = f64::NAN),
+            ("tail_pct", "100.1", |c| c.tail_pct = 100.1),
+            ("err_pct", "-0.5", |c| c.err_pct = -0.5),
+            ("lost_pct", "NaN", |c| c.lost_pct = f64::NAN),
+            ("reset_pct", "200", |c| c.reset_pct = 200.0),
+            ("parallel", "0", |c| c.parallel = 0),
+            ("parallel", "4097", |c| c.parallel = 4097),
+            ("mbps", "0", |c| c.mbps = 0.0),
+            ("mbps", "0.5", |c| c.mbps = 0.5),
+            ("mbps", "inf", |c| c.mbps = f64::INFINITY),
+            ("mbps", "NaN", |c| c.mbps = f64::NAN),
+            ("mbps", "2e12", |c| c.mbps = 2e12),
+            ("size", "0", |c| c.size_bytes = 0),
+            ("lba", "1024", |c| c.lba_bytes = 1024),
+            ("mdts", "3000", |c| c.mdts_bytes = 3000),
+            ("mdts", "2048", |c| c.mdts_bytes = 2048),
+            ("mdts", "4M", |c| c.mdts_bytes = 4 << 20),
+            ("backing", "file:", |c| {
+                c.backing = Backing::File(PathBuf::new())
+            }),
+            ("queues", "0", |c| c.max_queues = 0),
+            ("queues", "1025", |c| c.max_queues = 1025),
+        ];
+        for &(key, text, poke) in cases {
+            let good = EmuConfig::profile("nand").unwrap();
+            let mut cfg = good.clone();
+            let err = cfg.set(key, text).unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("expected"),
+                "{key}={text}: {err}"
+            );
+            assert_eq!(cfg, good, "a refused value changes nothing ({key}={text})");
+            poke(&mut cfg);
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "validate on {key}={text}: {err}");
+            let err = crate::EmuController::new(cfg).err().expect("refused");
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{key}={text}");
+        }
+        // The edges themselves are accepted.
+        let mut cfg = EmuConfig::profile("nand").unwrap();
+        for (key, text) in [
+            ("read_us", "10000000"),
+            ("write_us", "0"),
+            ("jitter", "10"),
+            ("tail_pct", "100"),
+            ("parallel", "4096"),
+            ("mbps", "1"),
+            ("mbps", "1000000000000"),
+            ("mdts", "2M"),
+            ("queues", "1024"),
+        ] {
+            cfg.set(key, text)
+                .unwrap_or_else(|e| panic!("{key}={text}: {e}"));
+        }
+        cfg.validate().unwrap();
+        // Cross-field and profile checks.
+        let mut cfg = EmuConfig::profile("nand").unwrap();
+        cfg.lba_bytes = 4096;
+        cfg.size_bytes = 4096 * 3 + 512;
+        assert!(cfg.validate().is_err());
+        let cfg = EmuConfig {
+            profile: "floppy",
+            ..EmuConfig::profile("nand").unwrap()
+        };
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("floppy"), "{err}");
     }
 
     #[test]

@@ -438,7 +438,7 @@ impl EmuQueuePair {
         let mut units = self.shared.units_free_at_ns.lock();
         let mut earliest = units.peek_mut().expect("at least one unit");
         let start_ns = earliest.0.max(now_ns);
-        let done_ns = start_ns + service_ns;
+        let done_ns = start_ns.saturating_add(service_ns);
         earliest.0 = done_ns;
         done_ns
     }

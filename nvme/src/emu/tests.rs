@@ -217,6 +217,31 @@ fn internal_units_saturate_iops_under_deep_queues() {
     assert_eq!(waves, expected);
 }
 
+/// The longest latencies the configuration allows, at the end of the timeline: deadlines
+/// saturate at `u64::MAX` instead of wrapping to before the submission.
+#[test]
+fn deadlines_saturate_instead_of_wrapping() {
+    let clock = VirtualClock::new(u64::MAX - 1_000);
+    let spec = "emu:nand,size=1M,write_us=10000000,tail_us=10000000,tail_pct=50,jitter=10";
+    let ctrl = EmuController::with_clock(cfg(spec), Clock::Virtual(clock.clone())).unwrap();
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    for tag in 0..200 {
+        let t0 = clock.now_ns();
+        submit_nodata(&mut qp, Command::write_zeroes(tag, 1), tag).unwrap();
+        let deadline_ns = qp.oracle_next_deadline_ns().unwrap();
+        assert!(
+            deadline_ns >= t0,
+            "deadline {deadline_ns} before submission {t0}"
+        );
+        assert!(reap(&mut qp).is_empty() || deadline_ns == t0);
+        clock.advance_to(deadline_ns);
+        if qp.outstanding() > 0 {
+            assert_eq!(reap(&mut qp).len(), 1);
+        }
+    }
+    assert_eq!(clock.now_ns(), u64::MAX, "most deadlines saturated");
+}
+
 #[test]
 fn queue_full_and_queue_limits_are_errors_not_blocks() {
     let (ctrl, _clock) = virtual_controller("emu:optane,size=16M,queues=2");
