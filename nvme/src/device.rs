@@ -157,13 +157,26 @@ fn set_null(cfg: &mut NullConfig, key: &str, value: &str) -> Result<(), SpecErro
     Ok(())
 }
 
+/// The canonical spec string: the device and every key that differs from its default.
+/// Parsing it gives back an equal spec.
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeviceSpec::Emu(cfg) => write!(f, "emu:{}", cfg.profile),
-            DeviceSpec::Null(_) => write!(f, "null"),
+            DeviceSpec::Emu(cfg) => write!(f, "{cfg}"),
+            DeviceSpec::Null(cfg) => write!(f, "{cfg}"),
         }
     }
+}
+
+/// Writes a byte count as [`parse_size_bytes`] reads it, with the largest binary suffix that
+/// divides it exactly: `64G`, `128K`, `1000`.
+pub fn size_text(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Parses a byte count with an optional binary suffix: `4096`, `4k`, `512M`, `8G`, `1T`,
@@ -191,6 +204,35 @@ pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
 mod tests {
     use super::*;
     use crate::emu::Backing;
+
+    #[test]
+    fn null_spec_strings_round_trip() {
+        for text in ["null", "null,size=1G,lba=4096", "null,mdts=4K,queues=2"] {
+            let spec: DeviceSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(spec.to_string().parse::<DeviceSpec>().unwrap(), spec);
+        }
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for bytes in [
+            0,
+            1,
+            512,
+            1000,
+            4096,
+            3 << 20,
+            (5 << 30) + 512,
+            1 << 40,
+            u64::MAX,
+        ] {
+            let text = size_text(bytes);
+            assert_eq!(parse_size_bytes(&text), Ok(bytes), "{text}");
+        }
+        assert_eq!(size_text(64 << 30), "64G");
+        assert_eq!(size_text(128 << 10), "128K");
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes() {
@@ -274,7 +316,18 @@ mod tests {
         let ns = ctrl.namespace();
         assert_eq!(ns.lba_size_bytes, 4096);
         assert_eq!(ns.capacity_lbas, (1 << 30) / 4096);
-        assert_eq!(ctrl.describe(), "emu:optane");
+        assert_eq!(ctrl.describe(), "emu:optane,size=1G,lba=4096");
+        let null = "null,lba=4096".parse::<DeviceSpec>().unwrap();
+        assert_eq!(null.open().unwrap().describe(), "null,lba=4096");
+        assert_eq!(
+            "null"
+                .parse::<DeviceSpec>()
+                .unwrap()
+                .open()
+                .unwrap()
+                .describe(),
+            "null"
+        );
         let qp = ctrl.create_queue_pair(32).unwrap();
         assert_eq!(qp.depth(), 32);
     }

@@ -1,11 +1,13 @@
 //! The `null` device: every command completes at once and no data moves. It measures the
 //! framework's own cost per I/O, as SPDK's null bdev does.
 
+use std::fmt;
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use crate::device::size_text;
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
 };
@@ -35,7 +37,30 @@ impl Default for NullConfig {
 /// Keys `null` accepts.
 pub const NULL_KEYS: &[&str] = &["size", "lba", "mdts", "queues"];
 
+/// The canonical spec string: `null` and every key that differs from its default
+/// (`null,size=1G,lba=4096`).
+impl fmt::Display for NullConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = NullConfig::default();
+        write!(f, "null")?;
+        if self.size_bytes != d.size_bytes {
+            write!(f, ",size={}", size_text(self.size_bytes))?;
+        }
+        if self.lba_bytes != d.lba_bytes {
+            write!(f, ",lba={}", self.lba_bytes)?;
+        }
+        if self.mdts_bytes != d.mdts_bytes {
+            write!(f, ",mdts={}", size_text(u64::from(self.mdts_bytes)))?;
+        }
+        if self.max_queues != d.max_queues {
+            write!(f, ",queues={}", self.max_queues)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct NullController {
+    cfg: NullConfig,
     ns: NamespaceInfo,
     max_queues: u32,
     queues_live: Arc<AtomicU32>,
@@ -44,6 +69,7 @@ pub struct NullController {
 impl NullController {
     pub fn new(cfg: &NullConfig) -> NullController {
         NullController {
+            cfg: cfg.clone(),
             ns: NamespaceInfo {
                 nsid: 1,
                 lba_size_bytes: cfg.lba_bytes,
@@ -90,7 +116,7 @@ impl NullController {
 
 impl Controller for NullController {
     fn describe(&self) -> String {
-        "null".to_string()
+        self.cfg.to_string()
     }
 
     fn namespace(&self) -> NamespaceInfo {

@@ -1,9 +1,10 @@
 //! Configuration of the emulated controller: named latency profiles and the parameters that
 //! override them.
 
+use std::fmt;
 use std::path::PathBuf;
 
-use crate::device::{parse_size_bytes, SpecError};
+use crate::device::{parse_size_bytes, size_text, SpecError};
 
 /// Where the emulated namespace keeps its data.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,16 +256,6 @@ impl Key {
     }
 }
 
-/// Writes a byte count with the largest binary suffix that divides it: `64G`, `128K`, `1000`.
-fn size_text(bytes: u64) -> String {
-    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{suffix}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
 impl EmuConfig {
     /// The named profile with default namespace settings: 64 GiB, 512-byte blocks, 128 KiB
     /// MDTS, sparse memory, faults off, seed 1.
@@ -298,7 +289,10 @@ impl EmuConfig {
         })
     }
 
-    /// A device that completes commands as soon as they are polled: the emulator's own cost.
+    /// A device that completes commands as soon as they are polled, whatever their size: the
+    /// emulator's own cost. The `dram` profile with every latency at 0 and free transfers;
+    /// it describes itself as
+    /// `emu:dram,read_us=0,write_us=0,jitter=0,tail_pct=0,tail_us=0,mbps=1000000000000`.
     pub fn zero_latency() -> EmuConfig {
         EmuConfig {
             read_us: 0.0,
@@ -306,6 +300,7 @@ impl EmuConfig {
             jitter: 0.0,
             tail_pct: 0.0,
             tail_us: 0.0,
+            mbps: MAX_RATE_MBPS,
             ..EmuConfig::profile("dram").expect("built-in profile")
         }
     }
@@ -474,6 +469,25 @@ impl EmuConfig {
     }
 }
 
+/// The canonical spec string: `emu:<profile>` followed by every key whose value differs
+/// from the profile's default, in [`EMU_KEYS`] order (`emu:nand,read_us=23,size=8G`).
+/// Parsing it gives back an equal configuration. Controllers describe themselves with it.
+impl fmt::Display for EmuConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "emu:{}", self.profile)?;
+        // An unknown profile (a struct-built configuration that fails validation) has no
+        // defaults: every key is written.
+        let defaults = EmuConfig::profile(self.profile).ok();
+        for k in KEYS {
+            let text = self.value_text(k);
+            if defaults.as_ref().is_none_or(|d| d.value_text(k) != text) {
+                write!(f, ",{}={text}", k.name())?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Largest namespace a RAM or sparse backing accepts (its chunk table grows with the size).
 pub const MAX_MEMORY_BACKED_BYTES: u64 = 1 << 40;
 
@@ -501,6 +515,70 @@ mod tests {
         assert_eq!(cfg.size_bytes, 8 << 30);
         assert_eq!(cfg.lba_bytes, 4096);
         assert_eq!(cfg.backing, Backing::File("/tmp/x.img".into()));
+    }
+
+    fn parse(spec: &str) -> EmuConfig {
+        match spec.parse::<crate::DeviceSpec>().unwrap() {
+            crate::DeviceSpec::Emu(cfg) => cfg,
+            other => panic!("not emu: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn spec_strings_name_the_profile_and_what_differs_from_it() {
+        assert_eq!(
+            EmuConfig::profile("optane").unwrap().to_string(),
+            "emu:optane"
+        );
+        let mut cfg = EmuConfig::profile("nand").unwrap();
+        cfg.read_us = 23.0;
+        cfg.size_bytes = 8 << 30;
+        assert_eq!(cfg.to_string(), "emu:nand,read_us=23,size=8G");
+        assert_eq!(
+            EmuConfig::zero_latency().to_string(),
+            "emu:dram,read_us=0,write_us=0,jitter=0,tail_pct=0,tail_us=0,mbps=1000000000000"
+        );
+    }
+
+    #[test]
+    fn spec_strings_round_trip() {
+        let mut odd = EmuConfig::profile("zssd").unwrap();
+        odd.read_us = 0.1 + 0.2; // not exactly 0.3: the text must carry every bit
+        odd.jitter = 1.0 / 3.0;
+        odd.mbps = 1234.5678;
+        odd.size_bytes = 3 * 512 + (5 << 20);
+        odd.mdts_bytes = 4096;
+        odd.seed = u64::MAX;
+        for cfg in [
+            EmuConfig::profile("optane").unwrap(),
+            EmuConfig::zero_latency(),
+            parse("emu:nand,read_us=23,jitter=0.3,seed=7"),
+            parse("emu:p5800x,size=1G,lba=4096,mdts=2M,backing=ram,queues=3,parallel=1"),
+            parse("emu:dram,err_pct=1.5,lost_pct=0.25,reset_pct=0.001,tail_us=7.75"),
+            parse("emu:optane,backing=file:/tmp/ns.img,size=8G"),
+            odd,
+        ] {
+            cfg.validate().unwrap();
+            let text = cfg.to_string();
+            assert_eq!(parse(&text), cfg, "{text}");
+            assert_eq!(
+                crate::DeviceSpec::Emu(cfg.clone()).to_string(),
+                text,
+                "DeviceSpec says the same"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_latency_makes_transfers_free_too() {
+        let mut model = super::super::latency::LatencyModel::new(&EmuConfig::zero_latency(), 0);
+        for bytes in [512, 4096, 128 << 10, 2 << 20] {
+            assert_eq!(
+                model.sample_ns(super::super::latency::LatencyClass::Read, bytes),
+                0,
+                "{bytes} bytes"
+            );
+        }
     }
 
     #[test]

@@ -139,8 +139,9 @@ impl EmuController {
 }
 
 impl Controller for EmuController {
+    /// The configuration's canonical spec string (see `EmuConfig`'s `Display`).
     fn describe(&self) -> String {
-        format!("emu:{}", self.shared.cfg.profile)
+        self.shared.cfg.to_string()
     }
 
     fn namespace(&self) -> NamespaceInfo {
