@@ -35,8 +35,11 @@ pub struct EmuConfig {
     pub tail_pct: f64,
     /// Median latency of the slow path.
     pub tail_us: f64,
-    /// Internal units working in parallel: beyond this many commands in flight, commands
-    /// queue inside the device, so IOPS saturate as on a real drive.
+    /// Internal units working in parallel, per queue pair: beyond this many commands in
+    /// flight on one queue pair, its commands queue inside the device, so IOPS saturate as
+    /// on a real drive. Each queue pair has its own units (no lock on the submit path,
+    /// timing that does not depend on other reactors), so a controller with N queue pairs
+    /// serves up to N x `parallel` commands at once. A reset frees them.
     pub parallel: u32,
     /// Transfer rate for the bytes beyond the first 4 KiB, in MB/s: latency grows with size.
     pub mbps: f64,

@@ -4,7 +4,7 @@
 //! transfer size: `median = base(direction) + (bytes beyond 4 KiB) / rate`, with the spread
 //! set by the coefficient of variation `jitter` (sigma = sqrt(ln(1 + jitter^2))). A fraction
 //! `tail_pct` of commands take a slow path with median `tail_us` instead (garbage collection,
-//! a busy die). Internal units (`parallel`) are handled by the controller, not here.
+//! a busy die). Internal units (`parallel`) are handled by each queue pair, not here.
 
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};

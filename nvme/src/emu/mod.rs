@@ -27,8 +27,6 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 pub use config::{Backing, EmuConfig};
 use latency::{LatencyClass, LatencyModel};
 use store::Store;
@@ -52,9 +50,6 @@ struct Shared {
     ns: NamespaceInfo,
     store: Store,
     clock: Clock,
-    /// When each internal unit is next free (ns). Shared across queue pairs, as a drive's
-    /// dies are; locked once per command, on the device's side.
-    units_free_at_ns: Mutex<BinaryHeap<Reverse<u64>>>,
     queues_created: AtomicU32,
     queues_live: AtomicU32,
 }
@@ -83,14 +78,12 @@ impl EmuController {
             max_transfer_bytes: cfg.mdts_bytes,
         };
         let store = Store::open(&cfg.backing, cfg.size_bytes)?;
-        let units = (0..cfg.parallel).map(|_| Reverse(0)).collect();
         Ok(EmuController {
             shared: Arc::new(Shared {
                 cfg,
                 ns,
                 store,
                 clock,
-                units_free_at_ns: Mutex::new(units),
                 queues_created: AtomicU32::new(0),
                 queues_live: AtomicU32::new(0),
             }),
@@ -221,6 +214,11 @@ pub struct EmuQueuePair {
     /// (deadline, cid) of every pending command, earliest first; capacity = depth, never
     /// grows.
     pending: BinaryHeap<Reverse<(u64, u16)>>,
+    /// When each of this queue pair's `parallel` internal units is next free (ns), earliest
+    /// first; never grows. Per queue pair, so the submit path takes no lock, two reactors
+    /// never bounce a cache line over it, and each queue pair's timing is deterministic
+    /// whatever the others do.
+    units_free_at_ns: BinaryHeap<Reverse<u64>>,
     model: LatencyModel,
     irq: Option<TimerFd>,
     /// `Some(deadline)` while interrupts are armed; `u64::MAX` when armed with nothing
@@ -237,6 +235,7 @@ impl EmuQueuePair {
         // An NVMe ring of N entries holds at most N - 1 commands.
         let ring = depth + 1;
         let model = LatencyModel::new(&shared.cfg, u64::from(qid));
+        let units_free_at_ns = (0..shared.cfg.parallel).map(|_| Reverse(0)).collect();
         EmuQueuePair {
             shared,
             qid,
@@ -260,6 +259,7 @@ impl EmuQueuePair {
             dev_cq_phase: true,
             slots: vec![DeviceSlot::FREE; depth].into_boxed_slice(),
             pending: BinaryHeap::with_capacity(depth),
+            units_free_at_ns,
             model,
             irq,
             irq_armed_at_ns: None,
@@ -288,11 +288,18 @@ impl EmuQueuePair {
     }
 
     /// Resets the queue pair as a controller reset does: every command outstanding on it,
-    /// pending or lost, completes with "Command Aborted due to SQ Deletion". Returns how many
-    /// were aborted. Their completion entries are visible to the next poll.
+    /// pending or lost, completes with "Command Aborted due to SQ Deletion", and its internal
+    /// units are idle again. Returns how many were aborted. Their completion entries are
+    /// visible to the next poll.
     pub fn reset(&mut self) -> usize {
         self.resets += 1;
         self.pending.clear();
+        // Aborted commands give their units back: the next command starts at once.
+        // (Within the heap's capacity: nothing is allocated.)
+        let units = self.units_free_at_ns.len();
+        self.units_free_at_ns.clear();
+        self.units_free_at_ns
+            .extend(std::iter::repeat_n(Reverse(0), units));
         let mut aborted = 0;
         for cid in 0..self.depth {
             if self.slots[cid].state != SlotState::Free {
@@ -435,9 +442,11 @@ impl EmuQueuePair {
     }
 
     /// Takes the earliest free internal unit and returns when the command will be done.
-    fn start_on_a_unit(&self, now_ns: u64, service_ns: u64) -> u64 {
-        let mut units = self.shared.units_free_at_ns.lock();
-        let mut earliest = units.peek_mut().expect("at least one unit");
+    fn start_on_a_unit(&mut self, now_ns: u64, service_ns: u64) -> u64 {
+        let mut earliest = self
+            .units_free_at_ns
+            .peek_mut()
+            .expect("at least one unit (parallel >= 1)");
         let start_ns = earliest.0.max(now_ns);
         let done_ns = start_ns.saturating_add(service_ns);
         earliest.0 = done_ns;

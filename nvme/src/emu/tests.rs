@@ -217,6 +217,47 @@ fn internal_units_saturate_iops_under_deep_queues() {
     assert_eq!(waves, expected);
 }
 
+/// A reset gives the aborted commands' units back: with one unit of 100 us, a command
+/// submitted after the reset is done 100 us later, not 200 us.
+#[test]
+fn a_reset_frees_the_units_of_the_commands_it_aborts() {
+    let (ctrl, clock) =
+        virtual_controller("emu:optane,size=1M,parallel=1,write_us=100,jitter=0,tail_pct=0");
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let t0 = clock.now_ns();
+    submit_nodata(&mut qp, Command::write_zeroes(0, 1), 1).unwrap();
+    assert_eq!(qp.oracle_deadline_ns_of(1), Some(t0 + 100_000));
+    assert_eq!(qp.reset(), 1);
+    submit_nodata(&mut qp, Command::write_zeroes(0, 1), 2).unwrap();
+    assert_eq!(qp.oracle_deadline_ns_of(2), Some(t0 + 100_000));
+    let statuses: Vec<(u64, Status)> = reap(&mut qp).iter().map(|c| (c.tag, c.status)).collect();
+    assert_eq!(statuses, vec![(1, Status::ABORTED_SQ_DELETION)]);
+}
+
+/// Units belong to a queue pair: a busy queue pair does not slow another one down.
+#[test]
+fn each_queue_pair_has_its_own_units() {
+    let (ctrl, clock) =
+        virtual_controller("emu:optane,size=1M,parallel=1,write_us=100,jitter=0,tail_pct=0");
+    let mut a = ctrl.queue_pair(4).unwrap();
+    let mut b = ctrl.queue_pair(4).unwrap();
+    let t0 = clock.now_ns();
+    for tag in 0..3 {
+        submit_nodata(&mut a, Command::write_zeroes(0, 1), tag).unwrap();
+    }
+    assert_eq!(
+        a.oracle_deadline_ns_of(2),
+        Some(t0 + 300_000),
+        "a queues inside"
+    );
+    submit_nodata(&mut b, Command::write_zeroes(0, 1), 9).unwrap();
+    assert_eq!(
+        b.oracle_deadline_ns_of(9),
+        Some(t0 + 100_000),
+        "b starts at once"
+    );
+}
+
 /// The longest latencies the configuration allows, at the end of the timeline: deadlines
 /// saturate at `u64::MAX` instead of wrapping to before the submission.
 #[test]
