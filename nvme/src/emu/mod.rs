@@ -15,6 +15,14 @@
 //!
 //! Interrupts: a CLOCK_MONOTONIC timerfd armed at the earliest pending deadline, so a
 //! thread can block on it as a driver blocks on an MSI-X eventfd.
+//!
+//! Resets: [`EmuController::reset`] resets the whole controller, [`EmuQueuePair::reset`] one
+//! queue pair. Either way every command outstanding on an affected queue pair completes with
+//! "Command Aborted due to SQ Deletion". A controller reset reaches the queue pairs, which
+//! belong to other threads, without a lock on the I/O path: it bumps a shared generation
+//! counter, and each queue pair compares that counter with the last value it saw (one
+//! relaxed load) whenever its owner submits, polls or arms the interrupt, resetting itself
+//! before anything else when it changed. Queue pairs blocked on an armed interrupt are woken.
 
 pub mod config;
 pub mod latency;
@@ -24,8 +32,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 pub use config::{Backing, EmuConfig};
 use latency::{LatencyClass, LatencyModel};
@@ -50,8 +60,44 @@ struct Shared {
     ns: NamespaceInfo,
     store: Store,
     clock: Clock,
-    queues_created: AtomicU32,
+    /// Queue pairs created so far (qids are handed out from it, wrapping in 1..=65535).
+    queues_created: AtomicU64,
     queues_live: AtomicU32,
+    /// Controller resets so far. Each queue pair resets itself when it sees this change.
+    reset_generation: AtomicU64,
+    /// Interrupt lines of the live queue pairs (real clock only), so a controller reset can
+    /// wake the ones blocked on an armed interrupt. Locked when a queue pair is created or
+    /// dropped and by a controller reset: never on the submit or poll path.
+    irq_lines: Mutex<Vec<Arc<IrqLine>>>,
+}
+
+impl Shared {
+    /// Resets the controller: bumps the generation every queue pair watches and raises the
+    /// interrupt of every queue pair that has it armed (the owner then sees the new
+    /// generation when it polls). Returns the new generation.
+    fn reset_controller(&self) -> u64 {
+        // SeqCst pairs with `arm_interrupt`: either the owner, arming, sees the new
+        // generation, or this sees the line armed.
+        let generation = self.reset_generation.fetch_add(1, Ordering::SeqCst) + 1;
+        for line in self.irq_lines.lock().iter() {
+            if line.armed.load(Ordering::SeqCst) {
+                // At worst (the owner disarmed meanwhile) a spurious wake-up: the owner
+                // re-arms its timer before it blocks again.
+                line.timer
+                    .arm_at(1)
+                    .expect("emulated controller: timerfd_settime on our own timer failed");
+            }
+        }
+        generation
+    }
+}
+
+/// A queue pair's interrupt: its timerfd, and whether its owner has it armed (mirrored here
+/// for a controller reset on another thread).
+#[derive(Debug)]
+struct IrqLine {
+    timer: TimerFd,
+    armed: AtomicBool,
 }
 
 /// An emulated NVMe controller with one namespace.
@@ -78,14 +124,17 @@ impl EmuController {
             max_transfer_bytes: cfg.mdts_bytes,
         };
         let store = Store::open(&cfg.backing, cfg.size_bytes)?;
+        let max_queues = cfg.max_queues as usize;
         Ok(EmuController {
             shared: Arc::new(Shared {
                 cfg,
                 ns,
                 store,
                 clock,
-                queues_created: AtomicU32::new(0),
+                queues_created: AtomicU64::new(0),
                 queues_live: AtomicU32::new(0),
+                reset_generation: AtomicU64::new(0),
+                irq_lines: Mutex::new(Vec::with_capacity(max_queues)),
             }),
         })
     }
@@ -110,24 +159,43 @@ impl EmuController {
                 (n < max).then_some(n + 1)
             })
             .map_err(|_| QueuePairError::NoQueuesLeft { max: max as usize })?;
-        let qid = self.shared.queues_created.fetch_add(1, Ordering::AcqRel) + 1;
+        // Qid 0 is the admin queue: I/O queues take 1..=65535, wrapping.
+        let created = self.shared.queues_created.fetch_add(1, Ordering::AcqRel);
+        let qid = (created % u64::from(u16::MAX)) as u16 + 1;
         let irq = if self.shared.clock.is_virtual() {
             None
         } else {
             match TimerFd::new() {
-                Ok(t) => Some(t),
+                Ok(timer) => {
+                    let line = Arc::new(IrqLine {
+                        timer,
+                        armed: AtomicBool::new(false),
+                    });
+                    self.shared.irq_lines.lock().push(line.clone());
+                    Some(line)
+                }
                 Err(e) => {
                     self.shared.queues_live.fetch_sub(1, Ordering::AcqRel);
                     return Err(e.into());
                 }
             }
         };
-        Ok(EmuQueuePair::new(
-            self.shared.clone(),
-            qid as u16,
-            depth,
-            irq,
-        ))
+        Ok(EmuQueuePair::new(self.shared.clone(), qid, depth, irq))
+    }
+
+    /// Resets the controller, as a host does after a command timeout: every command
+    /// outstanding on every live queue pair, pending or lost, completes with "Command
+    /// Aborted due to SQ Deletion". Each queue pair carries out the reset the next time its
+    /// owner submits, polls or arms its interrupt, before anything else, so the aborts are
+    /// the first completions it reaps; a queue pair blocked on an armed interrupt is woken.
+    /// Safe to call from any thread; the I/O path pays one relaxed atomic load for it.
+    pub fn reset(&self) {
+        self.shared.reset_controller();
+    }
+
+    /// Controller resets so far (asked for, or injected by `reset_pct`).
+    pub fn resets(&self) -> u64 {
+        self.shared.reset_generation.load(Ordering::Relaxed)
     }
 }
 
@@ -220,22 +288,26 @@ pub struct EmuQueuePair {
     /// whatever the others do.
     units_free_at_ns: BinaryHeap<Reverse<u64>>,
     model: LatencyModel,
-    irq: Option<TimerFd>,
+    irq: Option<Arc<IrqLine>>,
     /// `Some(deadline)` while interrupts are armed; `u64::MAX` when armed with nothing
-    /// pending.
+    /// pending. `irq.armed` mirrors `is_some()`.
     irq_armed_at_ns: Option<u64>,
+    /// Resets of this queue pair, of either kind.
     resets: u64,
+    /// The controller's reset generation as this queue pair last saw it.
+    reset_generation_seen: u64,
 
     /// Queue pairs belong to one thread: `*const ()` makes this type neither Send nor Sync.
     _not_send: PhantomData<*const ()>,
 }
 
 impl EmuQueuePair {
-    fn new(shared: Arc<Shared>, qid: u16, depth: usize, irq: Option<TimerFd>) -> EmuQueuePair {
+    fn new(shared: Arc<Shared>, qid: u16, depth: usize, irq: Option<Arc<IrqLine>>) -> EmuQueuePair {
         // An NVMe ring of N entries holds at most N - 1 commands.
         let ring = depth + 1;
         let model = LatencyModel::new(&shared.cfg, u64::from(qid));
         let units_free_at_ns = (0..shared.cfg.parallel).map(|_| Reverse(0)).collect();
+        let reset_generation_seen = shared.reset_generation.load(Ordering::SeqCst);
         EmuQueuePair {
             shared,
             qid,
@@ -264,6 +336,7 @@ impl EmuQueuePair {
             irq,
             irq_armed_at_ns: None,
             resets: 0,
+            reset_generation_seen,
             _not_send: PhantomData,
         }
     }
@@ -287,10 +360,11 @@ impl EmuQueuePair {
             .map(|slot| slot.deadline_ns)
     }
 
-    /// Resets the queue pair as a controller reset does: every command outstanding on it,
-    /// pending or lost, completes with "Command Aborted due to SQ Deletion", and its internal
-    /// units are idle again. Returns how many were aborted. Their completion entries are
-    /// visible to the next poll.
+    /// Resets this queue pair alone, as deleting and recreating its queues would: every
+    /// command outstanding on it, pending or lost, completes with "Command Aborted due to SQ
+    /// Deletion", and its internal units are idle again. Returns how many were aborted.
+    /// Their completion entries are visible to the next poll; an armed interrupt fires.
+    /// [`EmuController::reset`] resets every queue pair of the controller.
     pub fn reset(&mut self) -> usize {
         self.resets += 1;
         self.pending.clear();
@@ -315,9 +389,20 @@ impl EmuQueuePair {
         aborted
     }
 
-    /// Resets so far, injected or asked for.
+    /// Resets of this queue pair so far: its own, and controller resets it has carried out.
     pub fn resets(&self) -> u64 {
         self.resets
+    }
+
+    /// Carries out a controller reset this queue pair has not seen yet, if any: one relaxed
+    /// load on the I/O path.
+    #[inline]
+    fn catch_up_with_controller_resets(&mut self, order: Ordering) {
+        let generation = self.shared.reset_generation.load(order);
+        if generation != self.reset_generation_seen {
+            self.reset_generation_seen = generation;
+            self.reset();
+        }
     }
 
     // ---- controller side ----
@@ -437,6 +522,9 @@ impl EmuQueuePair {
         }
         let reset_pct = self.shared.cfg.reset_pct;
         if self.model.chance(reset_pct) {
+            // An injected fault resets the whole controller: this queue pair at once, the
+            // others when their owners next touch them.
+            self.reset_generation_seen = self.shared.reset_controller();
             self.reset();
         }
     }
@@ -527,7 +615,8 @@ impl EmuQueuePair {
 
     fn set_irq_deadline(&mut self, deadline_ns: u64) {
         if let Some(irq) = &self.irq {
-            irq.arm_at(deadline_ns)
+            irq.timer
+                .arm_at(deadline_ns)
                 .expect("emulated controller: timerfd_settime on our own timer failed");
             self.irq_armed_at_ns = Some(deadline_ns);
         }
@@ -542,6 +631,7 @@ impl EmuQueuePair {
 
 impl QueuePair for EmuQueuePair {
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        self.catch_up_with_controller_resets(Ordering::Relaxed);
         if self.outstanding == self.depth {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
@@ -589,6 +679,8 @@ impl QueuePair for EmuQueuePair {
     }
 
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        // A controller reset's aborts are posted before anything is reaped.
+        self.catch_up_with_controller_resets(Ordering::Relaxed);
         if !self.pending.is_empty() {
             let now_ns = self.shared.clock.now_ns();
             self.advance(now_ns);
@@ -621,7 +713,9 @@ impl QueuePair for EmuQueuePair {
             self.cq_head_doorbell = self.host_cq_head;
             if self.irq_armed_at_ns.take().is_some() {
                 if let Some(irq) = &self.irq {
-                    irq.disarm()
+                    irq.armed.store(false, Ordering::SeqCst);
+                    irq.timer
+                        .disarm()
                         .expect("emulated controller: timerfd_settime on our own timer failed");
                 }
             }
@@ -630,13 +724,22 @@ impl QueuePair for EmuQueuePair {
     }
 
     fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.irq.as_ref().map(TimerFd::as_fd)
+        self.irq.as_ref().map(|irq| irq.timer.as_fd())
     }
 
     fn arm_interrupt(&mut self) {
-        if self.irq.is_none() {
+        let Some(irq) = &self.irq else {
             return;
-        }
+        };
+        // Announce the armed state before looking for a controller reset (both SeqCst, as in
+        // `reset_controller`): a reset this misses is one that sees the line armed and fires
+        // it.
+        irq.armed.store(true, Ordering::SeqCst);
+        self.catch_up_with_controller_resets(Ordering::SeqCst);
+        // Every arm programs the timer, even at an unchanged deadline: that also clears an
+        // expiry a controller reset on another thread may have left after this queue pair
+        // disarmed (see `reset_controller`), so such a race costs one spurious wake-up at
+        // most, never a fd that stays readable.
         let deadline_ns = if self.cq_entry_ready() {
             // A completion is already waiting: interrupt at once.
             1
@@ -644,16 +747,19 @@ impl QueuePair for EmuQueuePair {
             match self.pending.peek() {
                 Some(&Reverse((deadline_ns, _))) => deadline_ns,
                 None => {
-                    // Nothing pending (only lost commands, or nothing at all): stay armed,
-                    // the next submission sets the deadline.
+                    // Nothing pending (only lost commands, or nothing at all): stay armed
+                    // with the timer stopped; the next submission sets the deadline.
+                    if let Some(irq) = &self.irq {
+                        irq.timer
+                            .disarm()
+                            .expect("emulated controller: timerfd_settime on our own timer failed");
+                    }
                     self.irq_armed_at_ns = Some(u64::MAX);
                     return;
                 }
             }
         };
-        if self.irq_armed_at_ns != Some(deadline_ns) {
-            self.set_irq_deadline(deadline_ns);
-        }
+        self.set_irq_deadline(deadline_ns);
     }
 
     fn outstanding(&self) -> usize {
@@ -681,6 +787,12 @@ impl QueuePair for EmuQueuePair {
 /// [`QueuePair`]'s implementor rule requires. Commands still outstanding are discarded.
 impl Drop for EmuQueuePair {
     fn drop(&mut self) {
+        if let Some(irq) = &self.irq {
+            self.shared
+                .irq_lines
+                .lock()
+                .retain(|line| !Arc::ptr_eq(line, irq));
+        }
         self.shared.queues_live.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -117,6 +117,17 @@ fn completion_entries_follow_the_spec_layout() {
     );
 }
 
+/// Qid 0 is the admin queue: after 65 535 I/O queues the ids wrap to 1, not to 0.
+#[test]
+fn queue_ids_wrap_within_1_to_65535() {
+    let (ctrl, _clock) = virtual_controller("emu:optane,size=1M");
+    assert_eq!(ctrl.queue_pair(1).unwrap().qid(), 1);
+    ctrl.shared.queues_created.store(65_534, Ordering::Relaxed);
+    assert_eq!(ctrl.queue_pair(1).unwrap().qid(), 65_535);
+    assert_eq!(ctrl.queue_pair(1).unwrap().qid(), 1);
+    assert_eq!(ctrl.queue_pair(1).unwrap().qid(), 2);
+}
+
 #[test]
 fn a_completion_is_invisible_until_its_deadline() {
     let (ctrl, clock) = virtual_controller("emu:nand,size=16M");
@@ -812,6 +823,184 @@ fn injected_resets_abort_everything_outstanding_at_their_rate() {
     );
     total += qp.outstanding();
     assert_eq!(total as u64, n);
+}
+
+#[test]
+fn a_controller_reset_aborts_everything_on_every_queue_pair() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M,lost_pct=30,seed=3");
+    let mut a = ctrl.queue_pair(8).unwrap();
+    let mut b = ctrl.queue_pair(8).unwrap();
+    for tag in 0..6 {
+        submit_nodata(&mut a, Command::write_zeroes(tag, 1), tag).unwrap();
+        submit_nodata(&mut b, Command::write_zeroes(tag, 1), 100 + tag).unwrap();
+    }
+    let lost = |qp: &EmuQueuePair| {
+        qp.slots
+            .iter()
+            .filter(|s| s.state == SlotState::Lost)
+            .count()
+    };
+    assert!(lost(&a) + lost(&b) > 0, "some commands are lost (seed 3)");
+    assert!(a.pending.len() + b.pending.len() > 0, "some are pending");
+    ctrl.reset();
+    assert_eq!(ctrl.resets(), 1);
+    // Long after every deadline: still, the reset's aborts are all each queue pair reaps.
+    clock.advance_by(1_000_000_000);
+    for (qp, first_tag) in [(&mut a, 0), (&mut b, 100)] {
+        let mut done: Vec<(u64, Status)> = reap(qp).iter().map(|c| (c.tag, c.status)).collect();
+        done.sort_unstable_by_key(|&(tag, _)| tag);
+        let expected: Vec<(u64, Status)> = (first_tag..first_tag + 6)
+            .map(|tag| (tag, Status::ABORTED_SQ_DELETION))
+            .collect();
+        assert_eq!(done, expected);
+        assert_eq!(qp.outstanding(), 0);
+        assert_eq!(qp.resets(), 1);
+    }
+    // A queue pair that submits first carries out the reset before taking the command.
+    ctrl.reset();
+    submit_nodata(&mut a, Command::flush(), 7).unwrap();
+    assert_eq!(a.resets(), 2);
+    let lost_now = lost(&a);
+    clock.advance_by(1_000_000_000);
+    assert_eq!(
+        reap(&mut a).len(),
+        1 - lost_now,
+        "the new command is not aborted"
+    );
+    // A queue pair created after a reset has nothing to catch up with.
+    let c = ctrl.queue_pair(8).unwrap();
+    assert_eq!(c.reset_generation_seen, 2);
+}
+
+/// reset_pct injects controller resets: another queue pair's commands are aborted too.
+#[test]
+fn injected_resets_reset_the_whole_controller() {
+    // Find a seed (deterministically) where b's submission is spared and a's is not.
+    for seed in 1..200 {
+        let (ctrl, clock) =
+            virtual_controller(&format!("emu:optane,size=1M,reset_pct=50,seed={seed}"));
+        let mut a = ctrl.queue_pair(4).unwrap();
+        let mut b = ctrl.queue_pair(4).unwrap();
+        submit_nodata(&mut b, Command::write_zeroes(0, 1), 1).unwrap();
+        if b.resets() > 0 {
+            continue;
+        }
+        submit_nodata(&mut a, Command::write_zeroes(0, 1), 2).unwrap();
+        if a.resets() == 0 {
+            continue;
+        }
+        assert_eq!(ctrl.resets(), 1);
+        clock.advance_by(1_000_000_000);
+        assert_eq!(
+            reap(&mut b),
+            vec![Completion {
+                tag: 1,
+                status: Status::ABORTED_SQ_DELETION
+            }],
+            "seed {seed}"
+        );
+        assert_eq!(b.resets(), 1);
+        return;
+    }
+    panic!("no seed below 200 spares b and resets a");
+}
+
+#[test]
+fn a_reset_fires_an_armed_interrupt() {
+    let ctrl =
+        EmuController::new(cfg("emu:nand,size=16M,read_us=200000,jitter=0,tail_pct=0")).unwrap();
+    let fd_ready = |qp: &EmuQueuePair, ms| wait_readable(qp.interrupt_fd().unwrap(), ms).unwrap();
+    let mut buf = IoBuf::zeroed(512);
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    // SAFETY: `buf` outlives the command, which the reset aborts and is reaped below.
+    unsafe { qp.submit(&Command::read(0, 1, &mut buf), 1) }.unwrap();
+    qp.arm_interrupt();
+    assert!(!fd_ready(&qp, 0), "200 ms to go");
+    assert_eq!(qp.reset(), 1);
+    assert!(
+        fd_ready(&qp, 100),
+        "the abort is posted: the interrupt fires at once"
+    );
+    assert_eq!(
+        reap(&mut qp),
+        vec![Completion {
+            tag: 1,
+            status: Status::ABORTED_SQ_DELETION
+        }]
+    );
+    assert!(!fd_ready(&qp, 0), "reaping disarms");
+}
+
+/// A queue pair blocked on its interrupt with only a lost command outstanding (no deadline
+/// to wake it) is woken by a controller reset from another thread.
+#[test]
+fn a_controller_reset_wakes_a_queue_pair_blocked_on_its_interrupt() {
+    let ctrl = EmuController::new(cfg("emu:optane,size=16M,lost_pct=100")).unwrap();
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let idle = ctrl.queue_pair(4).unwrap(); // not armed: must not be woken
+    submit_nodata(&mut qp, Command::flush(), 1).unwrap();
+    assert_eq!(qp.oracle_next_deadline_ns(), None, "lost");
+    qp.arm_interrupt();
+    assert!(!wait_readable(qp.interrupt_fd().unwrap(), 5).unwrap());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(5));
+            ctrl.reset();
+        });
+        assert!(
+            wait_readable(qp.interrupt_fd().unwrap(), 2_000).unwrap(),
+            "woken by the reset"
+        );
+    });
+    assert_eq!(
+        reap(&mut qp),
+        vec![Completion {
+            tag: 1,
+            status: Status::ABORTED_SQ_DELETION
+        }]
+    );
+    assert!(!wait_readable(idle.interrupt_fd().unwrap(), 0).unwrap());
+}
+
+/// Armed at a late deadline, the interrupt moves to an earlier one when a command that
+/// completes sooner is fetched.
+#[test]
+fn a_fetched_command_due_sooner_re_arms_the_interrupt_earlier() {
+    let ctrl = EmuController::new(cfg(
+        "emu:nand,size=16M,read_us=200000,write_us=5000,jitter=0,tail_pct=0",
+    ))
+    .unwrap();
+    let fd_ready = |qp: &EmuQueuePair, ms| wait_readable(qp.interrupt_fd().unwrap(), ms).unwrap();
+    let mut buf = IoBuf::zeroed(512);
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    // SAFETY: `buf` is declared before `qp`, so it outlives the queue pair, and dropping the
+    // queue pair stops the device from touching it.
+    unsafe { qp.submit(&Command::read(0, 1, &mut buf), 1) }.unwrap();
+    qp.arm_interrupt();
+    let read_deadline_ns = qp.oracle_deadline_ns_of(1).unwrap();
+    assert_eq!(qp.irq_armed_at_ns, Some(read_deadline_ns));
+    submit_nodata(&mut qp, Command::write_zeroes(0, 1), 2).unwrap();
+    let write_deadline_ns = qp.oracle_deadline_ns_of(2).unwrap();
+    assert!(write_deadline_ns < read_deadline_ns);
+    assert_eq!(
+        qp.irq_armed_at_ns,
+        Some(write_deadline_ns),
+        "re-armed earlier"
+    );
+    assert!(
+        fd_ready(&qp, 150),
+        "fires at the write's deadline, not the read's"
+    );
+    assert!(monotonic_ns() >= write_deadline_ns);
+    assert!(monotonic_ns() < read_deadline_ns);
+    assert_eq!(
+        reap(&mut qp),
+        vec![Completion {
+            tag: 2,
+            status: Status::SUCCESS
+        }]
+    );
+    drop(qp);
 }
 
 #[test]
