@@ -163,7 +163,11 @@ impl QueuePair for NullQueuePair {
         } else {
             Status::SUCCESS
         };
-        let slot = (self.head + self.len) % depth;
+        // (head + len) modulo depth, both below depth: compare and wrap, no division.
+        let slot = match self.head + self.len {
+            at if at >= depth => at - depth,
+            at => at,
+        };
         self.done[slot] = (tag, status);
         self.len += 1;
         if self.irq_armed {
@@ -179,7 +183,11 @@ impl QueuePair for NullQueuePair {
         let depth = self.done.len();
         for _ in 0..n {
             let (tag, status) = self.done[self.head];
-            self.head = (self.head + 1) % depth;
+            self.head = if self.head + 1 == depth {
+                0
+            } else {
+                self.head + 1
+            };
             self.len -= 1;
             out(Completion { tag, status });
         }

@@ -31,7 +31,8 @@ pub struct EmuConfig {
     pub write_us: f64,
     /// Coefficient of variation of the log-normal latency around the median.
     pub jitter: f64,
-    /// Percent of commands that take the slow path.
+    /// Percent of commands that take the slow path: every kind of command, reads and
+    /// writes (and flush, write zeroes, deallocate) alike.
     pub tail_pct: f64,
     /// Median latency of the slow path.
     pub tail_us: f64,
@@ -120,7 +121,7 @@ const PROFILES: &[Profile] = &[
         tail_us: 400.0,
         parallel: 64,
         mbps: 3000.0,
-        what: "TLC NAND data-centre SSD: read ~80 us, cached write ~20 us, 1% slow reads",
+        what: "TLC NAND data-centre SSD: read ~80 us, cached write ~20 us, 1% of commands ~400 us",
     },
     Profile {
         name: "dram",

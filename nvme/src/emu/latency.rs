@@ -3,8 +3,8 @@
 //! A command's service time is log-normal around a median that depends on direction and
 //! transfer size: `median = base(direction) + (bytes beyond 4 KiB) / rate`, with the spread
 //! set by the coefficient of variation `jitter` (sigma = sqrt(ln(1 + jitter^2))). A fraction
-//! `tail_pct` of commands take a slow path with median `tail_us` instead (garbage collection,
-//! a busy die). Internal units (`parallel`) are handled by each queue pair, not here.
+//! `tail_pct` of commands, of every kind, take a slow path with median `tail_us` instead
+//! (garbage collection, a busy die). Internal units (`parallel`) are handled by each queue pair, not here.
 
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};

@@ -117,6 +117,39 @@ fn completion_entries_follow_the_spec_layout() {
     );
 }
 
+/// A poll posts what was due at the last clock reading without reading the clock, and
+/// still reads it when something else is pending: one poll sees everything due by now.
+#[test]
+fn a_poll_posts_everything_due_whether_or_not_it_reads_the_clock() {
+    let (ctrl, clock) =
+        virtual_controller("emu:optane,size=1M,parallel=1,write_us=10,jitter=0,tail_pct=0");
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let t0 = clock.now_ns();
+    submit_nodata(&mut qp, Command::write_zeroes(0, 1), 1).unwrap(); // due t0 + 10 us
+    clock.advance_to(t0 + 20_000);
+    submit_nodata(&mut qp, Command::write_zeroes(0, 1), 2).unwrap(); // due t0 + 30 us
+    assert_eq!(
+        qp.last_clock_ns,
+        t0 + 20_000,
+        "1 was due at the last reading"
+    );
+    clock.advance_to(t0 + 30_000);
+    let tags: Vec<u64> = reap(&mut qp).iter().map(|c| c.tag).collect();
+    assert_eq!(tags, vec![1, 2]);
+    // Zero latency: due at the submission's own reading, posted without another.
+    let zero = EmuConfig {
+        size_bytes: 1 << 20,
+        ..EmuConfig::zero_latency()
+    };
+    let ctrl = EmuController::with_clock(zero, Clock::Virtual(VirtualClock::new(5))).unwrap();
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let mut buf = IoBuf::zeroed(128 << 10);
+    // SAFETY: `buf` outlives the command, reaped below.
+    unsafe { qp.submit(&Command::read(0, 256, &mut buf), 3) }.unwrap();
+    assert_eq!(qp.oracle_next_deadline_ns(), Some(qp.last_clock_ns));
+    assert_eq!(reap(&mut qp).len(), 1, "128 KiB costs nothing either");
+}
+
 /// Qid 0 is the admin queue: after 65 535 I/O queues the ids wrap to 1, not to 0.
 #[test]
 fn queue_ids_wrap_within_1_to_65535() {
