@@ -43,10 +43,10 @@ const NS_PER_MS: u64 = 1_000_000;
 
 /// Data direction of an I/O, as Linux's `rq_data_dir`.
 ///
-/// Commands that move no data (flush) have no bucket: give them 0 bytes and
-/// [`Bucket::new`] returns `None`, as blk-mq's bucket function did for zero sectors. Commands
-/// that cover a range without moving data (deallocate, write zeroes) count as `Write` with the
-/// range's length, as their Linux op codes are odd (`op_is_write`).
+/// Commands that move no data have no bucket: give them 0 bytes and [`Bucket::new`] returns
+/// `None`, as blk-mq's bucket function did for zero sectors. hypoll's reactor gives flush,
+/// write zeroes and deallocate no bucket at all: their latency says nothing about a read or
+/// write of the same length, and Linux never polled them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// Data moves from the device to memory.

@@ -14,14 +14,18 @@ use hypoll_reactor::{CoreList, Device, DeviceId, IoDone, Reactor, ReactorConfig,
 /// Per-reactor application state: a tiny "server" that writes a block, reads it back and
 /// checks it, over and over, for one second.
 struct Verifier {
+    blocks_per_io: u64,
     next_lba: u64,
     verified: u64,
     mismatches: u64,
     until_ns: u64,
 }
 
+/// Bytes per I/O of this example.
+const IO_BYTES: u64 = 4096;
+
 fn block_for(lba: u64) -> IoBuf {
-    let mut buf = IoBuf::zeroed(4096);
+    let mut buf = IoBuf::zeroed(IO_BYTES as usize);
     for (i, byte) in buf.iter_mut().enumerate() {
         *byte = (lba as usize + i) as u8;
     }
@@ -41,9 +45,10 @@ fn write_then_verify(r: &mut Reactor, state: Rc<RefCell<Verifier>>) {
             );
             return;
         }
-        s.next_lba = (s.next_lba + 8) % (1 << 20);
+        s.next_lba = (s.next_lba + s.blocks_per_io) % (1 << 20);
         s.next_lba
     };
+    let nlb = state.borrow().blocks_per_io as u32;
     let after_write = move |r: &mut Reactor, done: IoDone| {
         done.result.expect("write failed");
         let after_read = move |r: &mut Reactor, done: IoDone| {
@@ -58,7 +63,7 @@ fn write_then_verify(r: &mut Reactor, state: Rc<RefCell<Verifier>>) {
         };
         // Reuse the write's buffer for the read: no allocation on the way back.
         let buf = done.buf.expect("the buffer comes back");
-        if let Err(rejected) = r.read(DeviceId::FIRST, lba, 8, buf, after_read) {
+        if let Err(rejected) = r.read(DeviceId::FIRST, lba, nlb, buf, after_read) {
             eprintln!("read refused: {rejected}");
         }
     };
@@ -90,7 +95,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3. Work reaches a reactor as a closure; from there, I/O callbacks drive it.
     for handle in set.handles().iter() {
         handle.send(|r| {
+            let lba_bytes = r
+                .namespace(DeviceId::FIRST)
+                .expect("attached")
+                .lba_size_bytes;
             let state = Rc::new(RefCell::new(Verifier {
+                blocks_per_io: IO_BYTES / u64::from(lba_bytes),
                 next_lba: r.index() as u64 * (1 << 16),
                 verified: 0,
                 mismatches: 0,

@@ -44,5 +44,5 @@ pub use set::{
     REACTOR_TIMER_SLACK_NS,
 };
 pub use stats::{Counters, ReactorStats};
-pub use sys::{allowed_cores, timer_slack_ns};
+pub use sys::{allowed_cores, thread_cores, timer_slack_ns};
 pub use timer::TimerId;

@@ -29,6 +29,8 @@ pub const MESSAGE_BATCH: usize = 32;
 pub const COMPLETION_BATCH: usize = 64;
 /// Most devices one reactor attaches.
 pub const DEVICES_MAX: usize = 64;
+/// How often a stopping reactor polls for its last completions.
+const SHUTDOWN_POLL: Duration = Duration::from_micros(50);
 
 const TOKEN_MAILBOX: u64 = 0;
 const TOKEN_TIMER: u64 = 1;
@@ -225,7 +227,7 @@ pub struct Reactor {
     handles: Arc<[ReactorHandle]>,
     timers: Timers,
     timer_fd: TimerFd,
-    timer_fd_armed: bool,
+    timer_fd_armed_ns: Option<u64>,
     pollers: Vec<(PollerId, Box<dyn Poller>)>,
     poller_fds: Vec<(PollerId, RawFd)>,
     removed_pollers: Vec<PollerId>,
@@ -268,7 +270,7 @@ impl Reactor {
             handles,
             timers: Timers::default(),
             timer_fd,
-            timer_fd_armed: false,
+            timer_fd_armed_ns: None,
             pollers: Vec::new(),
             poller_fds: Vec::new(),
             removed_pollers: Vec::new(),
@@ -445,7 +447,9 @@ impl Reactor {
 
     /// Runs `f` on this reactor after `delay`.
     pub fn after(&mut self, delay: Duration, f: impl FnOnce(&mut Reactor) + 'static) -> TimerId {
-        let deadline_ns = self.now_ns + delay.as_nanos() as u64;
+        let deadline_ns = self
+            .now_ns
+            .saturating_add(u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX));
         self.timers.add(deadline_ns, 0, TimerFn::Once(Box::new(f)))
     }
 
@@ -491,32 +495,28 @@ impl Reactor {
 
     /// Runs until stopped, then drains or fails outstanding I/O. Returns the exit report.
     pub(crate) fn run(mut self) -> ExitReport {
-        let mut prev_ns = self.now_ns;
-        let mut prev_busy = false;
+        let mut turn_start_ns = monotonic_ns();
         while !self.me().wake.stop.load(Ordering::Acquire) {
-            self.now_ns = monotonic_ns();
-            let elapsed = self.now_ns.saturating_sub(prev_ns);
-            if prev_busy {
-                self.counters.busy_ns += elapsed;
-            } else {
-                self.counters.idle_ns += elapsed;
-            }
+            self.now_ns = turn_start_ns;
             let work = self.turn();
-            prev_busy = work > 0;
-            prev_ns = self.now_ns;
             if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
                 self.publish();
             }
             if work == 0 {
                 self.when_idle();
-                // Time asleep or parked counts as idle.
-                let after = monotonic_ns();
-                self.counters.idle_ns += after.saturating_sub(self.now_ns);
-                prev_ns = after;
-                self.now_ns = after;
             } else {
                 self.idle_since_ns = None;
             }
+            // One clock read per turn: this turn's end is the next one's start. A turn that
+            // did work is busy; one that found none (its spin, sleep or park included) idle.
+            let next_ns = monotonic_ns();
+            let elapsed_ns = next_ns.saturating_sub(turn_start_ns);
+            if work > 0 {
+                self.counters.busy_ns += elapsed_ns;
+            } else {
+                self.counters.idle_ns += elapsed_ns;
+            }
+            turn_start_ns = next_ns;
         }
         self.shut_down()
     }
@@ -629,6 +629,11 @@ impl Reactor {
                     self.core, completion.tag
                 )
             });
+        assert_eq!(
+            slot.device, dev,
+            "reactor {}: device {dev} completed tag {} of device {}",
+            self.core, completion.tag, slot.device
+        );
         let latency_ns = self.now_ns.saturating_sub(slot.submit_ns);
         let ok = completion.status.is_success();
         if ok {
@@ -723,12 +728,13 @@ impl Reactor {
         }
     }
 
-    /// Sleeps for the I/O in `key`, once, and records how far the wake-up overshot.
+    /// Sleeps for the I/O in `key`, once, until `duration` after the decision's timestamp,
+    /// and records how far the wake-up overshot.
     fn sleep_for(&mut self, key: usize, duration: Duration) {
         let requested_ns = duration.as_nanos() as u64;
-        let before_ns = monotonic_ns();
-        std::thread::sleep(duration);
-        let actual_ns = monotonic_ns() - before_ns;
+        let decided_ns = self.now_ns;
+        crate::sys::sleep_until_ns(decided_ns.saturating_add(requested_ns));
+        let actual_ns = monotonic_ns().saturating_sub(decided_ns);
         let slept = Slept {
             requested_ns,
             actual_ns,
@@ -747,44 +753,68 @@ impl Reactor {
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts.
     fn park(&mut self, for_io: bool) {
-        match self.timers.next_deadline_ns() {
-            Some(deadline_ns) => {
-                self.timer_fd
-                    .arm_at(deadline_ns)
-                    .expect("reactor: arming its own timerfd failed");
-                self.timer_fd_armed = true;
-            }
-            None if self.timer_fd_armed => {
-                self.timer_fd
-                    .disarm()
-                    .expect("reactor: disarming its own timerfd failed");
-                self.timer_fd_armed = false;
-            }
-            None => {}
+        let next_timer_ns = self.timers.next_deadline_ns();
+        if next_timer_ns != self.timer_fd_armed_ns {
+            let armed = match next_timer_ns {
+                Some(deadline_ns) => self.timer_fd.arm_at(deadline_ns),
+                None => self.timer_fd.disarm(),
+            };
+            armed.expect("reactor: setting its own timerfd failed");
+            self.timer_fd_armed_ns = next_timer_ns;
         }
         if !for_io {
             self.counters.parks += 1;
-            self.publish();
+            self.publish_parked(true);
         }
-        let wake = self.handles[self.index].wake.clone();
+        let wake = &self.handles[self.index].wake;
         wake.parked.store(true, Ordering::SeqCst);
         // Pairs with the fence in `ReactorHandle::send`.
         std::sync::atomic::fence(Ordering::SeqCst);
+        let mut mailbox_signalled = false;
         if self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst) {
-            if let Err(e) = self.epoll.wait(None).map(|tokens| tokens.count()) {
-                panic!("reactor {}: epoll_wait failed: {e}", self.core);
+            match self.epoll.wait(None) {
+                Ok(mut tokens) => mailbox_signalled = tokens.any(|t| t == TOKEN_MAILBOX),
+                Err(e) => panic!("reactor {}: epoll_wait failed: {e}", self.core),
             }
         }
         wake.parked.store(false, Ordering::SeqCst);
-        wake.eventfd.drain();
+        if mailbox_signalled {
+            wake.eventfd.drain();
+        }
+        if self.timer_fd_armed_ns.is_some_and(|t| t <= monotonic_ns()) {
+            // It fired: a fired timerfd stays readable until set again.
+            self.timer_fd_armed_ns = None;
+            self.timer_fd
+                .disarm()
+                .expect("reactor: disarming its own timerfd failed");
+        }
+        if !for_io {
+            self.publish_parked(false);
+        }
     }
 
     fn publish(&mut self) {
         self.last_publish_ns = self.now_ns;
         self.me().stats.publish(
             &self.counters,
-            self.now_ns - self.start_ns,
+            self.start_ns,
+            self.now_ns,
             self.slots.len() as u64,
+            false,
+        );
+    }
+
+    /// Publishes before parking (readers then count the parked time as idle, up to now) and
+    /// after waking.
+    fn publish_parked(&mut self, parked: bool) {
+        let now_ns = monotonic_ns();
+        self.last_publish_ns = now_ns;
+        self.me().stats.publish(
+            &self.counters,
+            self.start_ns,
+            now_ns,
+            self.slots.len() as u64,
+            parked,
         );
     }
 
@@ -800,7 +830,8 @@ impl Reactor {
         while !self.slots.is_empty() && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
             if self.reap() == 0 {
-                std::thread::yield_now();
+                // Stopping is not latency-critical: poll every 50 us rather than spin.
+                std::thread::sleep(SHUTDOWN_POLL);
             }
         }
         let drained_ios = self.counters.ios - ios_before;

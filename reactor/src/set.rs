@@ -123,6 +123,8 @@ impl ReactorSet {
             let spawned = std::thread::Builder::new()
                 .name(format!("hypoll-r{core}"))
                 .spawn(move || {
+                    // Freezes the thread's CPU time as it exits, panic or not.
+                    let _freeze = FreezeCpuOnExit(handles[index].clone());
                     let started = (|| -> Result<Reactor, String> {
                         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                             return Err(format!("pinning to core {core} failed"));
@@ -136,12 +138,20 @@ impl ReactorSet {
                             .map_err(|e| format!("policy: {e}"))?;
                         let mut reactor = Reactor::new(index, rx, handles.clone(), policy, tuning)
                             .map_err(|e| format!("creating its epoll and timer: {e}"))?;
-                        init(&mut reactor)?;
+                        // A panicking init is reported like a failing one, so `start` never
+                        // waits on a thread that died.
+                        let init = std::panic::AssertUnwindSafe(|| init(&mut reactor));
+                        std::panic::catch_unwind(init).map_err(|p| {
+                            format!("panicked while starting: {}", panic_message(p.as_ref()))
+                        })??;
                         Ok(reactor)
                     })();
                     match started {
                         Ok(reactor) => {
                             let _ = ready.send(Ok(core));
+                            // Drop our sender: `start` must see the channel close if every
+                            // other reactor is gone.
+                            drop(ready);
                             reactor.run()
                         }
                         Err(message) => {
@@ -235,6 +245,16 @@ impl Drop for ReactorSet {
     /// Dropping a set stops and joins its reactors, so no thread outlives it.
     fn drop(&mut self) {
         let _ = self.stop_and_join();
+    }
+}
+
+/// Freezes a reactor's CPU time when its thread exits: a thread's CPU clock id can be reused
+/// by a later thread.
+struct FreezeCpuOnExit(ReactorHandle);
+
+impl Drop for FreezeCpuOnExit {
+    fn drop(&mut self) {
+        self.0.stats_cell().freeze_cpu();
     }
 }
 

@@ -77,25 +77,26 @@ impl ReactorStats {
         (self.counters.sleeps > 0).then(|| self.counters.overshoot_ns / self.counters.sleeps)
     }
 
-    /// The change from `earlier` to `self`: rates over an interval.
+    /// The change from `earlier` to `self`: rates over an interval. (Counters only grow;
+    /// an `earlier` that is not earlier gives zeroes, not a panic.)
     pub fn since(&self, earlier: &ReactorStats) -> ReactorStats {
         let (a, b) = (&self.counters, &earlier.counters);
         ReactorStats {
             core: self.core,
             counters: Counters {
-                ios: a.ios - b.ios,
-                io_errors: a.io_errors - b.io_errors,
-                polls: a.polls - b.polls,
-                idle_polls: a.idle_polls - b.idle_polls,
-                sleeps: a.sleeps - b.sleeps,
-                interrupt_waits: a.interrupt_waits - b.interrupt_waits,
-                parks: a.parks - b.parks,
-                messages: a.messages - b.messages,
-                timers: a.timers - b.timers,
-                busy_ns: a.busy_ns - b.busy_ns,
-                idle_ns: a.idle_ns - b.idle_ns,
-                slept_ns: a.slept_ns - b.slept_ns,
-                overshoot_ns: a.overshoot_ns - b.overshoot_ns,
+                ios: a.ios.saturating_sub(b.ios),
+                io_errors: a.io_errors.saturating_sub(b.io_errors),
+                polls: a.polls.saturating_sub(b.polls),
+                idle_polls: a.idle_polls.saturating_sub(b.idle_polls),
+                sleeps: a.sleeps.saturating_sub(b.sleeps),
+                interrupt_waits: a.interrupt_waits.saturating_sub(b.interrupt_waits),
+                parks: a.parks.saturating_sub(b.parks),
+                messages: a.messages.saturating_sub(b.messages),
+                timers: a.timers.saturating_sub(b.timers),
+                busy_ns: a.busy_ns.saturating_sub(b.busy_ns),
+                idle_ns: a.idle_ns.saturating_sub(b.idle_ns),
+                slept_ns: a.slept_ns.saturating_sub(b.slept_ns),
+                overshoot_ns: a.overshoot_ns.saturating_sub(b.overshoot_ns),
             },
             wall_ns: self.wall_ns.saturating_sub(earlier.wall_ns),
             cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
@@ -120,12 +121,24 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// The published copy: locked by the reactor once per publication (every 10 ms), never
-/// on the I/O path.
+/// What a reactor last published.
+#[derive(Clone, Copy, Default)]
+struct Published {
+    counters: Counters,
+    start_ns: u64,
+    at_ns: u64,
+    outstanding: u64,
+    parked: bool,
+}
+
+/// The published copy: locked by the reactor once per publication (every 10 ms, and around
+/// parking), never on the I/O path.
 #[derive(Default)]
 pub(crate) struct SharedStats {
-    published: Mutex<(Counters, u64, u64)>,
+    published: Mutex<Published>,
     cpu_clock: OnceLock<ThreadCpuClock>,
+    /// The thread's CPU time when it exited: its clock id may be reused after that.
+    final_cpu_ns: OnceLock<u64>,
 }
 
 impl SharedStats {
@@ -133,24 +146,56 @@ impl SharedStats {
         let _ = self.cpu_clock.set(clock);
     }
 
-    pub fn publish(&self, counters: &Counters, wall_ns: u64, outstanding: u64) {
-        *self.published.lock() = (*counters, wall_ns, outstanding);
+    /// Called on the reactor thread as it exits (normally or by panic).
+    pub fn freeze_cpu(&self) {
+        if let Some(cpu_ns) = self.cpu_clock.get().and_then(ThreadCpuClock::cpu_ns) {
+            let _ = self.final_cpu_ns.set(cpu_ns);
+        }
     }
 
+    pub fn publish(
+        &self,
+        counters: &Counters,
+        start_ns: u64,
+        at_ns: u64,
+        outstanding: u64,
+        parked: bool,
+    ) {
+        *self.published.lock() = Published {
+            counters: *counters,
+            start_ns,
+            at_ns,
+            outstanding,
+            parked,
+        };
+    }
+
+    /// The last publication; for a parked reactor, brought up to now (the time since it
+    /// parked is idle).
     pub fn read(&self, core: usize) -> ReactorStats {
-        let (counters, wall_ns, outstanding) = *self.published.lock();
+        let p = *self.published.lock();
+        let mut counters = p.counters;
+        let mut at_ns = p.at_ns;
+        if p.parked {
+            let now_ns = hypoll_nvme::monotonic_ns().max(p.at_ns);
+            counters.idle_ns += now_ns - p.at_ns;
+            at_ns = now_ns;
+        }
         ReactorStats {
             core,
             counters,
-            wall_ns,
-            outstanding,
+            wall_ns: at_ns.saturating_sub(p.start_ns),
+            outstanding: p.outstanding,
             cpu_ns: self.cpu_ns().unwrap_or(0),
         }
     }
 
-    /// The reactor thread's CPU time from the OS; `None` before it started or after it
-    /// exited.
+    /// The reactor thread's CPU time from the OS (frozen once it exited); `None` before it
+    /// started.
     pub fn cpu_ns(&self) -> Option<u64> {
+        if let Some(&cpu_ns) = self.final_cpu_ns.get() {
+            return Some(cpu_ns);
+        }
         self.cpu_clock.get().and_then(ThreadCpuClock::cpu_ns)
     }
 }

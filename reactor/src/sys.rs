@@ -111,6 +111,31 @@ pub fn timer_slack_ns() -> io::Result<u64> {
     cvt(rc).map(|v| v as u64)
 }
 
+/// Sleeps until CLOCK_MONOTONIC reaches `deadline_ns` (at once if it has passed).
+pub fn sleep_until_ns(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        // SAFETY: `ts` is a valid timespec; the remaining-time pointer may be null with
+        // TIMER_ABSTIME.
+        let rc = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+        // clock_nanosleep returns the error number; EINTR means sleep again until the
+        // (absolute) deadline.
+        if rc != libc::EINTR {
+            return;
+        }
+    }
+}
+
 /// A clock that reads one thread's CPU time (user + system), from any thread.
 #[derive(Clone, Copy, Debug)]
 pub struct ThreadCpuClock(libc::clockid_t);
@@ -139,13 +164,24 @@ impl ThreadCpuClock {
     }
 }
 
-/// The cores this process may run on (its affinity mask, as a cgroup cpuset or taskset
-/// leaves it), ascending.
+/// The cores this process may run on (its main thread's affinity mask, as a cgroup cpuset
+/// or taskset leaves it), ascending.
 pub fn allowed_cores() -> io::Result<Vec<usize>> {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    affinity_of(pid)
+}
+
+/// The cores the calling thread may run on (a pinned reactor: just its core).
+pub fn thread_cores() -> io::Result<Vec<usize>> {
+    affinity_of(0)
+}
+
+fn affinity_of(pid: libc::pid_t) -> io::Result<Vec<usize>> {
     // SAFETY: cpu_set_t is plain bits; all-zero is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; the size matches the set we pass.
-    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    // SAFETY: `pid` is this process or 0 (the calling thread); the size matches the set.
+    cvt(unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
     Ok((0..libc::CPU_SETSIZE as usize)
         // SAFETY: CPU_ISSET reads a bit inside the set for indices below CPU_SETSIZE.
         .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })

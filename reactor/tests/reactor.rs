@@ -9,10 +9,20 @@ use std::time::{Duration, Instant};
 
 use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
 use hypoll_reactor::{
-    allowed_cores, timer_slack_ns, CoreError, CoreList, Device, DeviceId, IoDone, IoFailure, IoOp,
-    IoRequest, Reactor, ReactorConfig, ReactorHandle, ReactorSet, ReactorStats, ReactorTuning,
-    RejectReason, Rejected, SendError, StartError,
+    allowed_cores, thread_cores, timer_slack_ns, CoreError, CoreList, Device, DeviceId, IoDone,
+    IoFailure, IoOp, IoRequest, Reactor, ReactorConfig, ReactorHandle, ReactorSet, ReactorStats,
+    ReactorTuning, RejectReason, Rejected, SendError, StartError,
 };
+
+/// Tests run one at a time: they measure CPU and timing on a 2-core machine, and spinning
+/// reactors of a parallel test would share their cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Up to `n` cores this process may use.
 fn cores(n: usize) -> CoreList {
@@ -41,6 +51,7 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[test]
 fn messages_arrive_in_order_within_and_across_reactors() {
+    let _serial = serial();
     let set = ReactorSet::start(config(2, "classic"), |_| Ok(())).unwrap();
     let handles = set.handles().clone();
     let last = handles.len() - 1;
@@ -85,6 +96,7 @@ fn messages_arrive_in_order_within_and_across_reactors() {
 
 #[test]
 fn a_full_mailbox_is_reported_not_grown() {
+    let _serial = serial();
     let cfg = ReactorConfig {
         mailbox_capacity: 4,
         ..config(1, "classic")
@@ -107,6 +119,7 @@ fn a_full_mailbox_is_reported_not_grown() {
 
 #[test]
 fn timers_fire_on_time_even_on_a_parked_reactor() {
+    let _serial = serial();
     let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
     let fired = Arc::new(Mutex::new(Vec::new()));
     let sink = fired.clone();
@@ -166,12 +179,13 @@ fn timers_fire_on_time_even_on_a_parked_reactor() {
 
 #[test]
 fn reactors_are_pinned_named_and_run_with_1ns_timer_slack() {
+    let _serial = serial();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
     let set = ReactorSet::start(config(2, "classic"), move |r| {
         sink.lock().unwrap().push((
             r.core(),
-            allowed_cores().unwrap(),
+            thread_cores().unwrap(),
             std::thread::current().name().unwrap().to_string(),
             timer_slack_ns().unwrap(),
         ));
@@ -182,7 +196,7 @@ fn reactors_are_pinned_named_and_run_with_1ns_timer_slack() {
     let (tx, rx) = crossbeam_channel::unbounded();
     for h in set.handles().iter() {
         let tx = tx.clone();
-        h.send(move |r| tx.send((r.core(), allowed_cores().unwrap())).unwrap())
+        h.send(move |r| tx.send((r.core(), thread_cores().unwrap())).unwrap())
             .unwrap();
     }
     for _ in 0..set.handles().len() {
@@ -203,6 +217,7 @@ fn reactors_are_pinned_named_and_run_with_1ns_timer_slack() {
 
 #[test]
 fn start_errors_are_clear() {
+    let _serial = serial();
     let outside = allowed_cores().unwrap().last().unwrap() + 1;
     let cfg = ReactorConfig {
         cores: Some(CoreList::new(vec![outside])),
@@ -224,10 +239,21 @@ fn start_errors_are_clear() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("init exploded"), "{err}");
+    // One reactor's init panics while another has started: reported, not hung.
+    let err = ReactorSet::start(config(2, "classic"), |r| {
+        if r.index() == r.handles().len() - 1 {
+            panic!("second init exploded");
+        }
+        Ok(())
+    })
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("second init exploded"), "{err}");
 }
 
 #[test]
 fn a_parked_reactor_uses_under_1_percent_of_a_core() {
+    let _serial = serial();
     let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
     let h = &set.handles()[0];
     wait_for("the reactor to park", || h.stats().counters.parks > 0);
@@ -361,6 +387,7 @@ fn write_then_read(device: &str, policy: &str, count: u64, qd: u64) -> ReactorSt
 
 #[test]
 fn data_written_through_a_reactor_reads_back_under_every_seed_policy() {
+    let _serial = serial();
     for policy in [
         "classic",
         "interrupt",
@@ -378,6 +405,7 @@ fn data_written_through_a_reactor_reads_back_under_every_seed_policy() {
 
 #[test]
 fn the_policy_decides_how_the_reactor_waits() {
+    let _serial = serial();
     // 300 us per I/O: time enough for every kind of wait, even in a debug build.
     let dev = "emu:nand,size=64M,read_us=300,write_us=300";
     let classic = write_then_read(dev, "classic", 600, 1);
@@ -418,6 +446,7 @@ fn the_policy_decides_how_the_reactor_waits() {
 
 #[test]
 fn a_deep_queue_on_null_completes_every_io() {
+    let _serial = serial();
     let device = Device::open("null").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
         r.attach(&device, 128).map(drop)
@@ -431,6 +460,7 @@ fn a_deep_queue_on_null_completes_every_io() {
 
 #[test]
 fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
+    let _serial = serial();
     // Commands on this device never complete; the shutdown waits 200 ms, then fails them.
     let device = Device::open("emu:optane,size=16M,lost_pct=100").unwrap();
     let cfg = ReactorConfig {
@@ -504,6 +534,7 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
 
 #[test]
 fn submissions_are_refused_with_reasons_and_the_buffer_back() {
+    let _serial = serial();
     let device = Device::open("emu:optane,size=1M").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
         r.attach(&device, 2).map(drop)
@@ -552,6 +583,7 @@ fn submissions_are_refused_with_reasons_and_the_buffer_back() {
 
 #[test]
 fn a_reactor_panic_is_reported_not_hung() {
+    let _serial = serial();
     let set = ReactorSet::start(config(2, "classic"), |_| Ok(())).unwrap();
     let victim = set.handles()[0].clone();
     victim.send(|_| panic!("disk on fire")).unwrap();
@@ -564,4 +596,131 @@ fn a_reactor_panic_is_reported_not_hung() {
     assert_eq!(report.panics[0].core, victim.core());
     assert!(report.panics[0].message.contains("disk on fire"));
     assert_eq!(report.exits.len() + report.panics.len(), cores(2).len());
+}
+
+#[test]
+fn write_zeroes_and_deallocate_reach_the_device() {
+    let _serial = serial();
+    let device = Device::open("emu:optane,size=16M").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 8).map(drop)
+    })
+    .unwrap();
+    let h = &set.handles()[0];
+    assert_eq!(drive(h, 64, 8, write_block, succeeded), 0);
+    let (tx, rx) = crossbeam_channel::bounded(2);
+    h.send(move |r| {
+        let tx2 = tx.clone();
+        r.write_zeroes(DeviceId::FIRST, 0, 8 * 32, move |_, done| {
+            tx.send(done.result).unwrap()
+        })
+        .unwrap();
+        r.deallocate(DeviceId::FIRST, 8 * 32, 8 * 32, move |_, done| {
+            tx2.send(done.result).unwrap()
+        })
+        .unwrap();
+    })
+    .unwrap();
+    for _ in 0..2 {
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(()));
+    }
+    // Every block now reads back as zeroes.
+    fn zeroed(_: u64, done: &IoDone) -> bool {
+        done.result.is_ok()
+            && done
+                .buf
+                .as_deref()
+                .is_some_and(|b| b.iter().all(|&x| x == 0))
+    }
+    assert_eq!(drive(h, 64, 8, read_block, zeroed), 0);
+    assert!(set.shutdown().panics.is_empty());
+}
+
+/// Counts its polls and removes itself after `limit`.
+struct Countdown {
+    polls: Arc<AtomicU64>,
+    limit: u64,
+    /// Its own id, known once `add_poller` returned.
+    id: Rc<std::cell::Cell<Option<hypoll_reactor::PollerId>>>,
+}
+
+impl hypoll_reactor::Poller for Countdown {
+    fn poll(&mut self, r: &mut Reactor) -> usize {
+        let n = self.polls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.limit {
+            r.remove_poller(self.id.get().expect("id set after adding"));
+        }
+        1
+    }
+}
+
+#[test]
+fn pollers_run_every_turn_until_removed_even_from_inside_poll() {
+    let _serial = serial();
+    let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
+    let polls = Arc::new(AtomicU64::new(0));
+    let counter = polls.clone();
+    wait_for("the first park", || {
+        set.handles()[0].stats().counters.parks > 0
+    });
+    let parks_before = set.handles()[0].stats().counters.parks;
+    set.handles()[0]
+        .send(move |r| {
+            // Removed from outside before it ever runs.
+            let never = r
+                .add_poller(Box::new(Countdown {
+                    polls: Arc::new(AtomicU64::new(0)),
+                    limit: 1,
+                    id: Rc::default(),
+                }))
+                .unwrap();
+            r.remove_poller(never);
+            let slot = Rc::new(std::cell::Cell::new(None));
+            let id = r
+                .add_poller(Box::new(Countdown {
+                    polls: counter,
+                    limit: 1_000,
+                    id: slot.clone(),
+                }))
+                .unwrap();
+            slot.set(Some(id));
+        })
+        .unwrap();
+    wait_for("1000 polls", || polls.load(Ordering::SeqCst) >= 1_000);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        1_000,
+        "removed from inside its own poll"
+    );
+    // With its poller gone the reactor parks again.
+    let h = &set.handles()[0];
+    wait_for("a park after the poller left", || {
+        h.stats().counters.parks > parks_before
+    });
+    assert!(set.shutdown().panics.is_empty());
+}
+
+#[test]
+fn a_panic_in_an_io_callback_is_reported() {
+    let _serial = serial();
+    let device = Device::open("null").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 8).map(drop)
+    })
+    .unwrap();
+    let h = set.handles()[0].clone();
+    h.send(|r| {
+        r.flush(DeviceId::FIRST, |_, _| panic!("callback exploded"))
+            .unwrap();
+    })
+    .unwrap();
+    wait_for("the reactor to die", || set.finished().contains(&h.core()));
+    let report = set.shutdown();
+    assert_eq!(report.panics.len(), 1);
+    assert!(report.panics[0].message.contains("callback exploded"));
+    assert!(
+        h.cpu_ns().is_some(),
+        "CPU time stays readable, frozen at exit"
+    );
 }
