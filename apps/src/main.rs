@@ -141,7 +141,9 @@ fn bench(args: &BenchArgs) -> Result<(), String> {
             Command::read(slba, nlb, &mut bufs[slot])
         };
         // SAFETY: `bufs[slot]` is not touched again until the completion tagged `slot` is
-        // reaped, and `bufs` outlives the queue pair's use of it (all I/O is drained below).
+        // reaped, and `bufs` outlives the queue pair's use of it: all I/O is drained below,
+        // and what never completes is abandoned with the queue pair, which is declared after
+        // `bufs` and so dropped first (a dropped queue pair touches no buffer).
         unsafe { qp.submit(&cmd, slot as u64) }
     };
 
@@ -163,9 +165,24 @@ fn bench(args: &BenchArgs) -> Result<(), String> {
     }
     let mut ios = 0u64;
     let mut stopping = false;
+    // A device may lose commands (emu's lost_pct): the drain gives up this long after the
+    // run ends, and what is still outstanding then counts as failed.
+    let give_up_ns = end_ns.saturating_add(DRAIN_LIMIT.as_nanos() as u64);
+    let mut idle_polls = 0u32;
+    let mut never_completed = 0u64;
     while qp.outstanding() > 0 {
         done.clear();
         if qp.process_completions(args.qd, &mut |c| done.push(c)) == 0 {
+            // Look at the clock only every IDLE_POLLS_PER_CLOCK_CHECK idle polls, to keep
+            // the spin as cheap as before.
+            idle_polls += 1;
+            if idle_polls == IDLE_POLLS_PER_CLOCK_CHECK {
+                idle_polls = 0;
+                if hypoll_nvme::monotonic_ns() >= give_up_ns {
+                    never_completed = qp.outstanding() as u64;
+                    break;
+                }
+            }
             std::hint::spin_loop();
             continue;
         }
@@ -186,6 +203,7 @@ fn bench(args: &BenchArgs) -> Result<(), String> {
             }
         }
     }
+    errors += never_completed;
     let wall = start.elapsed();
     let cpu = thread_cpu() - cpu_start;
     let secs = wall.as_secs_f64();
@@ -218,8 +236,20 @@ fn bench(args: &BenchArgs) -> Result<(), String> {
         us(hist.max()),
         errors
     );
+    if never_completed > 0 {
+        return Err(format!(
+            "{never_completed} I/Os never completed: still outstanding {} s after the run \
+             ended (lost by the device?); counted as errors ({errors} I/Os failed in all)",
+            DRAIN_LIMIT.as_secs()
+        ));
+    }
     if errors > 0 {
         return Err(format!("{errors} I/Os failed"));
     }
     Ok(())
 }
+
+/// How long the bench waits, after its run time, for outstanding I/Os to complete.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// Idle polls between two looks at the clock while waiting for completions.
+const IDLE_POLLS_PER_CLOCK_CHECK: u32 = 1024;
