@@ -1,0 +1,517 @@
+//! `hypoll bench`: runs one workload per policy on a fresh reactor set and device, and
+//! measures IOPS, CPU from the OS and latency, side by side.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use hdrhistogram::Histogram;
+use hypoll_nvme::{DeviceSpec, IoBuf};
+use hypoll_reactor::{
+    CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Reactor, ReactorConfig, ReactorSet,
+};
+
+/// Histogram bounds: 1 ns to 60 s at 3 significant digits.
+const LATENCY_NS_MAX: u64 = 60_000_000_000;
+/// Blocks each reactor writes and reads back under `--verify` (at most), in I/Os.
+const VERIFY_IOS_MAX: u64 = 4096;
+/// How long the bench waits for a reactor's report beyond the run's own length.
+const REPORT_GRACE: Duration = Duration::from_secs(30);
+
+/// The access pattern (named as fio names them, hence `RandRw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)]
+pub enum Rw {
+    RandRead,
+    RandWrite,
+    Read,
+    Write,
+    /// Random, this percent reads.
+    RandRw {
+        read_pct: u8,
+    },
+}
+
+impl std::str::FromStr for Rw {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Rw, String> {
+        Ok(match s {
+            "randread" => Rw::RandRead,
+            "randwrite" => Rw::RandWrite,
+            "read" => Rw::Read,
+            "write" => Rw::Write,
+            _ => match s.strip_prefix("randrw:").map(str::parse::<u8>) {
+                Some(Ok(read_pct)) if read_pct <= 100 => Rw::RandRw { read_pct },
+                _ => {
+                    return Err(format!(
+                        "{s:?}: expected randread, randwrite, read, write or randrw:<read %> \
+                         (0 to 100)"
+                    ))
+                }
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for Rw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rw::RandRead => write!(f, "randread"),
+            Rw::RandWrite => write!(f, "randwrite"),
+            Rw::Read => write!(f, "read"),
+            Rw::Write => write!(f, "write"),
+            Rw::RandRw { read_pct } => write!(f, "randrw:{read_pct}"),
+        }
+    }
+}
+
+/// Everything one run needs.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub device: DeviceSpec,
+    pub rw: Rw,
+    pub bs_bytes: u64,
+    pub qd: usize,
+    pub cores: CoreList,
+    pub ramp: Duration,
+    pub runtime: Duration,
+    pub size_bytes: u64,
+    pub verify: bool,
+}
+
+/// One policy's run, summed over its reactors.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub policy: String,
+    pub ios: u64,
+    pub errors: u64,
+    pub wall_ns: u64,
+    /// CPU time of all reactor threads over the measured window, from the OS.
+    pub cpu_ns: u64,
+    pub cores: usize,
+    pub latency: Histogram<u64>,
+    pub sleeps: u64,
+    pub interrupt_waits: u64,
+    pub overshoot_ns: u64,
+    pub mismatches: u64,
+}
+
+impl RunResult {
+    pub fn iops(&self) -> f64 {
+        self.ios as f64 * 1e9 / self.wall_ns.max(1) as f64
+    }
+
+    /// CPU per core: reactor CPU time over wall time times cores.
+    pub fn cpu_pct(&self) -> f64 {
+        100.0 * self.cpu_ns as f64 / (self.wall_ns.max(1) as f64 * self.cores as f64)
+    }
+
+    pub fn iops_per_cpu_pct(&self) -> f64 {
+        self.iops() / self.cpu_pct().max(1e-9)
+    }
+
+    pub fn mean_ns(&self) -> f64 {
+        self.latency.mean()
+    }
+
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        self.latency.value_at_quantile(q)
+    }
+}
+
+/// What one reactor measured.
+struct ReactorReport {
+    ios: u64,
+    errors: u64,
+    wall_ns: u64,
+    cpu_ns: u64,
+    latency: Histogram<u64>,
+    sleeps: u64,
+    interrupt_waits: u64,
+    overshoot_ns: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Ramp,
+    Measure,
+    Drain,
+}
+
+/// A reactor's workload state. It lives in a thread-local on the reactor thread, so the
+/// completion callback captures nothing and costs no allocation per I/O.
+struct Job {
+    phase: Phase,
+    rw: Rw,
+    nlb: u32,
+    span_ios: u64,
+    base_ios: u64,
+    next_seq: u64,
+    rng: u64,
+    ios: u64,
+    errors: u64,
+    latency: Histogram<u64>,
+    start_ns: u64,
+    cpu_start_ns: u64,
+    sleeps_start: u64,
+    waits_start: u64,
+    overshoot_start: u64,
+    wall_ns: u64,
+    cpu_ns: u64,
+    sleeps: u64,
+    waits: u64,
+    overshoot_ns: u64,
+    report: Option<Sender<ReactorReport>>,
+}
+
+thread_local! {
+    static JOB: RefCell<Option<Job>> = const { RefCell::new(None) };
+}
+
+impl Job {
+    /// xorshift64*: enough spread for block addresses, one multiply per I/O.
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// The next I/O: its operation and first block.
+    fn next_io(&mut self) -> (IoOp, u64) {
+        let (random, read_pct) = match self.rw {
+            Rw::RandRead => (true, 100),
+            Rw::RandWrite => (true, 0),
+            Rw::Read => (false, 100),
+            Rw::Write => (false, 0),
+            Rw::RandRw { read_pct } => (true, read_pct),
+        };
+        let index = if random {
+            self.next_random() % self.span_ios
+        } else {
+            self.next_seq = (self.next_seq + 1) % self.span_ios;
+            self.next_seq
+        };
+        let read = match read_pct {
+            100 => true,
+            0 => false,
+            pct => self.next_random() % 100 < u64::from(pct),
+        };
+        let op = if read { IoOp::Read } else { IoOp::Write };
+        (op, (self.base_ios + index) * u64::from(self.nlb))
+    }
+}
+
+fn submit_next(r: &mut Reactor, buf: IoBuf) {
+    let (op, slba, nlb) = JOB.with_borrow_mut(|job| {
+        let job = job.as_mut().expect("a job runs on this reactor");
+        let (op, slba) = job.next_io();
+        (op, slba, job.nlb)
+    });
+    if let Err(rejected) = r.submit(
+        DeviceId::FIRST,
+        IoRequest::new(op, slba, nlb),
+        Some(buf),
+        on_done,
+    ) {
+        panic!("bench: a slot just freed refused an I/O: {rejected}");
+    }
+}
+
+/// Completion callback: count, record, and keep the queue full until the run ends.
+fn on_done(r: &mut Reactor, done: IoDone) {
+    let resubmit = JOB.with_borrow_mut(|job| {
+        let job = job.as_mut().expect("a job runs on this reactor");
+        if job.phase == Phase::Measure {
+            job.ios += 1;
+            if done.result.is_err() {
+                job.errors += 1;
+            } else {
+                job.latency.saturating_record(done.latency_ns.max(1));
+            }
+        }
+        job.phase != Phase::Drain
+    });
+    let buf = done.buf.expect("reads and writes return their buffer");
+    if resubmit {
+        submit_next(r, buf);
+    } else if r.outstanding() == 0 {
+        finish(r);
+    }
+}
+
+fn reactor_cpu_ns(r: &Reactor) -> u64 {
+    r.handles()[r.index()].cpu_ns().unwrap_or(0)
+}
+
+fn begin_measure(r: &mut Reactor) {
+    let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
+    JOB.with_borrow_mut(|job| {
+        let job = job.as_mut().expect("job");
+        job.phase = Phase::Measure;
+        job.start_ns = now;
+        job.cpu_start_ns = cpu;
+        job.sleeps_start = c.sleeps;
+        job.waits_start = c.interrupt_waits;
+        job.overshoot_start = c.overshoot_ns;
+    });
+}
+
+fn end_measure(r: &mut Reactor) {
+    let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
+    JOB.with_borrow_mut(|job| {
+        let job = job.as_mut().expect("job");
+        job.phase = Phase::Drain;
+        job.wall_ns = now - job.start_ns;
+        job.cpu_ns = cpu.saturating_sub(job.cpu_start_ns);
+        job.sleeps = c.sleeps - job.sleeps_start;
+        job.waits = c.interrupt_waits - job.waits_start;
+        job.overshoot_ns = c.overshoot_ns - job.overshoot_start;
+    });
+    if r.outstanding() == 0 {
+        finish(r);
+    }
+}
+
+fn finish(_r: &mut Reactor) {
+    let job = JOB.with_borrow_mut(|job| job.take());
+    if let Some(mut job) = job {
+        if let Some(tx) = job.report.take() {
+            let _ = tx.send(ReactorReport {
+                ios: job.ios,
+                errors: job.errors,
+                wall_ns: job.wall_ns,
+                cpu_ns: job.cpu_ns,
+                latency: job.latency,
+                sleeps: job.sleeps,
+                interrupt_waits: job.waits,
+                overshoot_ns: job.overshoot_ns,
+            });
+        }
+    }
+}
+
+/// Runs `work` under `policy` on a fresh device and reactor set.
+pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
+    let ctrl = work
+        .device
+        .open()
+        .map_err(|e| format!("opening {}: {e}", work.device))?;
+    let ns = ctrl.namespace();
+    let device = Device::new(ctrl);
+    let qd = work.qd;
+    let cfg = ReactorConfig {
+        cores: Some(work.cores.clone()),
+        policy: policy.to_string(),
+        ..ReactorConfig::default()
+    };
+    let set = ReactorSet::start(cfg, move |r| r.attach(&device, qd).map(drop))
+        .map_err(|e| format!("starting reactors for {policy}: {e}"))?;
+    let lba = u64::from(ns.lba_size_bytes);
+    let nlb = (work.bs_bytes / lba) as u32;
+    let reactors = set.handles().len() as u64;
+    let span_ios = (work.size_bytes.min(ns.capacity_bytes()) / work.bs_bytes).max(1);
+    // Each reactor works in its own slice of the span, so sequential streams do not overlap.
+    let per_reactor_ios = (span_ios / reactors).max(1);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for h in set.handles().iter() {
+        let tx = tx.clone();
+        let (rw, ramp, runtime, bs) = (work.rw, work.ramp, work.runtime, work.bs_bytes);
+        let index = h.index() as u64;
+        h.send(move |r| {
+            JOB.with_borrow_mut(|job| {
+                *job = Some(Job {
+                    phase: Phase::Ramp,
+                    rw,
+                    nlb,
+                    span_ios: per_reactor_ios,
+                    base_ios: index * per_reactor_ios,
+                    next_seq: 0,
+                    rng: 0x9e37_79b9_7f4a_7c15 ^ (index + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+                    ios: 0,
+                    errors: 0,
+                    latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3)
+                        .expect("valid histogram bounds"),
+                    start_ns: 0,
+                    cpu_start_ns: 0,
+                    sleeps_start: 0,
+                    waits_start: 0,
+                    overshoot_start: 0,
+                    wall_ns: 0,
+                    cpu_ns: 0,
+                    sleeps: 0,
+                    waits: 0,
+                    overshoot_ns: 0,
+                    report: Some(tx),
+                })
+            });
+            r.after(ramp, begin_measure);
+            r.after(ramp + runtime, end_measure);
+            for _ in 0..qd {
+                let mut buf = IoBuf::zeroed(bs as usize);
+                buf.fill(0x5a);
+                submit_next(r, buf);
+            }
+        })
+        .map_err(|e| format!("starting the workload: {e}"))?;
+    }
+    drop(tx);
+    let mut total = RunResult {
+        policy: policy.to_string(),
+        ios: 0,
+        errors: 0,
+        wall_ns: 0,
+        cpu_ns: 0,
+        cores: reactors as usize,
+        latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
+        sleeps: 0,
+        interrupt_waits: 0,
+        overshoot_ns: 0,
+        mismatches: 0,
+    };
+    let wait = work.ramp + work.runtime + REPORT_GRACE;
+    for _ in 0..reactors {
+        let rep = rx
+            .recv_timeout(wait)
+            .map_err(|_| format!("{policy}: a reactor did not report within {wait:?}"))?;
+        total.ios += rep.ios;
+        total.errors += rep.errors;
+        total.wall_ns = total.wall_ns.max(rep.wall_ns);
+        total.cpu_ns += rep.cpu_ns;
+        total.sleeps += rep.sleeps;
+        total.interrupt_waits += rep.interrupt_waits;
+        total.overshoot_ns += rep.overshoot_ns;
+        total.latency.add(&rep.latency).expect("same bounds");
+    }
+    if work.verify {
+        total.mismatches = verify(&set, work, nlb, per_reactor_ios)?;
+    }
+    let report = set.shutdown();
+    if let Some(p) = report.panics.first() {
+        return Err(format!("{policy}: {p}"));
+    }
+    Ok(total)
+}
+
+/// The pattern block `slba` holds under `--verify`: its address, repeated.
+fn pattern(slba: u64, len: usize) -> IoBuf {
+    let mut buf = IoBuf::zeroed(len);
+    for (i, chunk) in buf.chunks_mut(8).enumerate() {
+        let word = (slba.wrapping_mul(0x1_0000_0001) ^ i as u64).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+    buf
+}
+
+/// Each reactor writes a pattern over (part of) its slice, then reads it back and compares.
+/// Returns the blocks that did not match (or failed).
+fn verify(
+    set: &ReactorSet,
+    work: &Workload,
+    nlb: u32,
+    per_reactor_ios: u64,
+) -> Result<u64, String> {
+    let count = per_reactor_ios.min(VERIFY_IOS_MAX);
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    for h in set.handles().iter() {
+        let tx = tx.clone();
+        let base = h.index() as u64 * per_reactor_ios;
+        let ctx = VerifyCtx {
+            base,
+            count,
+            nlb,
+            bs: work.bs_bytes as usize,
+            qd: work.qd as u64,
+            tx,
+        };
+        h.send(move |r| verify_on(r, ctx))
+            .map_err(|e| format!("starting verify: {e}"))?;
+    }
+    drop(tx);
+    let mut mismatches = 0;
+    for _ in 0..set.handles().len() {
+        mismatches += rx
+            .recv_timeout(REPORT_GRACE)
+            .map_err(|_| "verify did not finish".to_string())?;
+    }
+    Ok(mismatches)
+}
+
+/// Where and how one reactor verifies.
+#[derive(Clone)]
+struct VerifyCtx {
+    base: u64,
+    count: u64,
+    nlb: u32,
+    bs: usize,
+    qd: u64,
+    tx: Sender<u64>,
+}
+
+struct VerifyPass {
+    next: u64,
+    done: u64,
+    reading: bool,
+    mismatches: u64,
+}
+
+/// Writes `count` I/Os' worth of pattern at `qd`, then reads them back at `qd`.
+fn verify_on(r: &mut Reactor, ctx: VerifyCtx) {
+    let pass = std::rc::Rc::new(RefCell::new(VerifyPass {
+        next: 0,
+        done: 0,
+        reading: false,
+        mismatches: 0,
+    }));
+    for _ in 0..ctx.qd.min(ctx.count) {
+        verify_issue(r, &pass, &ctx);
+    }
+}
+
+fn verify_issue(r: &mut Reactor, pass: &std::rc::Rc<RefCell<VerifyPass>>, ctx: &VerifyCtx) {
+    let (i, reading) = {
+        let mut p = pass.borrow_mut();
+        if p.next == ctx.count {
+            return;
+        }
+        p.next += 1;
+        (p.next - 1, p.reading)
+    };
+    let slba = (ctx.base + i) * u64::from(ctx.nlb);
+    let (op, buf) = if reading {
+        (IoOp::Read, IoBuf::zeroed(ctx.bs))
+    } else {
+        (IoOp::Write, pattern(slba, ctx.bs))
+    };
+    let (pass2, ctx2) = (pass.clone(), ctx.clone());
+    let callback = move |r: &mut Reactor, done: IoDone| {
+        let phase_done = {
+            let mut p = pass2.borrow_mut();
+            let ok = done.result.is_ok()
+                && (!p.reading || done.buf.as_deref() == Some(&pattern(slba, ctx2.bs)[..]));
+            p.mismatches += u64::from(!ok);
+            p.done += 1;
+            p.done == ctx2.count
+        };
+        if !phase_done {
+            verify_issue(r, &pass2, &ctx2);
+        } else if pass2.borrow().reading {
+            let _ = ctx2.tx.send(pass2.borrow().mismatches);
+        } else {
+            {
+                let mut p = pass2.borrow_mut();
+                p.reading = true;
+                p.next = 0;
+                p.done = 0;
+            }
+            for _ in 0..ctx2.qd.min(ctx2.count) {
+                verify_issue(r, &pass2, &ctx2);
+            }
+        }
+    };
+    let req = IoRequest::new(op, slba, ctx.nlb);
+    if let Err(rejected) = r.submit(DeviceId::FIRST, req, Some(buf), callback) {
+        panic!("bench verify: I/O refused: {rejected}");
+    }
+}

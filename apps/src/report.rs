@@ -1,0 +1,185 @@
+//! The bench's outputs: the table, `--json` and `--plot`.
+
+use std::io::Write;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::bench::{RunResult, Workload};
+
+/// One row of `--json`.
+#[derive(Serialize)]
+pub struct JsonRow<'a> {
+    pub policy: &'a str,
+    pub device: String,
+    pub rw: String,
+    pub bs: u64,
+    pub qd: usize,
+    pub cores: usize,
+    pub iops: f64,
+    pub cpu_pct: f64,
+    pub iops_per_cpu_pct: f64,
+    pub lat_ns: JsonLatency,
+    pub ios: u64,
+    pub errors: u64,
+    pub mismatches: u64,
+    pub sleeps: u64,
+    pub interrupt_waits: u64,
+    /// Mean wake-up overshoot of the sleeps (actual minus requested), if any.
+    pub overshoot_mean_ns: Option<u64>,
+    pub runs: usize,
+}
+
+#[derive(Serialize)]
+pub struct JsonLatency {
+    pub mean: f64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p9999: u64,
+    pub max: u64,
+}
+
+fn us(ns: f64) -> f64 {
+    ns / 1_000.0
+}
+
+/// Prints one row per policy, with latency and CPU relative to `classic` when it ran.
+pub fn print_table(
+    out: &mut impl Write,
+    work: &Workload,
+    rows: &[RunResult],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "device {}  rw {}  bs {}  qd {}  cores {}  runtime {:?} (ramp {:?})",
+        work.device, work.rw, work.bs_bytes, work.qd, work.cores, work.runtime, work.ramp
+    )?;
+    writeln!(
+        out,
+        "{:<24} {:>10} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>6}",
+        "policy",
+        "IOPS",
+        "CPU%",
+        "IOPS/CPU%",
+        "mean_us",
+        "p50_us",
+        "p99_us",
+        "p9999_us",
+        "max_us",
+        "lat/cl",
+        "cpu/cl",
+        "errors"
+    )?;
+    let classic = rows.iter().find(|r| r.policy == "classic");
+    for r in rows {
+        let rel = |v: f64, base: Option<f64>| match base {
+            Some(b) if b > 0.0 => format!("{:.2}", v / b),
+            _ => "-".to_string(),
+        };
+        writeln!(
+            out,
+            "{:<24} {:>10.0} {:>6.1} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>7} {:>7} {:>6}",
+            r.policy,
+            r.iops(),
+            r.cpu_pct(),
+            r.iops_per_cpu_pct(),
+            us(r.mean_ns()),
+            us(r.quantile_ns(0.5) as f64),
+            us(r.quantile_ns(0.99) as f64),
+            us(r.quantile_ns(0.9999) as f64),
+            us(r.latency.max() as f64),
+            rel(r.mean_ns(), classic.map(RunResult::mean_ns)),
+            rel(r.cpu_pct(), classic.map(RunResult::cpu_pct)),
+            r.errors + r.mismatches,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec<JsonRow<'a>> {
+    rows.iter()
+        .map(|r| JsonRow {
+            policy: &r.policy,
+            device: work.device.to_string(),
+            rw: work.rw.to_string(),
+            bs: work.bs_bytes,
+            qd: work.qd,
+            cores: r.cores,
+            iops: r.iops(),
+            cpu_pct: r.cpu_pct(),
+            iops_per_cpu_pct: r.iops_per_cpu_pct(),
+            lat_ns: JsonLatency {
+                mean: r.mean_ns(),
+                p50: r.quantile_ns(0.5),
+                p99: r.quantile_ns(0.99),
+                p9999: r.quantile_ns(0.9999),
+                max: r.latency.max(),
+            },
+            ios: r.ios,
+            errors: r.errors,
+            mismatches: r.mismatches,
+            sleeps: r.sleeps,
+            interrupt_waits: r.interrupt_waits,
+            overshoot_mean_ns: (r.sleeps > 0).then(|| r.overshoot_ns / r.sleeps),
+            runs,
+        })
+        .collect()
+}
+
+pub fn write_json(
+    path: &Path,
+    work: &Workload,
+    rows: &[RunResult],
+    runs: usize,
+) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(&json_rows(work, rows, runs))
+        .map_err(|e| format!("encoding JSON: {e}"))?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Mean latency against CPU %, one labelled point per policy.
+pub fn write_plot(path: &Path, work: &Workload, rows: &[RunResult]) -> Result<(), String> {
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let cpu_max = rows
+            .iter()
+            .map(RunResult::cpu_pct)
+            .fold(0.0, f64::max)
+            .max(1.0)
+            * 1.1;
+        let lat_max = rows
+            .iter()
+            .map(|r| us(r.mean_ns()))
+            .fold(0.0, f64::max)
+            .max(1.0)
+            * 1.15;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "{} {} bs {} qd {}",
+                    work.device, work.rw, work.bs_bytes, work.qd
+                ),
+                ("sans-serif", 20),
+            )
+            .margin(20)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..cpu_max, 0.0..lat_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("CPU % per core")
+            .y_desc("mean latency (us)")
+            .draw()?;
+        chart.draw_series(rows.iter().map(|r| {
+            let at = (r.cpu_pct(), us(r.mean_ns()));
+            EmptyElement::at(at)
+                + Circle::new((0, 0), 4, BLUE.filled())
+                + Text::new(r.policy.clone(), (6, -14), ("sans-serif", 13))
+        }))?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| format!("drawing {}: {e}", path.display()))
+}
