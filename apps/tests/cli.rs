@@ -1,0 +1,165 @@
+//! The `hypoll` binary as a user runs it: short benches, JSON, verify, bad input.
+
+use std::process::Command;
+
+fn hypoll(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hypoll"))
+        .args(args)
+        .output()
+        .expect("hypoll runs")
+}
+
+#[test]
+fn bench_writes_json_with_every_field_and_verify_finds_no_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let plot = dir.path().join("out.svg");
+    let out = hypoll(&[
+        "bench",
+        "--device",
+        "emu:nand,size=64M",
+        "--policy",
+        "classic",
+        "--policy",
+        "hybrid",
+        "--policy",
+        "oracle",
+        "--qd",
+        "4",
+        "--runtime",
+        "0.3",
+        "--ramp",
+        "0.2",
+        "--verify",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for policy in ["classic", "hybrid", "oracle"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(policy)),
+            "{policy} row:\n{stdout}"
+        );
+    }
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        for field in [
+            "policy",
+            "device",
+            "rw",
+            "bs",
+            "qd",
+            "cores",
+            "iops",
+            "cpu_pct",
+            "iops_per_cpu_pct",
+            "lat_ns",
+            "ios",
+            "errors",
+        ] {
+            assert!(row.get(field).is_some(), "missing {field}: {row}");
+        }
+        for field in ["mean", "p50", "p99", "p9999", "max"] {
+            assert!(
+                row["lat_ns"].get(field).is_some(),
+                "missing lat_ns.{field}: {row}"
+            );
+        }
+        assert_eq!(row["rw"], "randread");
+        assert_eq!(row["bs"], 4096);
+        assert_eq!(row["qd"], 4);
+        assert_eq!(row["errors"], 0);
+        assert_eq!(row["mismatches"], 0);
+        assert!(row["ios"].as_u64().unwrap() > 0);
+        assert!(row["iops"].as_f64().unwrap() > 0.0);
+        let cpu = row["cpu_pct"].as_f64().unwrap();
+        assert!(cpu > 0.0 && cpu <= 101.0, "{cpu}");
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("hybrid"),
+        "an SVG naming the policies"
+    );
+}
+
+#[test]
+fn every_workload_shape_runs() {
+    for rw in ["randwrite", "read", "write", "randrw:70"] {
+        let out = hypoll(&[
+            "bench",
+            "--device",
+            "null",
+            "--policy",
+            "classic",
+            "--rw",
+            rw,
+            "--bs",
+            "8k",
+            "--qd",
+            "8",
+            "--runtime",
+            "0.1",
+            "--ramp",
+            "0",
+        ]);
+        assert!(
+            out.status.success(),
+            "{rw}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_one_line_naming_the_value_and_exit_status_2() {
+    for (args, says) in [
+        (&["bench", "--device", "emu:floppy"][..], "floppy"),
+        (&["bench", "--policy", "turbo"][..], "turbo"),
+        (&["bench", "--rw", "sideways"][..], "sideways"),
+        (&["bench", "--bs", "1000"][..], "1000"),
+        (&["bench", "--cores", "4000"][..], "4000"),
+        (
+            &["bench", "--device", "null", "--policy", "oracle"][..],
+            "oracle",
+        ),
+        (
+            &["bench", "--device", "emu:optane,jitter=lots"][..],
+            "jitter",
+        ),
+    ] {
+        let out = hypoll(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn policies_lists_every_policy() {
+    let out = hypoll(&["policies"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "classic",
+        "interrupt",
+        "hybrid",
+        "fixed:<us>",
+        "hybrid-3/4",
+        "hybrid-min",
+        "uring-hybrid",
+        "oracle",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(name)), "{name}:\n{text}");
+    }
+}
