@@ -62,6 +62,9 @@ pub struct EmuConfig {
     pub reset_pct: f64,
     /// Most I/O queue pairs the controller hands out.
     pub max_queues: u32,
+    /// Percent by which every service time grows per second since the controller was
+    /// created: a device whose latency drifts slowly (wear, heat, a filling cache).
+    pub drift_pct: f64,
 }
 
 /// One named latency profile. Figures are medians of 4 KiB random I/O at queue depth 1 on
@@ -165,8 +168,11 @@ pub const EMU_KEYS: &[&str] = &[
     "lost_pct",
     "reset_pct",
     "queues",
+    "drift_pct",
 ];
 
+/// Largest `drift_pct`: latencies may grow by up to 10x per second.
+pub const MAX_DRIFT_PCT: f64 = 1_000.0;
 /// Longest median latency `read_us`, `write_us` and `tail_us` accept: 10 s. Deadlines are
 /// nanosecond `u64`s; the controller's deadline arithmetic saturates as well.
 pub const MAX_LATENCY_US: f64 = 10_000_000.0;
@@ -204,10 +210,11 @@ enum Key {
     LostPct,
     ResetPct,
     Queues,
+    DriftPct,
 }
 
 /// Every key, in [`EMU_KEYS`] order.
-const KEYS: [Key; 16] = [
+const KEYS: [Key; 17] = [
     Key::ReadUs,
     Key::WriteUs,
     Key::Jitter,
@@ -224,6 +231,7 @@ const KEYS: [Key; 16] = [
     Key::LostPct,
     Key::ResetPct,
     Key::Queues,
+    Key::DriftPct,
 ];
 
 impl Key {
@@ -256,6 +264,7 @@ impl Key {
             Key::Mdts => "a power of two from 4K to 2M",
             Key::Backing => "ram, sparse or file:/path",
             Key::Queues => "an integer from 1 to 1024",
+            Key::DriftPct => "a percentage of latency growth per second, from 0 to 1000",
         }
     }
 }
@@ -289,6 +298,7 @@ impl EmuConfig {
             err_pct: 0.0,
             lost_pct: 0.0,
             reset_pct: 0.0,
+            drift_pct: 0.0,
             max_queues: 64,
         })
     }
@@ -365,6 +375,7 @@ impl EmuConfig {
             Key::LostPct => self.lost_pct = float()?,
             Key::ResetPct => self.reset_pct = float()?,
             Key::Queues => self.max_queues = value.parse().ok()?,
+            Key::DriftPct => self.drift_pct = float()?,
         }
         Some(())
     }
@@ -395,6 +406,7 @@ impl EmuConfig {
                 Backing::Ram | Backing::Sparse => true,
             },
             Key::Queues => (1..=MAX_QUEUES).contains(&self.max_queues),
+            Key::DriftPct => (0.0..=MAX_DRIFT_PCT).contains(&self.drift_pct),
         }
     }
 
@@ -421,6 +433,7 @@ impl EmuConfig {
             Key::LostPct => self.lost_pct.to_string(),
             Key::ResetPct => self.reset_pct.to_string(),
             Key::Queues => self.max_queues.to_string(),
+            Key::DriftPct => self.drift_pct.to_string(),
         }
     }
 

@@ -60,6 +60,8 @@ struct Shared {
     ns: NamespaceInfo,
     store: Store,
     clock: Clock,
+    /// When the controller was created, on its clock (the origin of `drift_pct`).
+    created_ns: u64,
     /// Queue pairs created so far (qids are handed out from it, wrapping in 1..=65535).
     queues_created: AtomicU64,
     queues_live: AtomicU32,
@@ -130,6 +132,7 @@ impl EmuController {
                 cfg,
                 ns,
                 store,
+                created_ns: clock.now_ns(),
                 clock,
                 queues_created: AtomicU64::new(0),
                 queues_live: AtomicU32::new(0),
@@ -547,7 +550,12 @@ impl EmuQueuePair {
                     } else {
                         0
                     };
-                    let service_ns = self.model.sample_ns(class, moved);
+                    let mut service_ns = self.model.sample_ns(class, moved);
+                    let drift_pct = self.shared.cfg.drift_pct;
+                    if drift_pct > 0.0 {
+                        let age_s = now_ns.saturating_sub(self.shared.created_ns) as f64 / 1e9;
+                        service_ns = (service_ns as f64 * (1.0 + drift_pct / 100.0 * age_s)) as u64;
+                    }
                     slot.deadline_ns = self.start_on_a_unit(now_ns, service_ns);
                 }
             }

@@ -1215,3 +1215,22 @@ fn queue_pairs_on_several_threads_share_one_namespace() {
         }
     }
 }
+
+#[test]
+fn drift_makes_every_latency_grow_with_the_controllers_age() {
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M,jitter=0,tail_pct=0,drift_pct=50");
+    let mut qp = ctrl.queue_pair(1).unwrap();
+    let mut latency_at = |age_ns: u64| {
+        clock.advance_to(1_000_000 + age_ns);
+        let t0 = clock.now_ns();
+        submit_nodata(&mut qp, Command::write_zeroes(0, 1), 0).unwrap();
+        let deadline_ns = qp.oracle_next_deadline_ns().unwrap();
+        clock.advance_to(deadline_ns);
+        assert_eq!(reap(&mut qp).len(), 1);
+        deadline_ns - t0
+    };
+    assert_eq!(latency_at(0), 10_000);
+    // +50 % per second: 1.5x after one second, 2x after two.
+    assert_eq!(latency_at(1_000_000_000), 15_000);
+    assert_eq!(latency_at(2_000_000_000), 20_000);
+}
