@@ -94,6 +94,7 @@ fn decide(c: &mut Criterion) {
             latency_ns: 9001,
             slept: None,
             idle_polls: 0,
+            censored: false,
         });
         c.bench_function(&format!("decide ({spec})"), |b| {
             b.iter(|| policy.decide(black_box(&ctx)))
@@ -108,6 +109,7 @@ fn decide(c: &mut Criterion) {
             actual_ns: 4600,
         }),
         idle_polls: 12,
+        censored: false,
     };
     c.bench_function("on_completion (uring-hybrid)", |b| {
         b.iter(|| policy.on_completion(black_box(&seen)))

@@ -99,10 +99,16 @@ pub struct Observation {
     pub bucket: Option<Bucket>,
     /// Completion seen by the reactor minus submission.
     pub latency_ns: u64,
-    /// The sleep taken for this I/O, if any (at most one).
+    /// The sleep taken for this I/O, if any (the last one, for a policy that sleeps more
+    /// than once per I/O).
     pub slept: Option<Slept>,
     /// Polls that found nothing while this I/O was outstanding.
     pub idle_polls: u64,
+    /// The reactor was asleep or blocked while this I/O was outstanding and found its
+    /// completion on the first poll after waking: the completion happened at some unknown
+    /// time before, so `latency_ns` is only an upper bound of the device's time. Learning
+    /// from such samples is what makes hybrid sleeps "shelve" upwards.
+    pub censored: bool,
 }
 
 /// A poll policy: asked what to do whenever its reactor has outstanding I/O and nothing else
@@ -120,6 +126,13 @@ pub trait PollPolicy: Send {
     /// [`crate::StatsRecorder`]; this is for policies with state of their own.
     fn on_completion(&mut self, seen: &Observation) {
         let _ = seen;
+    }
+
+    /// The reactor carried out a [`Decision::Sleep`]: what was asked, how long it really
+    /// took, and (sampled, when the reactor measured it) the CPU time the sleep itself cost
+    /// the thread, read from the OS. For policies that calibrate.
+    fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
+        let _ = (slept, cpu_ns);
     }
 }
 

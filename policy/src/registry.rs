@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use crate::adaptive::{Adaptive, ADAPTIVE_BUDGET_PCT};
 use crate::classic::Classic;
 use crate::fixed::{Fixed, FIXED_SLEEP_US_MAX};
 use crate::hybrid::Hybrid;
@@ -42,8 +43,9 @@ impl fmt::Debug for PolicyInfo {
 }
 
 const ADJUST: &str = "adjust";
+const BUDGET: &str = "budget";
 
-static POLICIES: [PolicyInfo; 8] = [
+static POLICIES: [PolicyInfo; 9] = [
     PolicyInfo {
         name: Classic::NAME,
         syntax: "classic",
@@ -104,6 +106,14 @@ static POLICIES: [PolicyInfo; 8] = [
             no_arguments(UringHybrid::NAME, args)?;
             Ok(Box::new(UringHybrid::new()))
         },
+    },
+    PolicyInfo {
+        name: Adaptive::NAME,
+        syntax: "adaptive[:budget=<pct>]",
+        description: "ours: calibrates wake-up overshoot and sleep cost online, sleeps to a \
+                      latency budget on the learnt distribution, batches under load, \
+                      interrupts for long waits",
+        build: build_adaptive,
     },
     PolicyInfo {
         name: Oracle::NAME,
@@ -172,33 +182,63 @@ fn build_fixed(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecErro
 
 fn build_hybrid_min(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
     const ACCEPTED: &[&str] = &[ADJUST];
-    let mut adjust_ns = None;
-    for pair in args.into_iter().flat_map(|args| args.split(',')) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key != ADJUST {
-            return Err(PolicySpecError::UnknownParameter {
-                policy: HybridMin::NAME,
-                key: key.to_owned(),
-                accepted: ACCEPTED,
-            });
-        }
-        if adjust_ns.is_some() {
-            return Err(PolicySpecError::DuplicateParameter {
-                policy: HybridMin::NAME,
-                key: ADJUST,
-            });
-        }
-        let ns = value
-            .parse::<u64>()
-            .map_err(|_| PolicySpecError::InvalidValue {
-                policy: HybridMin::NAME,
-                key: ADJUST,
-                value: value.to_owned(),
-                expected: "whole nanoseconds, e.g. adjust=2000",
-            })?;
-        adjust_ns = Some(ns);
-    }
+    let adjust_ns = single_parameter(
+        HybridMin::NAME,
+        ADJUST,
+        ACCEPTED,
+        args,
+        "whole nanoseconds, e.g. adjust=2000",
+        |v| v.parse::<u64>().ok(),
+    )?;
     Ok(Box::new(HybridMin::new(adjust_ns.unwrap_or(0))))
+}
+
+fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
+    const ACCEPTED: &[&str] = &[BUDGET];
+    let budget_pct = single_parameter(
+        Adaptive::NAME,
+        BUDGET,
+        ACCEPTED,
+        args,
+        "a latency budget in percent of the mean, above 0 and at most 100, e.g. budget=1.5",
+        |v| v.parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0),
+    )?;
+    Ok(Box::new(Adaptive::new(
+        budget_pct.unwrap_or(ADAPTIVE_BUDGET_PCT),
+    )))
+}
+
+/// Parses a policy's `key=value` arguments when `key` is its only parameter: `None` when
+/// absent, an error naming the culprit for anything else.
+fn single_parameter<T>(
+    policy: &'static str,
+    key: &'static str,
+    accepted: &'static [&'static str],
+    args: Option<&str>,
+    expected: &'static str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, PolicySpecError> {
+    let mut found = None;
+    for pair in args.into_iter().flat_map(|args| args.split(',')) {
+        let (given, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if given != key {
+            return Err(PolicySpecError::UnknownParameter {
+                policy,
+                key: given.to_owned(),
+                accepted,
+            });
+        }
+        if found.is_some() {
+            return Err(PolicySpecError::DuplicateParameter { policy, key });
+        }
+        found = Some(parse(value).ok_or_else(|| PolicySpecError::InvalidValue {
+            policy,
+            key,
+            value: value.to_owned(),
+            expected,
+        })?);
+    }
+    Ok(found)
 }
 
 /// Why a spec names no policy. The message names the culprit and what would be accepted.
@@ -320,7 +360,7 @@ mod tests {
             "hybrid-min:adjust=100",
         ]
         .into_iter()
-        .chain(["hybrid-min", "uring-hybrid", "oracle"])
+        .chain(["hybrid-min", "uring-hybrid", "adaptive", "oracle"])
         .map(|spec| build(spec).unwrap())
         .collect()
     }
@@ -374,6 +414,7 @@ mod tests {
                         latency_ns: *latency_ns,
                         slept: None,
                         idle_polls: 0,
+                        censored: false,
                     });
                 }
                 for stats in [&empty, &full] {
@@ -421,6 +462,7 @@ mod tests {
                 "hybrid-3/4",
                 "hybrid-min",
                 "uring-hybrid",
+                "adaptive",
                 "oracle"
             ]
         );

@@ -85,6 +85,7 @@ mod tests {
                 actual_ns: requested_ns + 700,
             }),
             idle_polls: 3,
+            censored: false,
         }
     }
 

@@ -29,6 +29,8 @@ pub const MESSAGE_BATCH: usize = 32;
 pub const COMPLETION_BATCH: usize = 64;
 /// Most devices one reactor attaches.
 pub const DEVICES_MAX: usize = 64;
+/// One sleep in this many has its CPU cost measured (two thread-CPU-clock reads).
+const SLEEP_CPU_SAMPLE_EVERY: u64 = 4;
 /// How often a stopping reactor polls for its last completions.
 const SHUTDOWN_POLL: Duration = Duration::from_micros(50);
 
@@ -239,6 +241,11 @@ pub struct Reactor {
     now_ns: u64,
     last_publish_ns: u64,
     idle_since_ns: Option<u64>,
+    /// When the reactor last went to sleep or blocked, and whether the current turn is the
+    /// first after it woke: completions reaped then are censored (see `Observation`).
+    slept_from_ns: u64,
+    woke_this_turn: bool,
+    woke_pending: bool,
     stopping: bool,
 }
 
@@ -282,6 +289,9 @@ impl Reactor {
             now_ns,
             last_publish_ns: now_ns,
             idle_since_ns: None,
+            slept_from_ns: 0,
+            woke_this_turn: false,
+            woke_pending: false,
             stopping: false,
         })
     }
@@ -498,6 +508,7 @@ impl Reactor {
         let mut turn_start_ns = monotonic_ns();
         while !self.me().wake.stop.load(Ordering::Acquire) {
             self.now_ns = turn_start_ns;
+            self.woke_this_turn = std::mem::take(&mut self.woke_pending);
             let work = self.turn();
             if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
                 self.publish();
@@ -651,6 +662,7 @@ impl Reactor {
             latency_ns,
             slept: slot.slept,
             idle_polls: self.counters.idle_polls - slot.idle_polls_at_submit,
+            censored: self.woke_this_turn && slot.submit_ns <= self.slept_from_ns,
         });
         let done = IoDone {
             device: DeviceId(dev),
@@ -733,8 +745,20 @@ impl Reactor {
     fn sleep_for(&mut self, key: usize, duration: Duration) {
         let requested_ns = duration.as_nanos() as u64;
         let decided_ns = self.now_ns;
+        // Measure what a sleep costs the thread in CPU, from the OS, on a sample of sleeps:
+        // the reading itself is a syscall.
+        let sample_cpu = self.counters.sleeps.is_multiple_of(SLEEP_CPU_SAMPLE_EVERY);
+        let cpu_before_ns = if sample_cpu {
+            self.me().stats.cpu_ns()
+        } else {
+            None
+        };
         crate::sys::sleep_until_ns(decided_ns.saturating_add(requested_ns));
         let actual_ns = monotonic_ns().saturating_sub(decided_ns);
+        let cpu_ns =
+            cpu_before_ns.and_then(|before| Some(self.me().stats.cpu_ns()?.saturating_sub(before)));
+        self.slept_from_ns = decided_ns;
+        self.woke_pending = true;
         let slept = Slept {
             requested_ns,
             actual_ns,
@@ -748,6 +772,7 @@ impl Reactor {
         self.counters.sleeps += 1;
         self.counters.slept_ns += requested_ns;
         self.counters.overshoot_ns += slept.overshoot_ns();
+        self.policy.on_sleep(&slept, cpu_ns);
     }
 
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
@@ -766,6 +791,8 @@ impl Reactor {
             self.counters.parks += 1;
             self.publish_parked(true);
         }
+        self.slept_from_ns = self.now_ns;
+        self.woke_pending = true;
         let wake = &self.handles[self.index].wake;
         wake.parked.store(true, Ordering::SeqCst);
         // Pairs with the fence in `ReactorHandle::send`.
