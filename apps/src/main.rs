@@ -30,6 +30,7 @@ const DEFAULT_POLICIES: &[&str] = &[
     "hybrid-3/4",
     "hybrid-min",
     "uring-hybrid",
+    "adaptive",
 ];
 
 #[derive(Parser)]

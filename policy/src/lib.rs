@@ -28,6 +28,7 @@
 //! See `docs/policies.md` for each policy's formula and origin.
 #![warn(missing_docs)]
 
+pub mod adaptive;
 pub mod classic;
 pub mod fixed;
 pub mod histogram;
@@ -41,6 +42,7 @@ mod registry;
 pub mod stats;
 pub mod uring_hybrid;
 
+pub use adaptive::Adaptive;
 pub use classic::Classic;
 pub use fixed::Fixed;
 pub use histogram::{Histogram, Summary};

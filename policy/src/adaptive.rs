@@ -1,0 +1,680 @@
+//! `adaptive`: hypoll's own policy. It decides from what it measures on the machine at hand,
+//! with no tuning:
+//!
+//! - **Wake-up overshoot**, calibrated online from every sleep the reactor carries out
+//!   (requested versus actual), as a running mean and mean deviation, so it follows load and
+//!   machine. Short probe sleeps keep it measured even while sleeping does not pay.
+//! - **What a sleep costs in CPU**, read from the OS by the reactor around a sample of
+//!   sleeps. A sleep saves CPU only when the time it takes the thread off the core exceeds
+//!   that cost; on a VM where a sleep/wake cycle costs 7 us of CPU, sleeping 4 us is a loss.
+//! - **The device's latency distribution per bucket**, from completions that were seen by
+//!   polling, not by waking up late. A completion found on the first poll after a sleep is
+//!   censored (it happened at an unknown time during the sleep) and is not learnt from: this
+//!   is what keeps the sleep from "shelving" upwards, as hybrid's does when each oversleep
+//!   raises the mean that sets the next sleep.
+//!
+//! Deciding for the oldest outstanding I/O, which has been in flight for `e`:
+//!
+//! 1. **Latency budget.** Among the learnt latencies above `e`, find the latest wake-up time
+//!    `w` whose expected lateness, E[(w - T)+ | T > e], stays within a budget (1.5 % of the
+//!    bucket's mean latency by default, shared by the at most two sleeps an I/O may take,
+//!    and by every outstanding I/O, since any of them may be the next to complete). Sleep
+//!    until `w` minus the calibrated overshoot (mean + 2 deviations), if that saves CPU.
+//! 2. **Load.** With several I/Os outstanding and a device whose median latency is mostly
+//!    queueing (median minus the service-time floor exceeds the floor), waking later costs
+//!    no throughput while queued commands keep the device busy: sleep through three quarters
+//!    of the queueing time, so completions arrive in batches.
+//! 3. **Interrupt.** When the median remaining time is more than 33 times the wake-up
+//!    overshoot, block on the interrupt: its wake-up is then under 3 % of the wait.
+//! 4. Otherwise spin. Idle reactors park (the reactor does that, with nothing outstanding).
+
+use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
+use crate::stats::BUCKETS;
+
+/// Latencies kept per bucket (the most recent uncensored ones).
+pub const ADAPTIVE_RESERVOIR: usize = 256;
+/// Samples a bucket needs before the policy sleeps for its I/Os.
+pub const ADAPTIVE_MIN_SAMPLES: usize = 16;
+/// Default latency budget, percent of the bucket's mean latency.
+pub const ADAPTIVE_BUDGET_PCT: f64 = 1.5;
+/// Wait for the interrupt when the median remaining time exceeds this many overshoots.
+pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
+/// Share of the device's queueing time slept through under load.
+pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
+/// Sleeps shorter than this are not attempted (except probes).
+const MIN_SLEEP_NS: u64 = 1_000;
+/// A sleep must save at least this much CPU over spinning.
+const MIN_SAVING_NS: u64 = 1_000;
+/// Probe sleeps: length, how many to calibrate first, then one I/O in how many.
+const PROBE_SLEEP_NS: u64 = 1_000;
+const PROBES_FIRST: u64 = 8;
+const PROBE_EVERY: u64 = 256;
+/// The sorted view of a bucket is rebuilt after this many new samples.
+const REFRESH_EVERY: u32 = 32;
+/// The service-time floor rises by 1/64 per 100 ms without a lower sample, to follow drift.
+const FLOOR_DRIFT_NS: u64 = 100_000_000;
+/// Recent sleeps whose overshoot, and whose CPU cost, the plan is made from.
+const OVERSHOOT_SAMPLES: usize = 64;
+const SLEEP_CPU_SAMPLES: usize = 32;
+
+/// The most recent `N` samples and a sorted copy with prefix sums, rebuilt every
+/// [`REFRESH_EVERY`] samples (or while it is still filling). Fixed arrays: no allocation.
+/// Quantiles rather than means: wake-up overshoot on a VM has a heavy tail (a descheduled
+/// vCPU wakes hundreds of us late), and one outlier must not move the plan.
+#[derive(Clone)]
+struct Reservoir<const N: usize> {
+    ring: [u64; N],
+    len: usize,
+    pos: usize,
+    since_refresh: u32,
+    sorted: [u64; N],
+    /// `prefix[i]` = sum of `sorted[..=i]`.
+    prefix: [u64; N],
+    sorted_len: usize,
+    added: u64,
+    refreshes: u64,
+}
+
+impl<const N: usize> Reservoir<N> {
+    const EMPTY: Self = Reservoir {
+        ring: [0; N],
+        len: 0,
+        pos: 0,
+        since_refresh: 0,
+        sorted: [0; N],
+        prefix: [0; N],
+        sorted_len: 0,
+        added: 0,
+        refreshes: 0,
+    };
+
+    fn add(&mut self, x: u64) {
+        self.ring[self.pos] = x;
+        self.pos = (self.pos + 1) % N;
+        self.len = (self.len + 1).min(N);
+        self.added += 1;
+        self.since_refresh += 1;
+        if self.since_refresh >= REFRESH_EVERY || self.sorted_len < N.min(ADAPTIVE_MIN_SAMPLES) {
+            self.refresh();
+        }
+    }
+
+    fn refresh(&mut self) {
+        self.since_refresh = 0;
+        self.refreshes += 1;
+        let n = self.len;
+        self.sorted[..n].copy_from_slice(&self.ring[..n]);
+        self.sorted[..n].sort_unstable();
+        let mut sum = 0u64;
+        for i in 0..n {
+            sum = sum.saturating_add(self.sorted[i]);
+            self.prefix[i] = sum;
+        }
+        self.sorted_len = n;
+    }
+
+    fn samples(&self) -> &[u64] {
+        &self.sorted[..self.sorted_len]
+    }
+
+    /// Sum of `sorted[..k]`.
+    fn sum_below(&self, k: usize) -> u64 {
+        if k == 0 {
+            0
+        } else {
+            self.prefix[k - 1]
+        }
+    }
+
+    fn mean(&self) -> u64 {
+        self.sum_below(self.sorted_len) / self.sorted_len.max(1) as u64
+    }
+
+    /// The `q` quantile (0..=1) of the samples; `None` while empty.
+    fn quantile(&self, q: f64) -> Option<u64> {
+        let xs = self.samples();
+        (!xs.is_empty()).then(|| xs[((xs.len() - 1) as f64 * q).round() as usize])
+    }
+}
+
+/// Overshoot samples above the 1 - 1/20 quantile are left out of the plan.
+const OVERSHOOT_TRIM_DIVISOR: usize = 20;
+/// Load classes with their own plan: 1, 2-3, 4-7, 8-15, 16+ I/Os outstanding.
+const PLAN_CLASSES: usize = 5;
+/// The overshoot quantile that must still wake before a saturated device's queue runs dry.
+const OVERSHOOT_PLAN_QUANTILE: f64 = 0.9;
+
+/// The learnt latency distribution of one bucket, and its service-time floor.
+#[derive(Clone)]
+struct Distribution {
+    latencies: Reservoir<ADAPTIVE_RESERVOIR>,
+    /// Service-time estimate: the lowest latency seen, drifting up slowly.
+    floor_ns: u64,
+    /// Planned wake-up times per load class, valid for (overshoot, latency) refreshes.
+    plans: [Option<u64>; PLAN_CLASSES],
+    plan_version: (u64, u64),
+}
+
+impl Distribution {
+    const EMPTY: Distribution = Distribution {
+        latencies: Reservoir::EMPTY,
+        floor_ns: u64::MAX,
+        plans: [None; PLAN_CLASSES],
+        plan_version: (u64::MAX, u64::MAX),
+    };
+
+    fn add(&mut self, latency_ns: u64) {
+        self.latencies.add(latency_ns);
+        self.floor_ns = self.floor_ns.min(latency_ns);
+    }
+
+    /// Samples in the sorted view, the one plans are made from.
+    fn planned_samples(&self) -> usize {
+        self.latencies.sorted_len
+    }
+
+    fn mean_ns(&self) -> u64 {
+        self.latencies.mean()
+    }
+
+    fn median_ns(&self) -> u64 {
+        self.latencies.quantile(0.5).unwrap_or(0)
+    }
+
+    /// The latest wake-up time `w` (ns since submission) such that, over the samples above
+    /// `elapsed_ns`, the expected lateness E[(w - T)+] is at most `budget_ns`; `None` when
+    /// fewer than [`ADAPTIVE_MIN_SAMPLES`] samples lie above `elapsed_ns`.
+    fn wake_within_budget(&self, elapsed_ns: u64, budget_ns: u64) -> Option<u64> {
+        let r = &self.latencies;
+        let xs = r.samples();
+        let first = xs.partition_point(|&x| x <= elapsed_ns);
+        let m = (xs.len() - first) as u64;
+        if m < ADAPTIVE_MIN_SAMPLES as u64 {
+            return None;
+        }
+        // Waking at xs[j] is late, on average, by sum_{first <= i < j} (xs[j] - xs[i]) / m,
+        // which grows with j: binary search the last j within budget.
+        let lateness = |j: usize| {
+            let below = (j - first) as u64;
+            let sum = r.sum_below(j) - r.sum_below(first);
+            below.saturating_mul(xs[j]).saturating_sub(sum) / m
+        };
+        let (mut lo, mut hi) = (first, xs.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if lateness(mid) <= budget_ns {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        Some(xs[lo])
+    }
+
+    /// The median of the samples above `elapsed_ns`, minus `elapsed_ns`.
+    fn median_remaining_ns(&self, elapsed_ns: u64) -> Option<u64> {
+        let xs = self.latencies.samples();
+        let first = xs.partition_point(|&x| x <= elapsed_ns);
+        (first < xs.len()).then(|| xs[(first + xs.len()) / 2] - elapsed_ns)
+    }
+}
+
+/// hypoll's adaptive policy (see the module documentation).
+#[derive(Clone)]
+pub struct Adaptive {
+    name: String,
+    budget_pct: f64,
+    overshoot: Reservoir<OVERSHOOT_SAMPLES>,
+    sleep_cpu: Reservoir<SLEEP_CPU_SAMPLES>,
+    buckets: Box<[Distribution; BUCKETS]>,
+    /// The oldest I/O decided for last (its submission time) and how often it slept.
+    current_submit_ns: u64,
+    /// Whether the current oldest I/O has had its one decision to sleep or spin.
+    current_settled: bool,
+    /// Distinct oldest I/Os decided for.
+    ios_seen: u64,
+    probes: u64,
+    probed_io: u64,
+    floor_drift_at_ns: u64,
+}
+
+impl std::fmt::Debug for Adaptive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adaptive")
+            .field("budget_pct", &self.budget_pct)
+            .field("overshoot_plan_ns", &self.overshoot_plan_ns())
+            .field("sleep_cpu_ns", &self.sleep_cpu_ns())
+            .finish()
+    }
+}
+
+impl Adaptive {
+    /// The policy's name, without parameters.
+    pub const NAME: &'static str = "adaptive";
+
+    /// An adaptive policy with a latency budget of `budget_pct` percent of the mean.
+    pub fn new(budget_pct: f64) -> Adaptive {
+        let name = if budget_pct == ADAPTIVE_BUDGET_PCT {
+            Self::NAME.to_string()
+        } else {
+            format!("{}:budget={budget_pct}", Self::NAME)
+        };
+        Adaptive {
+            name,
+            budget_pct,
+            overshoot: Reservoir::EMPTY,
+            sleep_cpu: Reservoir::EMPTY,
+            buckets: Box::new([const { Distribution::EMPTY }; BUCKETS]),
+            current_submit_ns: u64::MAX,
+            current_settled: false,
+            ios_seen: 0,
+            probes: 0,
+            probed_io: 0,
+            floor_drift_at_ns: 0,
+        }
+    }
+
+    /// The overshoot it plans for (the 90th percentile of recent sleeps), once measured.
+    pub fn overshoot_plan_ns(&self) -> Option<u64> {
+        self.overshoot.quantile(OVERSHOOT_PLAN_QUANTILE)
+    }
+
+    /// The CPU one sleep costs (median of recent measurements), once measured.
+    pub fn sleep_cpu_ns(&self) -> Option<u64> {
+        self.sleep_cpu.quantile(0.5)
+    }
+
+    /// A sleep of `sleep_ns`, if it is long enough and saves CPU.
+    fn paying_sleep(&self, sleep_ns: u64) -> Option<Decision> {
+        let cpu_ns = self.sleep_cpu_ns()?;
+        let off_core_ns = sleep_ns + self.overshoot.quantile(0.5).unwrap_or(0);
+        (sleep_ns >= MIN_SLEEP_NS && off_core_ns >= cpu_ns + MIN_SAVING_NS)
+            .then(|| Decision::sleep_ns(sleep_ns))
+    }
+
+    /// The wake-up time, from submission, whose expected lateness stays within the budget,
+    /// for a bucket with `outstanding` I/Os in flight (the budget is shared among them, any
+    /// of which may complete next). Lateness counts the device's spread and the overshoot's
+    /// spread around its median together: the actual wake-up is the plan plus (overshoot -
+    /// median overshoot). Computed from the samples once per refresh, cached per load class.
+    fn planned_wake_ns(&mut self, bucket: usize, outstanding: usize) -> u64 {
+        let class = (outstanding.max(1).ilog2() as usize).min(PLAN_CLASSES - 1);
+        let version = self.overshoot.refreshes;
+        let dist = &mut self.buckets[bucket];
+        if dist.plan_version != (version, dist.latencies.refreshes) {
+            dist.plan_version = (version, dist.latencies.refreshes);
+            dist.plans = [None; PLAN_CLASSES];
+        }
+        if let Some(wake_ns) = dist.plans[class] {
+            return wake_ns;
+        }
+        let shares = 1u64 << class;
+        let budget_ns = (dist.mean_ns() as f64 * self.budget_pct / 100.0) as u64 / shares;
+        let median_ov = self.overshoot.quantile(0.5).unwrap_or(0) as i64;
+        // The top 5 % of overshoots are left out: a vCPU descheduled for a millisecond
+        // delays a spinning reactor just as much, so it is the machine's noise, not a cost
+        // of sleeping; one such outlier in 64 would otherwise forbid every sleep.
+        let all_ovs = self.overshoot.samples();
+        let ovs = &all_ovs[..all_ovs.len() - all_ovs.len() / OVERSHOOT_TRIM_DIVISOR];
+        let xs = dist.latencies.samples();
+        let n = xs.len() as u64;
+        let m = ovs.len().max(1) as u64;
+        // Mean over overshoot samples of E_T[(w + ov - median_ov - T)+].
+        let lateness = |w: u64| -> u64 {
+            let mut total = 0u64;
+            for &ov in ovs.iter() {
+                let v = (w as i64 + ov as i64 - median_ov).max(0) as u64;
+                let j = xs.partition_point(|&x| x <= v);
+                total += (j as u64 * v).saturating_sub(dist.latencies.sum_below(j)) / n;
+            }
+            if ovs.is_empty() {
+                let j = xs.partition_point(|&x| x <= w);
+                total = (j as u64 * w).saturating_sub(dist.latencies.sum_below(j)) / n;
+            }
+            total / m
+        };
+        let (mut lo, mut hi) = (0u64, xs.last().copied().unwrap_or(0));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if lateness(mid) <= budget_ns {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        dist.plans[class] = Some(lo);
+        lo
+    }
+
+    /// A probe sleep for this I/O: the first few, then one I/O in [`PROBE_EVERY`].
+    fn probe_due(&mut self) -> bool {
+        let due = self.probes < PROBES_FIRST
+            || (self.ios_seen.is_multiple_of(PROBE_EVERY) && self.probed_io != self.ios_seen);
+        if due {
+            self.probes += 1;
+            self.probed_io = self.ios_seen;
+        }
+        due
+    }
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive::new(ADAPTIVE_BUDGET_PCT)
+    }
+}
+
+impl PollPolicy for Adaptive {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
+        if ctx.now_ns >= self.floor_drift_at_ns + FLOOR_DRIFT_NS {
+            self.floor_drift_at_ns = ctx.now_ns;
+            for dist in self.buckets.iter_mut() {
+                if dist.floor_ns != u64::MAX {
+                    dist.floor_ns += dist.floor_ns / 64;
+                }
+            }
+        }
+        let Some(bucket) = ctx.oldest.bucket else {
+            return Decision::Spin;
+        };
+        if ctx.oldest.submit_ns != self.current_submit_ns {
+            self.current_submit_ns = ctx.oldest.submit_ns;
+            self.current_settled = false;
+            self.ios_seen += 1;
+        }
+        if self.buckets[bucket.index()].planned_samples() < ADAPTIVE_MIN_SAMPLES {
+            return Decision::Spin;
+        }
+        let elapsed_ns = ctx.now_ns.saturating_sub(ctx.oldest.submit_ns);
+        let calibrated = self.overshoot.added >= PROBES_FIRST;
+        if calibrated {
+            let median_ov_ns = self.overshoot.quantile(0.5).unwrap_or(0);
+            let long_wait = self.buckets[bucket.index()]
+                .median_remaining_ns(elapsed_ns)
+                .is_some_and(|r| r > ADAPTIVE_INTERRUPT_RATIO * median_ov_ns.max(1));
+            if long_wait {
+                return Decision::WaitInterrupt;
+            }
+        }
+        // One sleep per I/O; once settled on spinning, it spins without recomputing.
+        if self.current_settled {
+            return Decision::Spin;
+        }
+        self.current_settled = true;
+        let mut decision = Decision::Spin;
+        if calibrated {
+            let median_ov_ns = self.overshoot.quantile(0.5).unwrap_or(0);
+            let high_ov_ns = self
+                .overshoot
+                .quantile(OVERSHOOT_PLAN_QUANTILE)
+                .unwrap_or(0);
+            let dist = &self.buckets[bucket.index()];
+            let queueing_ns = dist.median_ns().saturating_sub(dist.floor_ns);
+            let sleep_ns = if ctx.outstanding >= 2 && queueing_ns > dist.floor_ns {
+                // Saturated: queued commands keep the device busy while we sleep, as long
+                // as even a late wake-up comes before the queue would run dry.
+                let batch_ns = (queueing_ns as f64 * ADAPTIVE_BATCH_FRACTION) as u64;
+                batch_ns
+                    .min(queueing_ns.saturating_sub(high_ov_ns))
+                    .saturating_sub(median_ov_ns)
+            } else {
+                let wake_ns = self.planned_wake_ns(bucket.index(), ctx.outstanding);
+                wake_ns.saturating_sub(elapsed_ns + median_ov_ns)
+            };
+            if let Some(d) = self.paying_sleep(sleep_ns) {
+                decision = d;
+            }
+        }
+        if decision == Decision::Spin {
+            // Keep the overshoot and the cost of a sleep measured: a short probe, now and
+            // then, when the I/O is unlikely to complete during it.
+            let dist = &self.buckets[bucket.index()];
+            let room = dist.wake_within_budget(elapsed_ns, 0).unwrap_or(elapsed_ns);
+            if room >= elapsed_ns + 2 * PROBE_SLEEP_NS && self.probe_due() {
+                decision = Decision::sleep_ns(PROBE_SLEEP_NS);
+            }
+        }
+        decision
+    }
+
+    fn on_completion(&mut self, seen: &Observation) {
+        let Some(bucket) = seen.bucket else {
+            return;
+        };
+        let latency_ns = match (seen.censored, seen.slept) {
+            (false, _) => seen.latency_ns,
+            // It completed at an unknown time while we slept for it, after the sleep began
+            // (we had polled) and before we saw it: take the middle of that interval.
+            // Dropping such samples instead would keep only the I/Os slower than our
+            // wake-up, and the learnt distribution would creep upwards.
+            (true, Some(slept)) => seen.latency_ns.saturating_sub(slept.actual_ns / 2),
+            // Outstanding while the reactor slept for another I/O: nothing to learn.
+            (true, None) => return,
+        };
+        self.buckets[bucket.index()].add(latency_ns);
+    }
+
+    fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
+        self.overshoot.add(slept.overshoot_ns());
+        if let Some(cpu_ns) = cpu_ns {
+            self.sleep_cpu.add(cpu_ns);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::READ_4K;
+    use crate::{InFlight, OvershootStats, Snapshot};
+
+    fn observe(policy: &mut Adaptive, latency_ns: u64, censored: bool) {
+        policy.on_completion(&Observation {
+            bucket: Some(READ_4K),
+            latency_ns,
+            slept: None,
+            idle_polls: 1,
+            censored,
+        });
+    }
+
+    fn calibrate(policy: &mut Adaptive, overshoot_ns: u64, cpu_ns: u64) {
+        for _ in 0..64 {
+            policy.on_sleep(
+                &Slept {
+                    requested_ns: 10_000,
+                    actual_ns: 10_000 + overshoot_ns,
+                },
+                Some(cpu_ns),
+            );
+        }
+    }
+
+    fn decide(policy: &mut Adaptive, submit_ns: u64, now_ns: u64, outstanding: usize) -> Decision {
+        let snapshot = Snapshot::EMPTY;
+        let overshoot = OvershootStats::new();
+        policy.decide(&PollContext {
+            now_ns,
+            outstanding,
+            oldest: InFlight {
+                bucket: Some(READ_4K),
+                submit_ns,
+                slept: false,
+            },
+            stats: &snapshot,
+            overshoot: &overshoot,
+            oracle_deadline_ns: None,
+        })
+    }
+
+    /// Latencies 70..=90 us, evenly spread.
+    fn nand_like(policy: &mut Adaptive) {
+        for i in 0..ADAPTIVE_RESERVOIR as u64 {
+            observe(
+                policy,
+                70_000 + (i * 20_000) / ADAPTIVE_RESERVOIR as u64,
+                false,
+            );
+        }
+    }
+
+    #[test]
+    fn wake_time_keeps_the_expected_lateness_within_budget() {
+        let mut d = Distribution::EMPTY;
+        for x in 1..=100u64 {
+            d.add(x * 1_000);
+        }
+        d.latencies.refresh();
+        // Waking at w = 10 us is late by sum_{x<10}(10 - x) / 100 = 45/100 us = 450 ns.
+        assert_eq!(d.wake_within_budget(0, 450), Some(10_000));
+        assert_eq!(d.wake_within_budget(0, 449), Some(9_000));
+        // Past 95 us only 5 samples remain: too few to plan on.
+        assert_eq!(d.wake_within_budget(95_000, 10_000), None);
+        assert_eq!(d.median_remaining_ns(40_000), Some(31_000));
+        assert_eq!(d.mean_ns(), 50_500);
+    }
+
+    #[test]
+    fn spins_until_it_has_samples_then_probes_to_calibrate() {
+        let mut p = Adaptive::default();
+        assert_eq!(decide(&mut p, 0, 100, 1), Decision::Spin, "no samples");
+        nand_like(&mut p);
+        // Samples but no overshoot measured yet: short probe sleeps.
+        assert_eq!(
+            decide(&mut p, 0, 100, 1),
+            Decision::sleep_ns(PROBE_SLEEP_NS)
+        );
+    }
+
+    #[test]
+    fn sleeps_toward_the_budgeted_wake_time_minus_the_overshoot() {
+        let mut p = Adaptive::default();
+        nand_like(&mut p);
+        calibrate(&mut p, 5_000, 7_000);
+        assert_eq!(p.overshoot_plan_ns(), Some(5_000));
+        match decide(&mut p, 0, 1_000, 1) {
+            Decision::Sleep(d) => {
+                let d = d.as_nanos() as u64;
+                // Budget: 1.5 % of 80 us = 1.2 us of expected lateness: a wake-up ~7 us into
+                // the 70-90 us spread, minus elapsed (1 us) and the 5 us overshoot.
+                assert!((69_000..=72_000).contains(&d), "slept {d}");
+            }
+            other => panic!("expected a sleep, got {other:?}"),
+        }
+        // One sleep per I/O: after it, spin.
+        assert_eq!(decide(&mut p, 0, 75_000, 1), Decision::Spin);
+        // The next I/O plans again.
+        assert!(matches!(
+            decide(&mut p, 80_000, 81_000, 1),
+            Decision::Sleep(_)
+        ));
+    }
+
+    #[test]
+    fn the_overshoot_spread_counts_against_the_budget() {
+        // Same device, same median overshoot (5 us), but a spread around it: the plan wakes
+        // earlier, since late wake-ups now eat the budget too.
+        let plan = |spread_ns: u64| {
+            let mut p = Adaptive::default();
+            nand_like(&mut p);
+            for i in 0..63u64 {
+                let ov = 5_000 + (i % 3) * spread_ns - spread_ns;
+                p.on_sleep(
+                    &Slept {
+                        requested_ns: 10_000,
+                        actual_ns: 10_000 + ov,
+                    },
+                    Some(7_000),
+                );
+            }
+            p.planned_wake_ns(READ_4K.index(), 1)
+        };
+        assert!(plan(4_000) < plan(0), "{} vs {}", plan(4_000), plan(0));
+    }
+
+    #[test]
+    fn does_not_sleep_when_the_sleep_costs_more_cpu_than_it_saves() {
+        let mut p = Adaptive::default();
+        // A 9 us device: with a 5 us overshoot and 9 us of CPU per sleep, nothing pays
+        // (a 3.7 us sleep keeps the thread off the core for 8.7 us, less than it costs).
+        for i in 0..ADAPTIVE_RESERVOIR as u64 {
+            observe(&mut p, 8_500 + i * 4, false);
+        }
+        calibrate(&mut p, 5_000, 9_000);
+        for now in [100, 500, 1_000] {
+            let d = decide(&mut p, 0, now, 1);
+            assert!(
+                d == Decision::Spin || d == Decision::sleep_ns(PROBE_SLEEP_NS),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn censored_completions_are_not_learnt_as_seen() {
+        let mut p = Adaptive::default();
+        nand_like(&mut p);
+        let mean_before = p.buckets[READ_4K.index()].mean_ns();
+        // Outstanding while the reactor slept for another I/O: ignored.
+        for _ in 0..1_000 {
+            observe(&mut p, 500_000, true);
+        }
+        assert_eq!(p.buckets[READ_4K.index()].mean_ns(), mean_before);
+        // Slept for, and found on waking: learnt at the middle of the sleep.
+        for _ in 0..ADAPTIVE_RESERVOIR + REFRESH_EVERY as usize {
+            p.on_completion(&Observation {
+                bucket: Some(READ_4K),
+                latency_ns: 90_000,
+                slept: Some(Slept {
+                    requested_ns: 55_000,
+                    actual_ns: 60_000,
+                }),
+                idle_polls: 1,
+                censored: true,
+            });
+        }
+        assert_eq!(p.buckets[READ_4K.index()].mean_ns(), 60_000);
+    }
+
+    #[test]
+    fn long_waits_block_on_the_interrupt() {
+        let mut p = Adaptive::default();
+        for i in 0..ADAPTIVE_RESERVOIR as u64 {
+            observe(&mut p, 1_000_000 + i * 1_000, false); // ~1.1 ms
+        }
+        calibrate(&mut p, 5_000, 7_000);
+        // ~1.1 ms to go, more than 33 overshoots: block on the interrupt.
+        assert_eq!(decide(&mut p, 0, 1_000, 1), Decision::WaitInterrupt);
+        // 100 us to go is under 33 overshoots: not worth an interrupt's wake-up.
+        assert_ne!(decide(&mut p, 0, 1_030_000, 1), Decision::WaitInterrupt);
+    }
+
+    #[test]
+    fn a_saturated_device_is_slept_through_in_batches() {
+        let mut p = Adaptive::default();
+        // Service 9 us seen once, then 48 us under load: 39 us of queueing.
+        observe(&mut p, 9_000, false);
+        for _ in 0..ADAPTIVE_RESERVOIR {
+            observe(&mut p, 48_000, false);
+        }
+        calibrate(&mut p, 5_000, 7_000);
+        let high = p.overshoot_plan_ns().unwrap();
+        match decide(&mut p, 0, 40_000, 32) {
+            Decision::Sleep(d) => {
+                let expected = (39_000.0 * ADAPTIVE_BATCH_FRACTION) as u64 - high;
+                assert_eq!(d.as_nanos() as u64, expected);
+            }
+            other => panic!("expected a batch sleep, got {other:?}"),
+        }
+        // The same latencies at one outstanding I/O are not queueing: no batching.
+        let d = decide(&mut p, 1, 40_000, 1);
+        assert!(
+            !matches!(d, Decision::Sleep(x) if x.as_nanos() > 20_000),
+            "{d:?}"
+        );
+    }
+}
