@@ -49,16 +49,20 @@ const MIN_SAVING_NS: u64 = 1_000;
 const PROBE_SLEEP_NS: u64 = 1_000;
 const PROBES_FIRST: u64 = 8;
 const PROBE_EVERY: u64 = 256;
-/// The sorted view of a bucket is rebuilt after this many new samples.
-const REFRESH_EVERY: u32 = 32;
-/// The service-time floor rises by 1/64 per 100 ms without a lower sample, to follow drift.
+/// A bucket's sorted view (and its plans) is rebuilt once the reservoir has turned over:
+/// sorting 256 samples costs microseconds, so it must not happen every few I/Os.
+const LATENCY_REFRESH_EVERY: u32 = ADAPTIVE_RESERVOIR as u32;
+/// The overshoot and sleep-cost views are rebuilt every this many sleeps.
+const SLEEP_REFRESH_EVERY: u32 = 16;
+/// The service-time floor rises by 1/64 per 100 ms without a lower sample, to follow drift
+/// (only while at most one I/O is outstanding).
 const FLOOR_DRIFT_NS: u64 = 100_000_000;
 /// Recent sleeps whose overshoot, and whose CPU cost, the plan is made from.
 const OVERSHOOT_SAMPLES: usize = 64;
 const SLEEP_CPU_SAMPLES: usize = 32;
 
 /// The most recent `N` samples and a sorted copy with prefix sums, rebuilt every
-/// [`REFRESH_EVERY`] samples (or while it is still filling). Fixed arrays: no allocation.
+/// `refresh_every` samples (and on every sample while it is still filling). Fixed arrays: no allocation.
 /// Quantiles rather than means: wake-up overshoot on a VM has a heavy tail (a descheduled
 /// vCPU wakes hundreds of us late), and one outlier must not move the plan.
 #[derive(Clone)]
@@ -73,20 +77,24 @@ struct Reservoir<const N: usize> {
     sorted_len: usize,
     added: u64,
     refreshes: u64,
+    refresh_every: u32,
 }
 
 impl<const N: usize> Reservoir<N> {
-    const EMPTY: Self = Reservoir {
-        ring: [0; N],
-        len: 0,
-        pos: 0,
-        since_refresh: 0,
-        sorted: [0; N],
-        prefix: [0; N],
-        sorted_len: 0,
-        added: 0,
-        refreshes: 0,
-    };
+    const fn empty(refresh_every: u32) -> Self {
+        Reservoir {
+            ring: [0; N],
+            len: 0,
+            pos: 0,
+            since_refresh: 0,
+            sorted: [0; N],
+            prefix: [0; N],
+            sorted_len: 0,
+            added: 0,
+            refreshes: 0,
+            refresh_every,
+        }
+    }
 
     fn add(&mut self, x: u64) {
         self.ring[self.pos] = x;
@@ -94,7 +102,12 @@ impl<const N: usize> Reservoir<N> {
         self.len = (self.len + 1).min(N);
         self.added += 1;
         self.since_refresh += 1;
-        if self.since_refresh >= REFRESH_EVERY || self.sorted_len < N.min(ADAPTIVE_MIN_SAMPLES) {
+        // While filling, refresh each time the sample count doubles (and when it fills up).
+        let filling = self.sorted_len < N
+            && (self.len >= 2 * self.sorted_len
+                || self.len == N
+                || self.sorted_len < N.min(ADAPTIVE_MIN_SAMPLES));
+        if filling || self.since_refresh >= self.refresh_every {
             self.refresh();
         }
     }
@@ -157,7 +170,7 @@ struct Distribution {
 
 impl Distribution {
     const EMPTY: Distribution = Distribution {
-        latencies: Reservoir::EMPTY,
+        latencies: Reservoir::empty(LATENCY_REFRESH_EVERY),
         floor_ns: u64::MAX,
         plans: [None; PLAN_CLASSES],
         plan_version: (u64::MAX, u64::MAX),
@@ -262,8 +275,8 @@ impl Adaptive {
         Adaptive {
             name,
             budget_pct,
-            overshoot: Reservoir::EMPTY,
-            sleep_cpu: Reservoir::EMPTY,
+            overshoot: Reservoir::empty(SLEEP_REFRESH_EVERY),
+            sleep_cpu: Reservoir::empty(SLEEP_REFRESH_EVERY),
             buckets: Box::new([const { Distribution::EMPTY }; BUCKETS]),
             current_submit_ns: u64::MAX,
             current_settled: false,
@@ -333,15 +346,21 @@ impl Adaptive {
             }
             total / m
         };
-        let (mut lo, mut hi) = (0u64, xs.last().copied().unwrap_or(0));
+        // Lateness grows with w: binary search the last sample value within budget.
+        if xs.is_empty() || lateness(xs[0]) > budget_ns {
+            dist.plans[class] = Some(0);
+            return 0;
+        }
+        let (mut lo, mut hi) = (0usize, xs.len() - 1);
         while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if lateness(mid) <= budget_ns {
+            let mid = (lo + hi).div_ceil(2);
+            if lateness(xs[mid]) <= budget_ns {
                 lo = mid;
             } else {
                 hi = mid - 1;
             }
         }
+        let lo = xs[lo];
         dist.plans[class] = Some(lo);
         lo
     }
@@ -370,7 +389,10 @@ impl PollPolicy for Adaptive {
     }
 
     fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
-        if ctx.now_ns >= self.floor_drift_at_ns + FLOOR_DRIFT_NS {
+        // The floor follows a drifting device only while the load is low: under a deep
+        // queue no completion shows the service time, and a rising floor would hide the
+        // queueing that batching relies on.
+        if ctx.outstanding <= 1 && ctx.now_ns >= self.floor_drift_at_ns + FLOOR_DRIFT_NS {
             self.floor_drift_at_ns = ctx.now_ns;
             for dist in self.buckets.iter_mut() {
                 if dist.floor_ns != u64::MAX {
@@ -625,7 +647,7 @@ mod tests {
         }
         assert_eq!(p.buckets[READ_4K.index()].mean_ns(), mean_before);
         // Slept for, and found on waking: learnt at the middle of the sleep.
-        for _ in 0..ADAPTIVE_RESERVOIR + REFRESH_EVERY as usize {
+        for _ in 0..2 * ADAPTIVE_RESERVOIR {
             p.on_completion(&Observation {
                 bucket: Some(READ_4K),
                 latency_ns: 90_000,
@@ -675,6 +697,25 @@ mod tests {
         assert!(
             !matches!(d, Decision::Sleep(x) if x.as_nanos() > 20_000),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn batching_lasts_through_a_long_saturated_run() {
+        let mut p = Adaptive::default();
+        observe(&mut p, 9_000, false);
+        for _ in 0..ADAPTIVE_RESERVOIR {
+            observe(&mut p, 48_000, false);
+        }
+        calibrate(&mut p, 5_000, 7_000);
+        // A minute of decisions at depth 32: the floor must not drift up to the median.
+        let mut last = Decision::Spin;
+        for i in 1..=600u64 {
+            last = decide(&mut p, i * 100_000_000, i * 100_000_000 + 40_000, 32);
+        }
+        assert!(
+            matches!(last, Decision::Sleep(d) if d.as_nanos() > 20_000),
+            "{last:?}"
         );
     }
 }
