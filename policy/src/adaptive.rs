@@ -1,31 +1,29 @@
 //! `adaptive`: hypoll's own policy. It decides from what it measures on the machine at hand,
-//! with no tuning:
+//! with no tuning (docs/policies.md has the whole rationale):
 //!
-//! - **Wake-up overshoot**, calibrated online from every sleep the reactor carries out
-//!   (requested versus actual), as a running mean and mean deviation, so it follows load and
-//!   machine. Short probe sleeps keep it measured even while sleeping does not pay.
+//! - **Wake-up overshoot**, from every sleep the reactor reports (requested versus actual),
+//!   over the 64 most recent: its median is planned for, its spread (top 10 % left out as
+//!   machine noise) counts against the latency budget. Short probe sleeps keep it measured
+//!   even while sleeping does not pay.
 //! - **What a sleep costs in CPU**, read from the OS by the reactor around a sample of
-//!   sleeps. A sleep saves CPU only when the time it takes the thread off the core exceeds
-//!   that cost; on a VM where a sleep/wake cycle costs 7 us of CPU, sleeping 4 us is a loss.
-//! - **The device's latency distribution per bucket**, from completions that were seen by
-//!   polling, not by waking up late. A completion found on the first poll after a sleep is
-//!   censored (it happened at an unknown time during the sleep) and is not learnt from: this
-//!   is what keeps the sleep from "shelving" upwards, as hybrid's does when each oversleep
-//!   raises the mean that sets the next sleep.
+//!   sleeps. A sleep saves CPU only when the time it keeps the thread off the core exceeds
+//!   that cost; on a VM where a sleep/wake cycle costs 9 us of CPU, sleeping 4 us is a loss.
+//! - **The device's latency distribution per bucket**, from completions seen by polling. A
+//!   completion found on the first poll after a sleep is censored (it happened at an unknown
+//!   time during the sleep): it is learnt at the middle of the sleep, not at the time the
+//!   reactor noticed it, which is what makes hybrid's sleep "shelve" upwards.
 //!
-//! Deciding for the oldest outstanding I/O, which has been in flight for `e`:
+//! For the oldest outstanding I/O, which has been in flight for `e`, once per I/O:
 //!
-//! 1. **Latency budget.** Among the learnt latencies above `e`, find the latest wake-up time
-//!    `w` whose expected lateness, E[(w - T)+ | T > e], stays within a budget (1.5 % of the
-//!    bucket's mean latency by default, shared by the at most two sleeps an I/O may take,
-//!    and by every outstanding I/O, since any of them may be the next to complete). Sleep
-//!    until `w` minus the calibrated overshoot (mean + 2 deviations), if that saves CPU.
-//! 2. **Load.** With several I/Os outstanding and a device whose median latency is mostly
-//!    queueing (median minus the service-time floor exceeds the floor), waking later costs
-//!    no throughput while queued commands keep the device busy: sleep through three quarters
-//!    of the queueing time, so completions arrive in batches.
-//! 3. **Interrupt.** When the median remaining time is more than 33 times the wake-up
-//!    overshoot, block on the interrupt: its wake-up is then under 3 % of the wait.
+//! 1. **Interrupt** when the median remaining time is more than 33 median overshoots (asked
+//!    again once the I/O outlives its bucket's p90).
+//! 2. **Load.** With several I/Os outstanding on a device whose median latency is mostly
+//!    queueing (median minus the service-time floor exceeds the floor), sleep through three
+//!    quarters of the queueing time: queued commands keep the device busy, completions
+//!    arrive in batches.
+//! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
+//!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
+//!    bucket's mean (shared by the outstanding I/Os), if that saves CPU.
 //! 4. Otherwise spin. Idle reactors park (the reactor does that, with nothing outstanding).
 
 use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
@@ -48,7 +46,7 @@ const MIN_SAVING_NS: u64 = 1_000;
 /// Probe sleeps: length, how many to calibrate first, then one I/O in how many.
 const PROBE_SLEEP_NS: u64 = 1_000;
 const PROBES_FIRST: u64 = 8;
-const PROBE_EVERY: u64 = 256;
+const PROBE_EVERY: u64 = 4_096;
 /// A bucket's sorted view (and its plans) is rebuilt once the reservoir has turned over:
 /// sorting 256 samples costs microseconds, so it must not happen every few I/Os.
 const LATENCY_REFRESH_EVERY: u32 = ADAPTIVE_RESERVOIR as u32;
