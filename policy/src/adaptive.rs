@@ -43,10 +43,12 @@ pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
 const MIN_SLEEP_NS: u64 = 1_000;
 /// A sleep must save at least this much CPU over spinning.
 const MIN_SAVING_NS: u64 = 1_000;
-/// Probe sleeps: length, how many to calibrate first, then one I/O in how many.
+/// Probe sleeps: length, how many to calibrate first, then one I/O in how many (while the
+/// overshoot reservoir fills, and after).
 const PROBE_SLEEP_NS: u64 = 1_000;
 const PROBES_FIRST: u64 = 8;
 const PROBE_EVERY: u64 = 4_096;
+const PROBE_EVERY_FILLING: u64 = 64;
 /// A bucket's sorted view (and its plans) is rebuilt once the reservoir has turned over:
 /// sorting 256 samples costs microseconds, so it must not happen every few I/Os.
 const LATENCY_REFRESH_EVERY: u32 = ADAPTIVE_RESERVOIR as u32;
@@ -367,8 +369,15 @@ impl Adaptive {
 
     /// A probe sleep for this I/O: the first few, then one I/O in [`PROBE_EVERY`].
     fn probe_due(&mut self) -> bool {
+        // Until the overshoot reservoir is full, one I/O in 64: the first few sleeps fall in
+        // the noise of starting up, and on their own they can condemn sleeping for good.
+        let every = if (self.overshoot.added as usize) < OVERSHOOT_SAMPLES {
+            PROBE_EVERY_FILLING
+        } else {
+            PROBE_EVERY
+        };
         let due = self.probes < PROBES_FIRST
-            || (self.ios_seen.is_multiple_of(PROBE_EVERY) && self.probed_io != self.ios_seen);
+            || (self.ios_seen.is_multiple_of(every) && self.probed_io != self.ios_seen);
         if due {
             self.probes += 1;
             self.probed_io = self.ios_seen;
