@@ -254,9 +254,18 @@ fn start_errors_are_clear() {
 #[test]
 fn a_parked_reactor_uses_under_1_percent_of_a_core() {
     let _serial = serial();
-    let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
+    // Under the adaptive policy, after real I/O: idle means parked, whatever the policy.
+    let device = Device::open("emu:nand,size=64M").unwrap();
+    let set = ReactorSet::start(config(1, "adaptive"), move |r| {
+        r.attach(&device, 8).map(drop)
+    })
+    .unwrap();
     let h = &set.handles()[0];
-    wait_for("the reactor to park", || h.stats().counters.parks > 0);
+    let parks_before_io = h.stats().counters.parks;
+    assert_eq!(drive(h, 500, 4, write_block, succeeded), 0);
+    wait_for("the reactor to park after its I/O", || {
+        h.stats().counters.parks > parks_before_io
+    });
     let cpu0 = h.cpu_ns().unwrap();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(5));
