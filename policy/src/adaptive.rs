@@ -43,12 +43,13 @@ pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
 const MIN_SLEEP_NS: u64 = 1_000;
 /// A sleep must save at least this much CPU over spinning.
 const MIN_SAVING_NS: u64 = 1_000;
-/// Probe sleeps: length, how many to calibrate first, then one I/O in how many (while the
-/// overshoot reservoir fills, and after).
+/// Probe sleeps: shortest and longest, I/Os per burst, a burst every this many I/Os, and how
+/// many sleeps must be measured before the plan trusts them.
 const PROBE_SLEEP_NS: u64 = 1_000;
-const PROBES_FIRST: u64 = 8;
+const PROBE_SLEEP_MAX_NS: u64 = 10_000;
+const PROBE_BURST: u32 = 32;
 const PROBE_EVERY: u64 = 4_096;
-const PROBE_EVERY_FILLING: u64 = 64;
+const PROBES_FIRST: u64 = 16;
 /// A bucket's sorted view (and its plans) is rebuilt once the reservoir has turned over:
 /// sorting 256 samples costs microseconds, so it must not happen every few I/Os.
 const LATENCY_REFRESH_EVERY: u32 = ADAPTIVE_RESERVOIR as u32;
@@ -246,7 +247,7 @@ pub struct Adaptive {
     current_tail_checked: bool,
     /// Distinct oldest I/Os decided for.
     ios_seen: u64,
-    probes: u64,
+    probe_burst_left: u32,
     probed_io: u64,
     floor_drift_at_ns: u64,
 }
@@ -282,7 +283,7 @@ impl Adaptive {
             current_settled: false,
             current_tail_checked: false,
             ios_seen: 0,
-            probes: 0,
+            probe_burst_left: PROBE_BURST,
             probed_io: 0,
             floor_drift_at_ns: 0,
         }
@@ -367,22 +368,24 @@ impl Adaptive {
         lo
     }
 
-    /// A probe sleep for this I/O: the first few, then one I/O in [`PROBE_EVERY`].
+    /// A probe sleep for this I/O. Probes come in bursts of [`PROBE_BURST`] consecutive
+    /// I/Os, one burst at the start and one every [`PROBE_EVERY`] I/Os: on a VM, a sleep
+    /// after a long stretch of spinning wakes far later (the host has stopped polling the
+    /// halted vCPU: tens of us) than sleeps that follow each other (~7 us), so lone probes
+    /// would measure a cost that sleeping regularly does not have.
     fn probe_due(&mut self) -> bool {
-        // Until the overshoot reservoir is full, one I/O in 64: the first few sleeps fall in
-        // the noise of starting up, and on their own they can condemn sleeping for good.
-        let every = if (self.overshoot.added as usize) < OVERSHOOT_SAMPLES {
-            PROBE_EVERY_FILLING
-        } else {
-            PROBE_EVERY
-        };
-        let due = self.probes < PROBES_FIRST
-            || (self.ios_seen.is_multiple_of(every) && self.probed_io != self.ios_seen);
-        if due {
-            self.probes += 1;
-            self.probed_io = self.ios_seen;
+        if self.probed_io == self.ios_seen {
+            return false;
         }
-        due
+        if self.probe_burst_left == 0 && self.ios_seen.is_multiple_of(PROBE_EVERY) {
+            self.probe_burst_left = PROBE_BURST;
+        }
+        if self.probe_burst_left == 0 {
+            return false;
+        }
+        self.probe_burst_left -= 1;
+        self.probed_io = self.ios_seen;
+        true
     }
 }
 
@@ -470,8 +473,13 @@ impl PollPolicy for Adaptive {
             // then, when the I/O is unlikely to complete during it.
             let dist = &self.buckets[bucket.index()];
             let room = dist.wake_within_budget(elapsed_ns, 0).unwrap_or(elapsed_ns);
+            // Half the room before the fastest completion seen, at least 1 us, at most
+            // 10 us: a probe as long as the sleeps it calibrates (very short sleeps behave
+            // differently on a VM), and short of the I/O's earliest completion.
+            let probe_ns =
+                ((room - elapsed_ns.min(room)) / 2).clamp(PROBE_SLEEP_NS, PROBE_SLEEP_MAX_NS);
             if room >= elapsed_ns + 2 * PROBE_SLEEP_NS && self.probe_due() {
-                decision = Decision::sleep_ns(PROBE_SLEEP_NS);
+                decision = Decision::sleep_ns(probe_ns);
             }
         }
         decision
@@ -507,6 +515,7 @@ mod tests {
     use super::*;
     use crate::policy::testing::READ_4K;
     use crate::{InFlight, OvershootStats, Snapshot};
+    use std::time::Duration;
 
     fn observe(policy: &mut Adaptive, latency_ns: u64, censored: bool) {
         policy.on_completion(&Observation {
@@ -579,10 +588,11 @@ mod tests {
         let mut p = Adaptive::default();
         assert_eq!(decide(&mut p, 0, 100, 1), Decision::Spin, "no samples");
         nand_like(&mut p);
-        // Samples but no overshoot measured yet: short probe sleeps.
+        // Samples but no overshoot measured yet: a probe, half the room before the
+        // fastest completion seen (70 us), capped at 10 us.
         assert_eq!(
             decide(&mut p, 0, 100, 1),
-            Decision::sleep_ns(PROBE_SLEEP_NS)
+            Decision::sleep_ns(PROBE_SLEEP_MAX_NS)
         );
     }
 
@@ -642,9 +652,11 @@ mod tests {
         }
         calibrate(&mut p, 5_000, 9_000);
         for now in [100, 500, 1_000] {
+            // Spin, or at most a probe: half the room before the fastest completion.
             let d = decide(&mut p, 0, now, 1);
+            let probe_max = Duration::from_nanos((8_600 - now) / 2);
             assert!(
-                d == Decision::Spin || d == Decision::sleep_ns(PROBE_SLEEP_NS),
+                matches!(d, Decision::Spin) || matches!(d, Decision::Sleep(x) if x <= probe_max),
                 "{d:?}"
             );
         }
