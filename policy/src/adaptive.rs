@@ -370,9 +370,9 @@ impl Adaptive {
 
     /// A probe sleep for this I/O. Probes come in bursts of [`PROBE_BURST`] consecutive
     /// I/Os, one burst at the start and one every [`PROBE_EVERY`] I/Os: on a VM, a sleep
-    /// after a long stretch of spinning wakes far later (the host has stopped polling the
-    /// halted vCPU: tens of us) than sleeps that follow each other (~7 us), so lone probes
-    /// would measure a cost that sleeping regularly does not have.
+    /// after a long stretch of spinning wakes far later (tens of us; most likely the host
+    /// no longer polls a vCPU that rarely halts) than sleeps that follow each other (~7 us),
+    /// so lone probes would measure a cost that sleeping regularly does not have.
     fn probe_due(&mut self) -> bool {
         if self.probed_io == self.ios_seen {
             return false;
