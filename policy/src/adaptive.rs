@@ -47,8 +47,8 @@ const MIN_SAVING_NS: u64 = 1_000;
 /// many sleeps must be measured before the plan trusts them.
 const PROBE_SLEEP_NS: u64 = 1_000;
 const PROBE_SLEEP_MAX_NS: u64 = 10_000;
-const PROBE_BURST: u32 = 32;
-const PROBE_EVERY: u64 = 4_096;
+const PROBE_BURST: u32 = 16;
+const PROBE_EVERY: u64 = 16_384;
 const PROBES_FIRST: u64 = 16;
 /// A bucket's sorted view (and its plans) is rebuilt once the reservoir has turned over:
 /// sorting 256 samples costs microseconds, so it must not happen every few I/Os.
