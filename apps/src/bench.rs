@@ -70,6 +70,8 @@ impl std::fmt::Display for Rw {
 #[derive(Clone, Debug)]
 pub struct Workload {
     pub device: DeviceSpec,
+    /// What the opened device says of itself (for io_uring: how completions are found).
+    pub device_described: String,
     pub rw: Rw,
     pub bs_bytes: u64,
     pub qd: usize,

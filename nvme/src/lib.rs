@@ -28,6 +28,7 @@ pub mod qpair;
 pub mod spec;
 pub mod sync;
 pub mod sys;
+pub mod uring;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
@@ -39,4 +40,5 @@ pub use qpair::{
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
+pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};
 pub use sys::{monotonic_ns, wait_readable};
