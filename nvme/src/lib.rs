@@ -40,5 +40,5 @@ pub use qpair::{
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
-pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};
 pub use sys::{monotonic_ns, wait_readable};
+pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};

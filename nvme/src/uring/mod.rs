@@ -211,7 +211,9 @@ pub enum UringOpenError {
     DirectUnsupported { path: String },
     #[error("{path}: not a regular file or a block device")]
     NotFileOrBlockDevice { path: String },
-    #[error("{path}: the file is empty; fill it with data first, or give size= with a larger file")]
+    #[error(
+        "{path}: the file is empty; fill it with data first, or give size= with a larger file"
+    )]
     Empty { path: String },
     #[error("{path}: size {size_bytes} bytes is not a multiple of the block size ({lba_bytes} bytes); give size= with a multiple, or lba=512")]
     NotBlockMultiple {
@@ -385,6 +387,11 @@ fn open_file(path: &Path, direct: bool) -> Result<File, UringOpenError> {
         opts.custom_flags(libc::O_DIRECT);
     }
     opts.open(path).map_err(|e| match e.raw_os_error() {
+        _ if std::fs::metadata(path)
+            .is_ok_and(|m| !(m.is_file() || m.file_type().is_block_device())) =>
+        {
+            UringOpenError::NotFileOrBlockDevice { path: display }
+        }
         Some(libc::ENOENT) => UringOpenError::NotFound { path: display },
         Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
             UringOpenError::PermissionDenied { path: display }
@@ -440,8 +447,9 @@ fn choose_mode(
 /// the kernel reports per request (`EOPNOTSUPP` from a device without poll queues).
 fn probe_iopoll(file: &File, lba_bytes: u32, hybrid: bool) -> Result<(), String> {
     let mut ring = if hybrid {
-        sys::hybrid_iopoll_ring(2)
-            .map_err(|e| format!("creating a hybrid iopoll ring failed ({e}); it needs Linux 6.13"))?
+        sys::hybrid_iopoll_ring(2).map_err(|e| {
+            format!("creating a hybrid iopoll ring failed ({e}); it needs Linux 6.13")
+        })?
     } else {
         IoUring::builder()
             .setup_iopoll()

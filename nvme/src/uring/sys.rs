@@ -124,7 +124,13 @@ pub fn block_device_lba_bytes(file: &File) -> io::Result<u32> {
     let mut lba_bytes: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer, which is valid and exclusively
     // borrowed for the call.
-    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, std::ptr::from_mut(&mut lba_bytes)) };
+    let ret = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKSSZGET,
+            std::ptr::from_mut(&mut lba_bytes),
+        )
+    };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
