@@ -24,6 +24,7 @@ pub mod clock;
 pub mod device;
 pub mod emu;
 pub mod null;
+mod pool;
 pub mod qpair;
 pub mod spec;
 pub mod sync;

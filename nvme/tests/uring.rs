@@ -460,3 +460,39 @@ fn writes_land_at_the_right_offsets_of_a_big_random_workload() {
     f.read_to_end(&mut on_disk).unwrap();
     assert!(on_disk == model, "file differs from the model");
 }
+
+#[test]
+fn pinned_buffers_go_through_the_registered_fixed_buffer() {
+    let file = data_file(32, 9);
+    let ctrl = UringController::open(&UringConfig::new(&file.path)).expect("open");
+    assert!(
+        ctrl.describe().contains("fixed buffers"),
+        "{}",
+        ctrl.describe()
+    );
+    let mut qp = ctrl.queue_pair(4).expect("queue pair");
+    if !qp.has_fixed_buffers() {
+        // An unprivileged user over RLIMIT_MEMLOCK: the describe line says why.
+        assert!(ctrl.describe().contains("no fixed buffers"));
+        return;
+    }
+    let mut pinned = IoBuf::pinned(2 * LBA);
+    assert!(pinned.is_pinned());
+    // SAFETY: `pinned` outlives the command, reaped by wait_one.
+    unsafe { qp.submit(&Command::read(2, 2, &mut pinned), 1) }.unwrap();
+    assert_eq!(wait_one(&mut qp), (1, Status::SUCCESS));
+    assert_eq!(&pinned[..], &file.data[2 * LBA..4 * LBA]);
+    assert_eq!(qp.fixed_ios(), 1);
+    pinned.fill(0x42);
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::write(9, 2, &pinned), 2) }.unwrap();
+    assert_eq!(wait_one(&mut qp), (2, Status::SUCCESS));
+    assert_eq!(qp.fixed_ios(), 2);
+    // A heap buffer takes the plain path and reads what the fixed write wrote.
+    let mut heap = IoBuf::zeroed(2 * LBA);
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(9, 2, &mut heap), 3) }.unwrap();
+    assert_eq!(wait_one(&mut qp), (3, Status::SUCCESS));
+    assert_eq!(qp.fixed_ios(), 2);
+    assert!(heap.iter().all(|&b| b == 0x42));
+}

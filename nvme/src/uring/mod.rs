@@ -294,6 +294,8 @@ pub struct UringController {
     mode: CompletionMode,
     /// Why the mode was chosen, for `describe`.
     mode_note: String,
+    /// Whether the pinned pool registers as fixed buffers, for `describe`.
+    fixed_note: String,
 }
 
 impl UringController {
@@ -351,8 +353,23 @@ impl UringController {
                 lba_bytes,
             });
         }
-        // Does io_uring work at all here?
-        IoUring::new(2).map_err(|e| unavailable(&e))?;
+        // Does io_uring work at all here, and will it take the pinned pool as fixed buffers?
+        let probe = IoUring::new(2).map_err(|e| unavailable(&e))?;
+        let fixed_note = match crate::buf::pinned_region() {
+            None => "no fixed buffers: the pinned pool is off".to_string(),
+            Some((base, len)) => {
+                let iov = libc::iovec {
+                    iov_base: base.cast(),
+                    iov_len: len,
+                };
+                // SAFETY: as in UringQueuePair::new: the region is never unmapped.
+                match unsafe { probe.submitter().register_buffers(&[iov]) } {
+                    Ok(()) => format!("fixed buffers: the {} pinned pool", size_text(len as u64)),
+                    Err(e) => format!("no fixed buffers: registering the pinned pool failed ({e})"),
+                }
+            }
+        };
+        drop(probe);
         let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes)?;
         Ok(UringController {
             cfg: cfg.clone(),
@@ -365,6 +382,7 @@ impl UringController {
             },
             mode,
             mode_note,
+            fixed_note,
         })
     }
 
@@ -493,7 +511,7 @@ fn probe_iopoll(file: &File, lba_bytes: u32, hybrid: bool) -> Result<(), String>
 impl Controller for UringController {
     fn describe(&self) -> String {
         format!(
-            "{} ({}, {} completions: {})",
+            "{} ({}, {} completions: {}; {})",
             self.cfg,
             if self.cfg.direct {
                 "O_DIRECT"
@@ -501,7 +519,8 @@ impl Controller for UringController {
                 "page cache"
             },
             self.mode,
-            self.mode_note
+            self.mode_note,
+            self.fixed_note
         )
     }
 
@@ -547,6 +566,10 @@ pub struct UringQueuePair {
     zero_range_unsupported: bool,
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
+    /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
+    fixed_region: Option<(usize, usize)>,
+    /// Reads and writes that went through the fixed buffer.
+    fixed_ios: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -573,6 +596,20 @@ impl UringQueuePair {
             CompletionMode::HybridPoll => sys::hybrid_iopoll_ring(entries)?,
         };
         ring.submitter().register_files(&[file.as_raw_fd()])?;
+        // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
+        // page pinning. Refused registration (RLIMIT_MEMLOCK for an unprivileged user)
+        // leaves plain reads and writes.
+        let fixed_region = crate::buf::pinned_region().and_then(|(base, len)| {
+            let iov = libc::iovec {
+                iov_base: base.cast(),
+                iov_len: len,
+            };
+            // SAFETY: the pinned pool's region is mapped for the life of the process and
+            // never remapped, so the pages the kernel pins stay the ones at these addresses.
+            unsafe { ring.submitter().register_buffers(&[iov]) }
+                .ok()
+                .map(|()| (base as usize, len))
+        });
         let event_fd = if mode == CompletionMode::Interrupt {
             let efd = EventFd::new()?;
             ring.submitter().register_eventfd(efd.as_fd().as_raw_fd())?;
@@ -594,7 +631,27 @@ impl UringQueuePair {
             retry_zeroes: Vec::with_capacity(depth),
             zero_range_unsupported: false,
             event_fd,
+            fixed_region,
+            fixed_ios: 0,
             _not_send: PhantomData,
+        })
+    }
+
+    /// Whether the pinned buffer pool is registered with this ring.
+    pub fn has_fixed_buffers(&self) -> bool {
+        self.fixed_region.is_some()
+    }
+
+    /// Reads and writes so far whose buffer lay in the registered pool.
+    pub fn fixed_ios(&self) -> u64 {
+        self.fixed_ios
+    }
+
+    /// Whether `len` bytes at `ptr` lie inside the registered region.
+    fn in_fixed_region(&self, ptr: *mut u8, len: u64) -> bool {
+        self.fixed_region.is_some_and(|(base, region_len)| {
+            let at = ptr as usize;
+            at >= base && (at - base) as u64 + len <= region_len as u64
         })
     }
 
@@ -722,7 +779,22 @@ impl QueuePair for UringQueuePair {
             offset_bytes: cmd.slba() * u64::from(lba_bytes),
         };
         let file = types::Fixed(0);
+        let fixed = moves_data && self.in_fixed_region(cmd.buf_ptr(), len_bytes);
+        self.fixed_ios += u64::from(fixed);
         let entry = match cmd.opcode() {
+            Opcode::Read if fixed => {
+                opcode::ReadFixed::new(file, cmd.buf_ptr(), len_bytes as u32, 0)
+                    .offset(flight.offset_bytes)
+                    .build()
+                    .user_data(u64::from(slot))
+            }
+            Opcode::Write if fixed => {
+                opcode::WriteFixed::new(file, cmd.buf_ptr(), len_bytes as u32, 0)
+                    .offset(flight.offset_bytes)
+                    .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
+                    .build()
+                    .user_data(u64::from(slot))
+            }
             Opcode::Read => opcode::Read::new(file, cmd.buf_ptr(), len_bytes as u32)
                 .offset(flight.offset_bytes)
                 .build()
