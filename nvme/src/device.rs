@@ -1,6 +1,6 @@
 //! Device spec strings, parsed in one place: `emu:optane`,
 //! `emu:nand,read_us=23,jitter=0.3,seed=7`, `emu:optane,backing=file:/path,size=8G`, `null`,
-//! `null,size=1T,lba=4096`.
+//! `null,size=1T,lba=4096`, `vfio:0000:00:04.0`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -11,9 +11,10 @@ use crate::emu::config::profile_names;
 use crate::emu::{EmuConfig, EmuController};
 use crate::null::{NullConfig, NullController, NULL_KEYS};
 use crate::qpair::Controller;
+use crate::vfio::{VfioConfig, VfioController};
 
 /// Device kinds a spec may name.
-pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null"];
+pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "vfio:<pci address>"];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
@@ -44,6 +45,8 @@ pub enum SpecError {
 pub enum DeviceSpec {
     Emu(EmuConfig),
     Null(NullConfig),
+    /// A PCI NVMe function bound to vfio-pci, driven from user space.
+    Vfio(VfioConfig),
 }
 
 impl DeviceSpec {
@@ -57,6 +60,7 @@ impl DeviceSpec {
         Ok(match self {
             DeviceSpec::Emu(cfg) => Arc::new(EmuController::with_clock(cfg.clone(), clock)?),
             DeviceSpec::Null(cfg) => Arc::new(NullController::new(cfg)),
+            DeviceSpec::Vfio(cfg) => Arc::new(VfioController::open(cfg)?),
         })
     }
 }
@@ -70,7 +74,7 @@ impl FromStr for DeviceSpec {
         if head.is_empty() {
             return Err(SpecError::Empty);
         }
-        let pairs = items.map(|item| {
+        let mut pairs = items.map(|item| {
             item.split_once('=')
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| SpecError::NotKeyValue {
@@ -90,6 +94,21 @@ impl FromStr for DeviceSpec {
                 name: String::new(),
                 accepted: profile_names().join(", "),
             })
+        } else if let Some(addr) = head.strip_prefix("vfio:") {
+            let cfg = VfioConfig::parse(addr).map_err(|expected| SpecError::BadValue {
+                key: "vfio".into(),
+                value: addr.to_string(),
+                expected,
+            })?;
+            if let Some(pair) = pairs.next() {
+                let (k, _) = pair?;
+                return Err(SpecError::UnknownKey {
+                    device: "vfio".into(),
+                    key: k.into(),
+                    accepted: "(none: vfio takes only a PCI address)".into(),
+                });
+            }
+            Ok(DeviceSpec::Vfio(cfg))
         } else if head == "null" {
             let mut cfg = NullConfig::default();
             for pair in pairs {
@@ -164,6 +183,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Emu(cfg) => write!(f, "{cfg}"),
             DeviceSpec::Null(cfg) => write!(f, "{cfg}"),
+            DeviceSpec::Vfio(cfg) => write!(f, "{cfg}"),
         }
     }
 }
@@ -304,6 +324,23 @@ mod tests {
         let e = err("emu:optane,seed");
         assert!(e.contains("key=value"), "{e}");
         assert_eq!(err(""), SpecError::Empty.to_string());
+    }
+
+    #[test]
+    fn vfio_specs_parse_and_print() {
+        let spec: DeviceSpec = "vfio:0000:00:04.0".parse().unwrap();
+        let DeviceSpec::Vfio(cfg) = &spec else {
+            panic!("vfio")
+        };
+        assert_eq!(cfg.bdf, "0000:00:04.0");
+        assert_eq!(spec.to_string(), "vfio:0000:00:04.0");
+        assert_eq!("vfio:00:04.0".parse::<DeviceSpec>().unwrap(), spec);
+        let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err().to_string();
+        let e = err("vfio:nvme0");
+        assert!(e.contains("nvme0") && e.contains("PCI address"), "{e}");
+        let e = err("vfio:0000:00:04.0,depth=4");
+        assert!(e.contains("depth") && e.contains("vfio"), "{e}");
+        assert!(err("nvme0n1").contains("vfio:<pci address>"));
     }
 
     #[test]

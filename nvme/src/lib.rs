@@ -28,6 +28,7 @@ pub mod qpair;
 pub mod spec;
 pub mod sync;
 pub mod sys;
+pub mod vfio;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
@@ -40,3 +41,4 @@ pub use qpair::{
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
+pub use vfio::{VfioConfig, VfioController, VfioQueuePair};
