@@ -8,12 +8,13 @@
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use super::dma::{DmaRegion, PagePool};
 use super::prp::{self, PAGE_BYTES};
+use super::sys::Gate;
 use super::{Inner, VfioError, MAX_TRANSFER_BYTES};
 use crate::qpair::{Command, Completion, QueuePair, SubmitError};
 use crate::spec::{
@@ -76,6 +77,9 @@ pub struct VfioQueuePair {
     /// Whether the controller has this queue pair's queues (false after a failed re-create).
     live: bool,
     vector: Option<u16>,
+    /// The interrupt fd: an epoll over the vector's eventfd, interested only while armed.
+    gate: Option<Gate>,
+    armed: bool,
     ns: NamespaceInfo,
     /// Statistics a test can read.
     aborted_by_reset: u64,
@@ -94,6 +98,17 @@ impl VfioQueuePair {
         let bounce = DmaRegion::new(container, pool_bytes)?;
         let pages = (bounce.len_bytes() / PAGE_BYTES) as u32;
         let vector = (usize::from(qid) < ctrl.irqs.len()).then_some(qid);
+        let gate = match vector {
+            Some(v) => Some(
+                Gate::new(ctrl.irqs[usize::from(v)].as_fd().as_raw_fd()).map_err(|source| {
+                    VfioError::Os {
+                        what: "creating the interrupt epoll",
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
         let generation = ctrl.generation.load(Ordering::SeqCst);
         ctrl.create_io_queues(qid, entries, cq.iova(), sq.iova(), vector)?;
         Ok(VfioQueuePair {
@@ -117,6 +132,8 @@ impl VfioQueuePair {
             generation,
             live: true,
             vector,
+            gate,
+            armed: false,
             aborted_by_reset: 0,
             _not_send: PhantomData,
         })
@@ -384,21 +401,36 @@ impl QueuePair for VfioQueuePair {
         if reaped > 0 {
             self.ctrl.bar.ring_cq(self.qid, self.cq_head);
         }
+        if self.armed && n + reaped > 0 {
+            // One-shot: the interrupt path pays this syscall, polling never arms.
+            self.armed = false;
+            if let Some(gate) = &self.gate {
+                gate.close()
+                    .expect("vfio: epoll_ctl on our own interrupt epoll failed");
+            }
+        }
         n + reaped
     }
 
     fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
-        let v = usize::from(self.vector?);
-        Some(self.ctrl.irqs[v].as_fd())
+        self.gate.as_ref().map(Gate::as_fd)
     }
 
     fn arm_interrupt(&mut self) {
         let Some(v) = self.vector else { return };
         self.catch_up_with_reset();
         let irq = &self.ctrl.irqs[usize::from(v)];
-        // Clear interrupts of completions already reaped, then look: a completion posted
-        // after this look raises MSI-X, which makes the fd readable again.
+        // Forget interrupts of completions reaped while polling, then look: a completion
+        // posted after the look raises MSI-X, which makes the eventfd readable again.
         irq.drain();
+        if !self.armed {
+            self.armed = true;
+            self.gate
+                .as_ref()
+                .expect("a vector has a gate")
+                .open()
+                .expect("vfio: epoll_ctl on our own interrupt epoll failed");
+        }
         if !self.synthetic.is_empty() || self.cq_entry().is_some() {
             irq.signal()
                 .expect("vfio: eventfd write on our own interrupt eventfd failed");

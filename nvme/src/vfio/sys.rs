@@ -457,3 +457,47 @@ pub fn memlock_limit_bytes() -> Option<u64> {
         Some(lim.rlim_cur)
     }
 }
+
+/// An epoll instance watching one descriptor, whose interest can be switched on and off:
+/// the queue pair's interrupt fd, readable only while armed (the MSI-X eventfd under it
+/// counts every interrupt, armed or not).
+#[derive(Debug)]
+pub struct Gate {
+    epoll: OwnedFd,
+    watched: RawFd,
+}
+
+impl Gate {
+    /// Watches `watched` (which must outlive the gate) with interest off.
+    pub fn new(watched: RawFd) -> io::Result<Gate> {
+        // SAFETY: plain syscall; on success the descriptor is ours alone.
+        let raw = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let gate = Gate { epoll, watched };
+        gate.ctl(libc::EPOLL_CTL_ADD, 0)?;
+        Ok(gate)
+    }
+
+    fn ctl(&self, op: libc::c_int, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: 0 };
+        // SAFETY: one live epoll_event for a descriptor the owner keeps open.
+        cvt(unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, self.watched, &mut ev) })
+            .map(drop)
+    }
+
+    /// Makes the gate readable whenever the watched fd is.
+    pub fn open(&self) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, libc::EPOLLIN as u32)
+    }
+
+    /// Makes the gate unreadable whatever the watched fd does.
+    pub fn close(&self) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, 0)
+    }
+
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.epoll.as_fd()
+    }
+}
