@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use hypoll_nvme::vfio::VfioError;
 use hypoll_nvme::{
-    wait_readable, Command, Completion, Controller, IoBuf, IoError, QueuePair, Status,
-    SubmitError, SyncIo, VfioConfig, VfioController,
+    wait_readable, Command, Completion, Controller, IoBuf, IoError, QueuePair, Status, SubmitError,
+    SyncIo, VfioConfig, VfioController,
 };
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,7 +51,10 @@ fn reap(qp: &mut dyn QueuePair, want: usize) -> Result<Vec<Completion>, String> 
     while got.len() < want {
         qp.process_completions(want - got.len(), &mut |c| got.push(c));
         if Instant::now() > deadline {
-            return Err(format!("only {} of {want} completions within {IO_TIMEOUT:?}", got.len()));
+            return Err(format!(
+                "only {} of {want} completions within {IO_TIMEOUT:?}",
+                got.len()
+            ));
         }
     }
     Ok(got)
@@ -73,15 +76,21 @@ fn identify(ctrl: &VfioController, expect_bytes: Option<u64>) -> Check {
         id.model, id.serial, id.firmware, id.mdts_bytes, id.namespaces, ns.capacity_lbas,
         ns.lba_size_bytes, ns.max_transfer_bytes
     );
-    ensure(id.model.contains("QEMU NVMe"), || format!("model {:?}", id.model))?;
+    ensure(id.model.contains("QEMU NVMe"), || {
+        format!("model {:?}", id.model)
+    })?;
     ensure(id.serial == "hypoll0", || format!("serial {:?}", id.serial))?;
     ensure(major >= 1, || format!("version {major}.{minor}"))?;
-    ensure(ns.lba_size_bytes == 512 || ns.lba_size_bytes == 4096, || {
-        format!("block size {}", ns.lba_size_bytes)
-    })?;
+    ensure(
+        ns.lba_size_bytes == 512 || ns.lba_size_bytes == 4096,
+        || format!("block size {}", ns.lba_size_bytes),
+    )?;
     if let Some(bytes) = expect_bytes {
         ensure(ns.capacity_bytes() == bytes, || {
-            format!("capacity {} bytes, the disk has {bytes}", ns.capacity_bytes())
+            format!(
+                "capacity {} bytes, the disk has {bytes}",
+                ns.capacity_bytes()
+            )
         })?;
     }
     Ok(())
@@ -92,33 +101,54 @@ fn round_trips(ctrl: &VfioController) -> Check {
     let lba = qp.namespace().lba_size_bytes as usize;
     let mut io = SyncIo::new(&mut *qp, IO_TIMEOUT);
     // One block, one page, two pages (PRP2), three and 32 pages (PRP lists).
-    for (i, len) in [lba, 4096, 8192, 12288, 65536 + 4096, 128 << 10].into_iter().enumerate() {
+    for (i, len) in [lba, 4096, 8192, 12288, 65536 + 4096, 128 << 10]
+        .into_iter()
+        .enumerate()
+    {
         let slba = 1000 * i as u64;
         let data = pattern(SEED + i as u64, len);
-        io.write(slba, &data).map_err(|e| format!("write {len} bytes: {e}"))?;
+        io.write(slba, &data)
+            .map_err(|e| format!("write {len} bytes: {e}"))?;
         let back = io
             .read(slba, (len / lba) as u32)
             .map_err(|e| format!("read {len} bytes: {e}"))?;
-        ensure(back[..] == data[..], || format!("{len} bytes read back differ"))?;
+        ensure(back[..] == data[..], || {
+            format!("{len} bytes read back differ")
+        })?;
     }
     io.flush().map_err(|e| format!("flush: {e}"))?;
     // Write Zeroes clears what a write put there.
-    io.write(50, &pattern(SEED, 8 * lba)).map_err(|e| e.to_string())?;
-    io.write_zeroes(50, 8).map_err(|e| format!("write zeroes: {e}"))?;
+    io.write(50, &pattern(SEED, 8 * lba))
+        .map_err(|e| e.to_string())?;
+    io.write_zeroes(50, 8)
+        .map_err(|e| format!("write zeroes: {e}"))?;
     let back = io.read(50, 8).map_err(|e| e.to_string())?;
-    ensure(back.iter().all(|&b| b == 0), || "write zeroes left data".into())?;
+    ensure(back.iter().all(|&b| b == 0), || {
+        "write zeroes left data".into()
+    })?;
     // FUA write.
     let data = pattern(SEED + 99, 4096);
     {
         let qp = io.queue_pair();
         // SAFETY: `data` outlives the command: it is reaped below before `data` is dropped.
-        unsafe { qp.submit(&Command::write(60, (4096 / lba) as u32, &data).with_fua(true), 7) }
-            .map_err(|e| e.to_string())?;
+        unsafe {
+            qp.submit(
+                &Command::write(60, (4096 / lba) as u32, &data).with_fua(true),
+                7,
+            )
+        }
+        .map_err(|e| e.to_string())?;
         let c = reap(qp, 1)?;
-        ensure(c[0].status.is_success() && c[0].tag == 7, || format!("FUA write: {c:?}"))?;
+        ensure(c[0].status.is_success() && c[0].tag == 7, || {
+            format!("FUA write: {c:?}")
+        })?;
     }
-    let back = io.read(60, (4096 / lba) as u32).map_err(|e| e.to_string())?;
-    ensure(back[..] == data[..], || "FUA write read back differs".into())?;
+    let back = io
+        .read(60, (4096 / lba) as u32)
+        .map_err(|e| e.to_string())?;
+    ensure(back[..] == data[..], || {
+        "FUA write read back differs".into()
+    })?;
     Ok(())
 }
 
@@ -137,7 +167,8 @@ fn out_of_range(ctrl: &VfioController) -> Check {
         other => return Err(format!("write past the end: {other:?}")),
     }
     // The last block is in range.
-    io.read(cap - 1, 1).map_err(|e| format!("last block: {e}"))?;
+    io.read(cap - 1, 1)
+        .map_err(|e| format!("last block: {e}"))?;
     Ok(())
 }
 
@@ -152,11 +183,14 @@ fn queue_wrap(ctrl: &VfioController) -> Check {
     let mut io = SyncIo::new(&mut *qp, IO_TIMEOUT);
     for i in 0..41u64 {
         let data = pattern(SEED ^ i, lba);
-        io.write(2000 + i, &data).map_err(|e| format!("write {i}: {e}"))?;
+        io.write(2000 + i, &data)
+            .map_err(|e| format!("write {i}: {e}"))?;
     }
     for i in 0..41u64 {
         let back = io.read(2000 + i, 1).map_err(|e| format!("read {i}: {e}"))?;
-        ensure(back[..] == pattern(SEED ^ i, lba)[..], || format!("block {i} differs"))?;
+        ensure(back[..] == pattern(SEED ^ i, lba)[..], || {
+            format!("block {i} differs")
+        })?;
     }
     // Batches of three in flight across the wrap point.
     let bufs: Vec<IoBuf> = (0..3).map(|_| IoBuf::zeroed(lba)).collect();
@@ -165,8 +199,13 @@ fn queue_wrap(ctrl: &VfioController) -> Check {
     for round in 0..20u64 {
         for (k, buf) in bufs.iter_mut().enumerate() {
             // SAFETY: each buffer is reaped below before it is touched again.
-            unsafe { qp.submit(&Command::read(2000 + k as u64, 1, buf), round * 3 + k as u64) }
-                .map_err(|e| format!("round {round}: {e}"))?;
+            unsafe {
+                qp.submit(
+                    &Command::read(2000 + k as u64, 1, buf),
+                    round * 3 + k as u64,
+                )
+            }
+            .map_err(|e| format!("round {round}: {e}"))?;
         }
         let c = reap(qp, 3)?;
         ensure(c.iter().all(|c| c.status.is_success()), || format!("{c:?}"))?;
@@ -191,18 +230,26 @@ fn full_queue(ctrl: &VfioController) -> Check {
         unsafe { qp.submit(&Command::read(i as u64, 1, buf), i as u64) }
             .map_err(|e| format!("submit {i}: {e}"))?;
     }
-    ensure(qp.outstanding() == depth, || format!("outstanding {}", qp.outstanding()))?;
+    ensure(qp.outstanding() == depth, || {
+        format!("outstanding {}", qp.outstanding())
+    })?;
     // SAFETY: refused, so the device never sees the buffer.
     let refused = unsafe { qp.submit(&Command::read(0, 1, &mut extra[0]), 99) };
-    ensure(refused == Err(SubmitError::QueueFull { depth }), || format!("{refused:?}"))?;
+    ensure(refused == Err(SubmitError::QueueFull { depth }), || {
+        format!("{refused:?}")
+    })?;
     let c = reap(&mut *qp, depth)?;
     let mut tags: Vec<u64> = c.iter().map(|c| c.tag).collect();
     tags.sort_unstable();
-    ensure(tags == (0..depth as u64).collect::<Vec<_>>(), || format!("tags {tags:?}"))?;
+    ensure(tags == (0..depth as u64).collect::<Vec<_>>(), || {
+        format!("tags {tags:?}")
+    })?;
     // SAFETY: reaped below.
     unsafe { qp.submit(&Command::read(0, 1, &mut extra[0]), 100) }.map_err(|e| e.to_string())?;
     let c = reap(&mut *qp, 1)?;
-    ensure(c[0].tag == 100 && c[0].status.is_success(), || format!("{c:?}"))
+    ensure(c[0].tag == 100 && c[0].status.is_success(), || {
+        format!("{c:?}")
+    })
 }
 
 /// 64 commands in flight with bounce pages shared through the pool; over-MDTS commands get
@@ -212,19 +259,31 @@ fn deep_queue(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(depth).map_err(|e| e.to_string())?;
     let lba = qp_lba(ctrl);
     let len = 16 << 10;
-    let datas: Vec<Vec<u8>> = (0..depth).map(|i| pattern(SEED + 1000 + i as u64, len)).collect();
+    let datas: Vec<Vec<u8>> = (0..depth)
+        .map(|i| pattern(SEED + 1000 + i as u64, len))
+        .collect();
     for (i, d) in datas.iter().enumerate() {
         // SAFETY: `datas` outlives the reap below.
-        unsafe { qp.submit(&Command::write((i * 64) as u64, (len / lba) as u32, d), i as u64) }
-            .map_err(|e| format!("write {i}: {e}"))?;
+        unsafe {
+            qp.submit(
+                &Command::write((i * 64) as u64, (len / lba) as u32, d),
+                i as u64,
+            )
+        }
+        .map_err(|e| format!("write {i}: {e}"))?;
     }
     let c = reap(&mut *qp, depth)?;
     ensure(c.iter().all(|c| c.status.is_success()), || format!("{c:?}"))?;
     let mut bufs: Vec<IoBuf> = (0..depth).map(|_| IoBuf::zeroed(len)).collect();
     for (i, b) in bufs.iter_mut().enumerate() {
         // SAFETY: reaped below before `bufs` is read or dropped.
-        unsafe { qp.submit(&Command::read((i * 64) as u64, (len / lba) as u32, b), i as u64) }
-            .map_err(|e| format!("read {i}: {e}"))?;
+        unsafe {
+            qp.submit(
+                &Command::read((i * 64) as u64, (len / lba) as u32, b),
+                i as u64,
+            )
+        }
+        .map_err(|e| format!("read {i}: {e}"))?;
     }
     let c = reap(&mut *qp, depth)?;
     ensure(c.iter().all(|c| c.status.is_success()), || format!("{c:?}"))?;
@@ -237,13 +296,17 @@ fn deep_queue(ctrl: &VfioController) -> Check {
     unsafe { qp.submit(&Command::read(0, ((max + 4096) / lba) as u32, &mut big), 5) }
         .map_err(|e| e.to_string())?;
     let c = reap(&mut *qp, 1)?;
-    ensure(c[0].status == Status::INVALID_FIELD, || format!("over MDTS: {c:?}"))
+    ensure(c[0].status == Status::INVALID_FIELD, || {
+        format!("over MDTS: {c:?}")
+    })
 }
 
 /// MSI-X: an armed queue pair's eventfd becomes readable when its completion is posted.
 fn interrupts(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(4).map_err(|e| e.to_string())?;
-    ensure(qp.interrupt_fd().is_some(), || "no interrupt fd (MSI-X)".into())?;
+    ensure(qp.interrupt_fd().is_some(), || {
+        "no interrupt fd (MSI-X)".into()
+    })?;
     let mut buf = IoBuf::zeroed(qp_lba(ctrl));
     let mut woke = 0;
     for i in 0..5 {
@@ -274,8 +337,13 @@ fn interrupts(ctrl: &VfioController) -> Check {
     ensure(!wait_readable(fd, 0).map_err(|e| e.to_string())?, || {
         "the interrupt fd is readable after polled completions, with nothing armed".into()
     })?;
-    println!("   {woke}/5 completions raised the interrupt fd (fd {})", qp.interrupt_fd().map_or(-1, |f| f.as_raw_fd()));
-    ensure(woke == 5, || format!("only {woke} of 5 completions interrupted"))
+    println!(
+        "   {woke}/5 completions raised the interrupt fd (fd {})",
+        qp.interrupt_fd().map_or(-1, |f| f.as_raw_fd())
+    );
+    ensure(woke == 5, || {
+        format!("only {woke} of 5 completions interrupted")
+    })
 }
 
 /// Two reactors' worth of queue pairs, each on its own thread, in parallel.
@@ -291,7 +359,9 @@ fn parallel_queue_pairs(ctrl: &Arc<VfioController>) -> Check {
                     let slba = 10_000 + t * 1000 + i * 8;
                     let data = pattern(SEED + t * 100 + i, 4096);
                     io.write(slba, &data).map_err(|e| e.to_string())?;
-                    let back = io.read(slba, (4096 / lba) as u32).map_err(|e| e.to_string())?;
+                    let back = io
+                        .read(slba, (4096 / lba) as u32)
+                        .map_err(|e| e.to_string())?;
                     ensure(back[..] == data[..], || format!("thread {t}: {i} differs"))?;
                 }
                 Ok(())
@@ -318,33 +388,57 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
     for attempt in 1..=5 {
         for i in 0..depth {
             // SAFETY: `data` outlives every completion, all reaped below.
-            unsafe { qp.submit(&Command::write((i * 256) as u64, (len / lba) as u32, &data), i as u64) }
-                .map_err(|e| format!("write {i}: {e}"))?;
+            unsafe {
+                qp.submit(
+                    &Command::write((i * 256) as u64, (len / lba) as u32, &data),
+                    i as u64,
+                )
+            }
+            .map_err(|e| format!("write {i}: {e}"))?;
         }
         let before = ctrl.resets();
         ctrl.reset().map_err(|e| format!("reset: {e}"))?;
         ensure(ctrl.resets() == before + 1, || "reset not counted".into())?;
         let c = reap(&mut *qp, depth)?;
-        let aborted = c.iter().filter(|c| c.status == Status::ABORTED_SQ_DELETION).count();
+        let aborted = c
+            .iter()
+            .filter(|c| c.status == Status::ABORTED_SQ_DELETION)
+            .count();
         let ok = c.iter().filter(|c| c.status.is_success()).count();
-        ensure(aborted + ok == depth, || format!("unexpected statuses: {c:?}"))?;
+        ensure(aborted + ok == depth, || {
+            format!("unexpected statuses: {c:?}")
+        })?;
         let mut tags: Vec<u64> = c.iter().map(|c| c.tag).collect();
         tags.sort_unstable();
-        ensure(tags == (0..depth as u64).collect::<Vec<_>>(), || format!("tags {tags:?}"))?;
-        ensure(qp.outstanding() == 0, || format!("{} still outstanding", qp.outstanding()))?;
+        ensure(tags == (0..depth as u64).collect::<Vec<_>>(), || {
+            format!("tags {tags:?}")
+        })?;
+        ensure(qp.outstanding() == 0, || {
+            format!("{} still outstanding", qp.outstanding())
+        })?;
         println!("   attempt {attempt}: {aborted} of {depth} writes aborted by the reset, {ok} completed");
         aborted_total += aborted;
         if aborted_total > 0 {
             break;
         }
     }
-    ensure(aborted_total > 0, || "in 5 resets no command was still in flight".into())?;
-    for (name, q) in [("reset queue pair", &mut qp), ("idle queue pair", &mut idle)] {
+    ensure(aborted_total > 0, || {
+        "in 5 resets no command was still in flight".into()
+    })?;
+    for (name, q) in [
+        ("reset queue pair", &mut qp),
+        ("idle queue pair", &mut idle),
+    ] {
         let mut io = SyncIo::new(&mut **q, IO_TIMEOUT);
         let fresh = pattern(SEED + 8, 8192);
-        io.write(30_000, &fresh).map_err(|e| format!("{name}: write after reset: {e}"))?;
-        let back = io.read(30_000, (8192 / lba) as u32).map_err(|e| format!("{name}: {e}"))?;
-        ensure(back[..] == fresh[..], || format!("{name}: data differs after reset"))?;
+        io.write(30_000, &fresh)
+            .map_err(|e| format!("{name}: write after reset: {e}"))?;
+        let back = io
+            .read(30_000, (8192 / lba) as u32)
+            .map_err(|e| format!("{name}: {e}"))?;
+        ensure(back[..] == fresh[..], || {
+            format!("{name}: data differs after reset")
+        })?;
     }
     Ok(())
 }
@@ -375,9 +469,11 @@ fn not_bound(cfg: &VfioConfig) -> Check {
 
 fn nonviable(bdf: &str) -> Check {
     let cfg = VfioConfig::parse(bdf)?;
-    expect_open_error(&cfg, "GroupNotViable", |e| {
-        matches!(e, VfioError::GroupNotViable { others, .. } if !others.is_empty())
-    })
+    expect_open_error(
+        &cfg,
+        "GroupNotViable",
+        |e| matches!(e, VfioError::GroupNotViable { others, .. } if !others.is_empty()),
+    )
 }
 
 /// Runs in a child process: gives up CAP_IPC_LOCK, limits locked memory to 64 KiB, and
@@ -398,16 +494,19 @@ fn pin_child(cfg: &VfioConfig) -> Check {
         Ok(ctrl) => ctrl,
         Err(e) => {
             println!("   error as the user sees it: {e}");
-            return ensure(matches!(e, VfioError::PinFailed { .. }), || format!("{e:?}"));
+            return ensure(matches!(e, VfioError::PinFailed { .. }), || {
+                format!("{e:?}")
+            });
         }
     };
     match ctrl.create_queue_pair(64) {
         Ok(_) => Err("a 64-deep queue pair pinned over 8 MiB under a 64 KiB limit".into()),
         Err(e) => {
             println!("   error as the user sees it: {e}");
-            ensure(e.to_string().contains("cannot pin") && e.to_string().contains("65536 bytes"), || {
-                format!("{e}")
-            })
+            ensure(
+                e.to_string().contains("cannot pin") && e.to_string().contains("65536 bytes"),
+                || format!("{e}"),
+            )
         }
     }
 }
@@ -499,14 +598,19 @@ fn main() {
     match open(&cfg) {
         Ok(ctrl) => {
             run("identify", &mut || identify(&ctrl, expect_bytes));
-            run("round trips (1 block to 32 pages, flush, write zeroes, FUA)", &mut || round_trips(&ctrl));
+            run(
+                "round trips (1 block to 32 pages, flush, write zeroes, FUA)",
+                &mut || round_trips(&ctrl),
+            );
             run("out-of-range LBA", &mut || out_of_range(&ctrl));
             run("queue wrap", &mut || queue_wrap(&ctrl));
             run("full queue", &mut || full_queue(&ctrl));
             run("64 in flight, over-MDTS", &mut || deep_queue(&ctrl));
             run("MSI-X interrupts", &mut || interrupts(&ctrl));
             run("parallel queue pairs", &mut || parallel_queue_pairs(&ctrl));
-            run("controller reset mid-workload", &mut || reset_mid_workload(&ctrl));
+            run("controller reset mid-workload", &mut || {
+                reset_mid_workload(&ctrl)
+            });
         }
         Err(e) => run("open", &mut || Err(e.clone())),
     }

@@ -165,7 +165,10 @@ impl DmaRegion {
     }
 
     fn ptr(&self) -> *mut u8 {
-        self.map.as_ref().expect("DMA region used after leak").as_ptr()
+        self.map
+            .as_ref()
+            .expect("DMA region used after leak")
+            .as_ptr()
     }
 
     /// Zeroes the whole region. Only while the device does not use it (a queue not yet
@@ -178,7 +181,10 @@ impl DmaRegion {
 
     /// Copies `data` into the region at `offset`.
     pub fn write_bytes(&mut self, offset: usize, data: &[u8]) {
-        assert!(offset + data.len() <= self.len_bytes, "DMA write out of bounds");
+        assert!(
+            offset + data.len() <= self.len_bytes,
+            "DMA write out of bounds"
+        );
         // SAFETY: in bounds (checked); the bytes are ours and the device only reads memory
         // of a command once it is submitted, after this copy.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr().add(offset), data.len()) };
@@ -280,7 +286,10 @@ impl PagePool {
             debug_assert!(!self.free.contains(&p), "page {p} given back twice");
             self.free.push(p);
         }
-        assert!(self.free.len() <= self.pages as usize, "more pages given back than taken");
+        assert!(
+            self.free.len() <= self.pages as usize,
+            "more pages given back than taken"
+        );
     }
 
     pub fn free_pages(&self) -> usize {

@@ -264,7 +264,9 @@ pub fn locate(bdf: &str, paths: &SysPaths) -> Result<u32, VfioError> {
 /// Functions in `group` that keep it from being viable: bound to a driver other than
 /// vfio-pci or pci-stub (bridges on pcieport are allowed). "ADDR (driver)" each.
 pub fn group_offenders(group: u32, paths: &SysPaths) -> Vec<String> {
-    let dir = paths.sysfs.join(format!("kernel/iommu_groups/{group}/devices"));
+    let dir = paths
+        .sysfs
+        .join(format!("kernel/iommu_groups/{group}/devices"));
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
@@ -296,8 +298,11 @@ pub struct ControllerIdentity {
 impl ControllerIdentity {
     /// Decodes a 4096-byte Identify Controller data structure.
     pub fn parse(data: &[u8], mpsmin_bytes: u64) -> ControllerIdentity {
+        // Space-padded by the spec; some controllers pad with NULs.
         let text = |r: std::ops::Range<usize>| {
-            String::from_utf8_lossy(&data[r]).trim_end().to_string()
+            String::from_utf8_lossy(&data[r])
+                .trim_end_matches([' ', '\0'])
+                .to_string()
         };
         let mdts = data[77];
         ControllerIdentity {
@@ -318,7 +323,11 @@ pub fn parse_identify_namespace(data: &[u8]) -> Result<(u64, u32), String> {
     if flbas > nlbaf as usize {
         return Err(format!("FLBAS {flbas} names a format past NLBAF {nlbaf}"));
     }
-    let lbaf = u32::from_le_bytes(data[128 + 4 * flbas..132 + 4 * flbas].try_into().expect("4"));
+    let lbaf = u32::from_le_bytes(
+        data[128 + 4 * flbas..132 + 4 * flbas]
+            .try_into()
+            .expect("4"),
+    );
     let lbads = (lbaf >> 16) & 0xff;
     let metadata_bytes = lbaf & 0xffff;
     if !(9..=16).contains(&lbads) {
@@ -382,8 +391,7 @@ impl AdminQueue {
         let entries = ADMIN_QUEUE_ENTRIES;
         cmd.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
-        self.sq
-            .write_volatile(usize::from(self.sq_tail) * 64, cmd);
+        self.sq.write_volatile(usize::from(self.sq_tail) * 64, cmd);
         self.sq_tail = (self.sq_tail + 1) % entries;
         bar.ring_sq(0, self.sq_tail);
         let deadline = Instant::now() + Duration::from_millis(ADMIN_TIMEOUT_MS);
@@ -504,8 +512,10 @@ impl Inner {
         self.bar.write64(regs::ASQ, admin.sq.iova());
         self.bar.write64(regs::ACQ, admin.cq.iova());
         // NVM command set (CSS 0), 4 KiB pages (MPS 0), round robin (AMS 0).
-        self.bar
-            .write32(regs::CC, regs::CC_IOSQES_64 | regs::CC_IOCQES_16 | regs::CC_EN);
+        self.bar.write32(
+            regs::CC,
+            regs::CC_IOSQES_64 | regs::CC_IOCQES_16 | regs::CC_EN,
+        );
         self.wait_ready(true)?;
         let want = u32::from(MAX_IO_QUEUES) - 1;
         let cmd = SubmissionEntry {
@@ -648,7 +658,8 @@ impl VfioController {
             ));
         };
         sys::set_iommu(&container_fd, iommu).map_err(os("VFIO_SET_IOMMU"))?;
-        let device = sys::group_device_fd(&group, &cfg.bdf).map_err(os("VFIO_GROUP_GET_DEVICE_FD"))?;
+        let device =
+            sys::group_device_fd(&group, &cfg.bdf).map_err(os("VFIO_GROUP_GET_DEVICE_FD"))?;
         let container = Arc::new(dma::Container::new(container_fd));
 
         // Memory decoding and bus mastering on: the controller may now DMA.
@@ -718,9 +729,9 @@ impl VfioController {
             let nsdata = admin.identify(&inner.bar, CNS_NAMESPACE, 1)?;
             let (capacity_lbas, lba_size_bytes) = parse_identify_namespace(&nsdata)
                 .map_err(|e| VfioError::Controller(format!("namespace 1: {e}")))?;
-            let max_transfer_bytes = identity
-                .mdts_bytes
-                .map_or(MAX_TRANSFER_BYTES, |m| m.min(u64::from(MAX_TRANSFER_BYTES)) as u32);
+            let max_transfer_bytes = identity.mdts_bytes.map_or(MAX_TRANSFER_BYTES, |m| {
+                m.min(u64::from(MAX_TRANSFER_BYTES)) as u32
+            });
             let ns = NamespaceInfo {
                 nsid: 1,
                 lba_size_bytes,

@@ -17,7 +17,9 @@ pub enum PrpError {
     BadOffset(usize),
     #[error("page IOVA {0:#x} is not page-aligned")]
     UnalignedPage(u64),
-    #[error("a PRP list must not cross a page boundary (list at {list_iova:#x}, {entries} entries)")]
+    #[error(
+        "a PRP list must not cross a page boundary (list at {list_iova:#x}, {entries} entries)"
+    )]
     ListCrossesPage { list_iova: u64, entries: usize },
 }
 
@@ -82,7 +84,10 @@ mod tests {
     fn one_page_uses_prp1_only() {
         let mut list = [0u64; 4];
         assert_eq!(build(&[5 * P], 0, 4096, &mut list, 0), Ok((5 * P, 0)));
-        assert_eq!(build(&[5 * P], 512, 512, &mut list, 0), Ok((5 * P + 512, 0)));
+        assert_eq!(
+            build(&[5 * P], 512, 512, &mut list, 0),
+            Ok((5 * P + 512, 0))
+        );
         assert_eq!(list, [0; 4], "no list for one page");
     }
 
@@ -111,7 +116,10 @@ mod tests {
             Ok((7 * P, list_iova))
         );
         assert_eq!(&list[..3], &[2 * P, 11 * P, 4 * P]);
-        assert_eq!(list[3], 0, "only the entries the transfer needs are written");
+        assert_eq!(
+            list[3], 0,
+            "only the entries the transfer needs are written"
+        );
         // 12 KiB from an offset spans four pages too.
         let mut list = [0u64; 8];
         assert_eq!(
@@ -132,10 +140,7 @@ mod tests {
             build(&[P, 2 * P, 3 * P, 4 * P], 0, 4 * PAGE_BYTES, &mut list, 0),
             Err(PrpError::ListTooShort { need: 3, have: 2 })
         );
-        assert_eq!(
-            build(&[P], 3, 8, &mut list, 0),
-            Err(PrpError::BadOffset(3))
-        );
+        assert_eq!(build(&[P], 3, 8, &mut list, 0), Err(PrpError::BadOffset(3)));
         assert_eq!(
             build(&[P + 8], 0, 8, &mut list, 0),
             Err(PrpError::UnalignedPage(P + 8))

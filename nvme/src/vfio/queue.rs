@@ -27,7 +27,10 @@ const MAX_PAGES_PER_COMMAND: usize = MAX_TRANSFER_BYTES as usize / PAGE_BYTES;
 /// Bytes of PRP list per slot: one entry per page after the first (rounded to a power of
 /// two so a slot's list never crosses a page).
 const LIST_BYTES_PER_SLOT: usize = (MAX_PAGES_PER_COMMAND * 8).next_power_of_two();
-const _: () = assert!(LIST_BYTES_PER_SLOT >= 16, "a slot's list also holds a DSM range");
+const _: () = assert!(
+    LIST_BYTES_PER_SLOT >= 16,
+    "a slot's list also holds a DSM range"
+);
 const _: () = assert!(PAGE_BYTES.is_multiple_of(LIST_BYTES_PER_SLOT));
 
 #[derive(Clone, Copy, Debug)]
@@ -93,8 +96,8 @@ impl VfioQueuePair {
         let sq = DmaRegion::new(container, usize::from(entries) * 64)?;
         let cq = DmaRegion::new(container, usize::from(entries) * 16)?;
         let lists = DmaRegion::new(container, depth * LIST_BYTES_PER_SLOT)?;
-        let pool_bytes =
-            (depth * MAX_TRANSFER_BYTES as usize).min(super::BOUNCE_POOL_BYTES_MAX.max(MAX_TRANSFER_BYTES as usize));
+        let pool_bytes = (depth * MAX_TRANSFER_BYTES as usize)
+            .min(super::BOUNCE_POOL_BYTES_MAX.max(MAX_TRANSFER_BYTES as usize));
         let bounce = DmaRegion::new(container, pool_bytes)?;
         let pages = (bounce.len_bytes() / PAGE_BYTES) as u32;
         let vector = (usize::from(qid) < ctrl.irqs.len()).then_some(qid);
@@ -263,8 +266,7 @@ impl VfioQueuePair {
 
     fn post(&mut self, mut sqe: SubmissionEntry) {
         sqe.nsid = self.ns.nsid;
-        self.sq
-            .write_volatile(usize::from(self.sq_tail) * 64, sqe);
+        self.sq.write_volatile(usize::from(self.sq_tail) * 64, sqe);
         self.sq_tail += 1;
         if self.sq_tail == self.entries {
             self.sq_tail = 0;
@@ -286,12 +288,13 @@ impl QueuePair for VfioQueuePair {
         cmd.check(self.ns.lba_size_bytes)?;
         let opcode = cmd.opcode();
         let data_bytes = match opcode {
-            Opcode::Read | Opcode::Write => {
-                cmd.nlb() as usize * self.ns.lba_size_bytes as usize
-            }
+            Opcode::Read | Opcode::Write => cmd.nlb() as usize * self.ns.lba_size_bytes as usize,
             _ => 0,
         };
-        let cid = *self.free_cids.last().expect("a free command id below depth");
+        let cid = *self
+            .free_cids
+            .last()
+            .expect("a free command id below depth");
         if data_bytes > self.ns.max_transfer_bytes as usize {
             // What the controller answers a transfer over MDTS with; the bounce pages of one
             // command cannot hold it either.

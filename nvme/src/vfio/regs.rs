@@ -59,7 +59,10 @@ pub struct Bar {
 impl Bar {
     /// Wraps a mapping of BAR0 that covers at least the registers and one page of doorbells.
     pub fn new(map: Mapping) -> Bar {
-        assert!(map.len_bytes() >= DOORBELL_BASE + 8, "BAR0 mapping too small");
+        assert!(
+            map.len_bytes() >= DOORBELL_BASE + 8,
+            "BAR0 mapping too small"
+        );
         Bar {
             map,
             doorbell_stride_bytes: 4,
@@ -101,7 +104,10 @@ impl Bar {
 
     fn doorbell_offset(&self, qid: u16, cq: bool) -> usize {
         let off = DOORBELL_BASE + (2 * qid as usize + usize::from(cq)) * self.doorbell_stride_bytes;
-        assert!(off + 4 <= self.map.len_bytes(), "doorbell of queue {qid} is not mapped");
+        assert!(
+            off + 4 <= self.map.len_bytes(),
+            "doorbell of queue {qid} is not mapped"
+        );
         off
     }
 

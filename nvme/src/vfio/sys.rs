@@ -209,7 +209,13 @@ pub fn region_info(device: &OwnedFd, index: u32) -> io::Result<(RegionInfo, Opti
     unsafe { buf.as_mut_ptr().cast::<RegionInfo>().write(info) };
     // SAFETY: VFIO_DEVICE_GET_REGION_INFO takes a vfio_region_info followed by up to
     // argsz - 32 bytes of capabilities; argsz is the buffer's size.
-    unsafe { ioctl_ptr(device.as_raw_fd(), VFIO_DEVICE_GET_REGION_INFO, buf.as_mut_ptr()) }?;
+    unsafe {
+        ioctl_ptr(
+            device.as_raw_fd(),
+            VFIO_DEVICE_GET_REGION_INFO,
+            buf.as_mut_ptr(),
+        )
+    }?;
     // SAFETY: the buffer starts with the RegionInfo the kernel filled in.
     let info = unsafe { buf.as_ptr().cast::<RegionInfo>().read() };
     let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -248,7 +254,10 @@ pub fn irq_info(device: &OwnedFd, index: u32) -> io::Result<IrqInfo> {
 
 /// Routes MSI-X vectors 0..fds.len() to the eventfds `fds` (at most [`MAX_IRQ_VECTORS`]).
 pub fn set_msix_eventfds(device: &OwnedFd, fds: &[RawFd]) -> io::Result<()> {
-    assert!(fds.len() <= MAX_IRQ_VECTORS, "at most {MAX_IRQ_VECTORS} vectors");
+    assert!(
+        fds.len() <= MAX_IRQ_VECTORS,
+        "at most {MAX_IRQ_VECTORS} vectors"
+    );
     let mut set = IrqSet {
         argsz: (20 + 4 * fds.len()) as u32,
         flags: VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
@@ -428,7 +437,7 @@ impl Drop for Mapping {
 /// `offset + 4` must be within the mapping, 4-aligned, and the mapping must be MMIO (or
 /// memory) that may be read at any time.
 pub unsafe fn mmio_read32(map: &Mapping, offset: usize) -> u32 {
-    debug_assert!(offset + 4 <= map.len_bytes && offset % 4 == 0);
+    debug_assert!(offset + 4 <= map.len_bytes && offset.is_multiple_of(4));
     // SAFETY: in bounds and aligned per the caller; volatile so the load really happens.
     unsafe { map.ptr.add(offset).cast::<u32>().read_volatile() }
 }
@@ -438,7 +447,7 @@ pub unsafe fn mmio_read32(map: &Mapping, offset: usize) -> u32 {
 /// # Safety
 /// As [`mmio_read32`], and the write must be one the device expects.
 pub unsafe fn mmio_write32(map: &Mapping, offset: usize, value: u32) {
-    debug_assert!(offset + 4 <= map.len_bytes && offset % 4 == 0);
+    debug_assert!(offset + 4 <= map.len_bytes && offset.is_multiple_of(4));
     // SAFETY: in bounds and aligned per the caller; volatile so the store really happens.
     unsafe { map.ptr.add(offset).cast::<u32>().write_volatile(value) }
 }
@@ -482,8 +491,7 @@ impl Gate {
     fn ctl(&self, op: libc::c_int, events: u32) -> io::Result<()> {
         let mut ev = libc::epoll_event { events, u64: 0 };
         // SAFETY: one live epoll_event for a descriptor the owner keeps open.
-        cvt(unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, self.watched, &mut ev) })
-            .map(drop)
+        cvt(unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, self.watched, &mut ev) }).map(drop)
     }
 
     /// Makes the gate readable whenever the watched fd is.

@@ -13,15 +13,35 @@ fn pci_addresses_parse_and_normalise() {
     assert_eq!(c.bdf, "0000:00:04.0");
     assert_eq!(c.to_string(), "vfio:0000:00:04.0");
     assert_eq!(VfioConfig::parse("00:1F.7").unwrap().bdf, "0000:00:1f.7");
-    assert_eq!(VfioConfig::parse("abcd:ff:1f.7").unwrap().bdf, "abcd:ff:1f.7");
-    for bad in ["", "04.0", "0000:00:04", "0000:00:20.0", "0000:00:04.8", "00:0g.0", "1:2:3.4"] {
+    assert_eq!(
+        VfioConfig::parse("abcd:ff:1f.7").unwrap().bdf,
+        "abcd:ff:1f.7"
+    );
+    for bad in [
+        "",
+        "04.0",
+        "0000:00:04",
+        "0000:00:20.0",
+        "0000:00:04.8",
+        "00:0g.0",
+        "1:2:3.4",
+    ] {
         let e = VfioConfig::parse(bad).unwrap_err();
-        assert!(e.contains("PCI address") && e.contains("0000:00:04.0"), "{bad}: {e}");
+        assert!(
+            e.contains("PCI address") && e.contains("0000:00:04.0"),
+            "{bad}: {e}"
+        );
     }
 }
 
 /// A fake sysfs and /dev: a function at `bdf` bound to `driver` in IOMMU group 7.
-fn fake_tree(root: &Path, bdf: &str, driver: Option<&str>, group: bool, dev_vfio: bool) -> SysPaths {
+fn fake_tree(
+    root: &Path,
+    bdf: &str,
+    driver: Option<&str>,
+    group: bool,
+    dev_vfio: bool,
+) -> SysPaths {
     let sysfs = root.join("sys");
     let dev = root.join("dev");
     let devdir = sysfs.join("devices/pci0000:00").join(bdf);
@@ -53,7 +73,10 @@ fn a_missing_function_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let paths = fake_tree(dir.path(), "0000:00:04.0", Some("vfio-pci"), true, true);
     let e = locate("0000:00:05.0", &paths).unwrap_err().to_string();
-    assert!(e.contains("no PCI function 0000:00:05.0") && e.contains("ls /sys/bus/pci/devices"), "{e}");
+    assert!(
+        e.contains("no PCI function 0000:00:05.0") && e.contains("ls /sys/bus/pci/devices"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -63,14 +86,23 @@ fn a_function_bound_elsewhere_says_how_to_rebind() {
     let e = locate("0000:00:04.0", &paths).unwrap_err();
     assert!(matches!(&e, VfioError::NotBoundToVfio { driver: Some(d), .. } if d == "nvme"));
     let e = e.to_string();
-    assert!(e.contains("not bound to vfio-pci (it is bound to nvme)"), "{e}");
-    assert!(e.contains("/sys/bus/pci/devices/0000:00:04.0/driver/unbind"), "{e}");
+    assert!(
+        e.contains("not bound to vfio-pci (it is bound to nvme)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("/sys/bus/pci/devices/0000:00:04.0/driver/unbind"),
+        "{e}"
+    );
     assert!(e.contains("/sys/bus/pci/drivers/vfio-pci/bind"), "{e}");
 
     let dir = tempfile::tempdir().unwrap();
     let paths = fake_tree(dir.path(), "0000:00:04.0", None, true, true);
     let e = locate("0000:00:04.0", &paths).unwrap_err().to_string();
-    assert!(e.contains("it has no driver") && e.contains("new_id"), "{e}");
+    assert!(
+        e.contains("it has no driver") && e.contains("new_id"),
+        "{e}"
+    );
     assert!(!e.contains("unbind"), "nothing to unbind: {e}");
 }
 
@@ -79,7 +111,10 @@ fn no_iommu_group_asks_for_an_iommu() {
     let dir = tempfile::tempdir().unwrap();
     let paths = fake_tree(dir.path(), "0000:00:04.0", Some("vfio-pci"), false, true);
     let e = locate("0000:00:04.0", &paths).unwrap_err().to_string();
-    assert!(e.contains("no IOMMU group") && e.contains("intel_iommu=on"), "{e}");
+    assert!(
+        e.contains("no IOMMU group") && e.contains("intel_iommu=on"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -87,7 +122,10 @@ fn an_absent_dev_vfio_asks_for_the_modules() {
     let dir = tempfile::tempdir().unwrap();
     let paths = fake_tree(dir.path(), "0000:00:04.0", Some("vfio-pci"), true, false);
     let e = locate("0000:00:04.0", &paths).unwrap_err().to_string();
-    assert!(e.contains("vfio/vfio is missing") && e.contains("modprobe vfio-pci"), "{e}");
+    assert!(
+        e.contains("vfio/vfio is missing") && e.contains("modprobe vfio-pci"),
+        "{e}"
+    );
     // With everything in place, the group number comes back.
     let dir = tempfile::tempdir().unwrap();
     let paths = fake_tree(dir.path(), "0000:00:04.0", Some("vfio-pci"), true, true);
@@ -119,15 +157,27 @@ fn group_offenders_lists_functions_bound_to_other_drivers() {
     let drv = paths.sysfs.join("bus/pci/drivers/serial");
     std::fs::create_dir_all(&drv).unwrap();
     symlink(&drv, other.join("driver")).unwrap();
-    symlink(&other, paths.sysfs.join("kernel/iommu_groups/7/devices/0000:01:02.0")).unwrap();
-    assert_eq!(group_offenders(7, &paths), vec!["0000:01:02.0 (serial)".to_string()]);
+    symlink(
+        &other,
+        paths
+            .sysfs
+            .join("kernel/iommu_groups/7/devices/0000:01:02.0"),
+    )
+    .unwrap();
+    assert_eq!(
+        group_offenders(7, &paths),
+        vec!["0000:01:02.0 (serial)".to_string()]
+    );
     let e = VfioError::GroupNotViable {
         bdf: "0000:01:01.0".into(),
         group: 7,
         others: group_offenders(7, &paths),
     }
     .to_string();
-    assert!(e.contains("group 7") && e.contains("not viable") && e.contains("0000:01:02.0 (serial)"), "{e}");
+    assert!(
+        e.contains("group 7") && e.contains("not viable") && e.contains("0000:01:02.0 (serial)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -138,7 +188,10 @@ fn pin_failures_name_the_memlock_limit() {
         source: std::io::Error::from_raw_os_error(libc::ENOMEM),
     }
     .to_string();
-    assert!(e.contains("cannot pin 1048576 bytes") && e.contains("65536 bytes"), "{e}");
+    assert!(
+        e.contains("cannot pin 1048576 bytes") && e.contains("65536 bytes"),
+        "{e}"
+    );
     assert!(e.contains("ulimit -l") && e.contains("CAP_IPC_LOCK"), "{e}");
 }
 
@@ -169,7 +222,9 @@ fn identify_data_decodes() {
     ns[26] = 0;
     assert_eq!(parse_identify_namespace(&ns), Ok((131072, 512)));
     ns[128..132].copy_from_slice(&((9u32 << 16) | 8).to_le_bytes());
-    assert!(parse_identify_namespace(&ns).unwrap_err().contains("metadata"));
+    assert!(parse_identify_namespace(&ns)
+        .unwrap_err()
+        .contains("metadata"));
     ns[26] = 3;
     assert!(parse_identify_namespace(&ns).unwrap_err().contains("NLBAF"));
 }
