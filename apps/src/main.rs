@@ -155,6 +155,11 @@ fn main() -> ExitCode {
             for (name, what) in profile_descriptions() {
                 println!("emu:{name:<9} {what}");
             }
+            println!(
+                "{:<13} a PCI NVMe controller bound to vfio-pci, driven from user space \
+                 (vfio:0000:01:00.0; see docs/vfio.md)",
+                "vfio:<addr>"
+            );
             ExitCode::SUCCESS
         }
     }

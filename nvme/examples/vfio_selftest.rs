@@ -385,7 +385,7 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
     let len = 128 << 10;
     let data = pattern(SEED + 7, len);
     let mut aborted_total = 0;
-    for attempt in 1..=5 {
+    for attempt in 1..=10 {
         for i in 0..depth {
             // SAFETY: `data` outlives every completion, all reaped below.
             unsafe {
@@ -423,7 +423,7 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
         }
     }
     ensure(aborted_total > 0, || {
-        "in 5 resets no command was still in flight".into()
+        "in 10 resets no command was still in flight".into()
     })?;
     for (name, q) in [
         ("reset queue pair", &mut qp),

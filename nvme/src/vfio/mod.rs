@@ -494,6 +494,24 @@ impl Inner {
         }
     }
 
+    /// Tells the controller the host is done (CC.SHN, normal shutdown) so a real device
+    /// flushes its volatile write cache, and waits for CSTS.SHST to say it has, up to CAP.TO.
+    fn shut_down(&self) {
+        let cc = self.bar.read32(regs::CC);
+        if cc & regs::CC_EN == 0 {
+            return;
+        }
+        self.bar
+            .write32(regs::CC, (cc & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL);
+        let deadline =
+            Instant::now() + Duration::from_millis(self.cap.timeout_ms.max(READY_TIMEOUT_MIN_MS));
+        while self.bar.read32(regs::CSTS) & regs::CSTS_SHST_MASK != regs::CSTS_SHST_COMPLETE
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     fn disable(&self) -> Result<(), VfioError> {
         let cc = self.bar.read32(regs::CC);
         if cc & regs::CC_EN != 0 {
@@ -593,8 +611,10 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Every queue pair is gone (each holds an Arc). Stop the controller so it touches no
-        // memory once the admin queue is unmapped; if it will not stop, keep that memory.
+        // Every queue pair is gone (each holds an Arc). Shut the controller down and stop it
+        // so it touches no memory once the admin queue is unmapped; if it will not stop, keep
+        // that memory.
+        self.shut_down();
         if self.disable().is_err() {
             let admin = self.admin.get_mut();
             admin.sq.leak();

@@ -19,7 +19,13 @@ pub const CC_EN: u32 = 1 << 0;
 pub const CC_IOSQES_64: u32 = 6 << 16;
 /// I/O completion queue entries are 2^4 = 16 bytes.
 pub const CC_IOCQES_16: u32 = 4 << 20;
+/// CC.SHN = 01b: normal shutdown notification.
+pub const CC_SHN_NORMAL: u32 = 1 << 14;
+pub const CC_SHN_MASK: u32 = 3 << 14;
 pub const CSTS_RDY: u32 = 1 << 0;
+/// CSTS.SHST = 10b: shutdown processing complete.
+pub const CSTS_SHST_COMPLETE: u32 = 2 << 2;
+pub const CSTS_SHST_MASK: u32 = 3 << 2;
 pub const CSTS_CFS: u32 = 1 << 1;
 
 /// The fields of CAP the driver uses.
