@@ -3,8 +3,11 @@
 //! the guest) rather than a `cargo test`.
 //!
 //!   vfio_selftest <bdf> [--expect-bytes N] [--serial S] [--nonviable <bdf>] [--io-only]
+//!                 [--skip-reset]
 //!
-//! `--io-only` runs the I/O checks and skips the error checks (which unbind the function).
+//! `--io-only` runs the I/O checks and skips the error checks (which unbind the function);
+//! `--skip-reset` skips the controller reset (QEMU 7.2 can crash on a reset with I/O in
+//! flight, so the suite runs it on one controller only: docs/vfio.md).
 //!
 //! Prints one line per check, `ok <name>` or `FAILED <name>: <why>`, and exits non-zero if
 //! any failed. Every check is bounded in time (IO_TIMEOUT per command, a fixed number of
@@ -386,7 +389,7 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
     let lba = qp_lba(ctrl);
     let mut idle = ctrl.create_queue_pair(4).map_err(|e| e.to_string())?;
     let mut qp = ctrl.create_queue_pair(depth).map_err(|e| e.to_string())?;
-    let len = 128 << 10;
+    let len: usize = 128 << 10;
     let data = pattern(SEED + 7, len);
     let mut aborted_total = 0;
     for attempt in 1..=10 {
@@ -569,7 +572,7 @@ fn main() {
     let Some(bdf) = args.first() else {
         eprintln!(
             "usage: vfio_selftest <bdf> [--expect-bytes N] [--serial S] [--nonviable <bdf>] \
-             [--io-only]"
+             [--io-only] [--skip-reset]"
         );
         std::process::exit(2);
     };
@@ -591,9 +594,22 @@ fn main() {
             }
         }
     }
+    if let Some(n) = flag("--stress-reset").and_then(|v| v.parse::<u32>().ok()) {
+        // Soak: the reset check `n` times on one controller (not part of the suite).
+        let ctrl = open(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..n {
+            if let Err(e) = reset_mid_workload(&ctrl) {
+                println!("FAILED reset {i}: {e}");
+                std::process::exit(1);
+            }
+        }
+        println!("{n} resets passed");
+        std::process::exit(0);
+    }
     let expect_bytes = flag("--expect-bytes").and_then(|v| v.parse().ok());
     let serial = flag("--serial").unwrap_or_else(|| "hypoll0".to_string());
     let io_only = args.iter().any(|a| a == "--io-only");
+    let skip_reset = args.iter().any(|a| a == "--skip-reset");
     println!("vfio_selftest on {} (pattern seed {SEED:#x})", cfg.bdf);
     let mut failed = 0;
     let mut run = |name: &str, check: &mut dyn FnMut() -> Check| {
@@ -619,9 +635,11 @@ fn main() {
             run("64 in flight, over-MDTS", &mut || deep_queue(&ctrl));
             run("MSI-X interrupts", &mut || interrupts(&ctrl));
             run("parallel queue pairs", &mut || parallel_queue_pairs(&ctrl));
-            run("controller reset mid-workload", &mut || {
-                reset_mid_workload(&ctrl)
-            });
+            if !skip_reset {
+                run("controller reset mid-workload", &mut || {
+                    reset_mid_workload(&ctrl)
+                });
+            }
         }
         Err(e) => run("open", &mut || Err(e.clone())),
     }
