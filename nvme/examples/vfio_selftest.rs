@@ -577,7 +577,7 @@ fn main() {
         std::process::exit(2);
     };
     let cfg = VfioConfig::parse(bdf).unwrap_or_else(|e| {
-        eprintln!("{e}");
+        eprintln!("{bdf:?}: expected {e}");
         std::process::exit(2)
     });
     let flag = |name: &str| {

@@ -99,7 +99,8 @@ pub struct VfioConfig {
 }
 
 impl VfioConfig {
-    /// Parses a PCI address `dddd:bb:dd.f` (or `bb:dd.f`, domain 0), hex, lower-cased.
+    /// Parses a PCI address `dddd:bb:dd.f` (or `bb:dd.f`, domain 0), hex, lower-cased. The
+    /// error says what was expected (the caller names the bad value).
     pub fn parse(addr: &str) -> Result<VfioConfig, String> {
         let expected = "a PCI address such as 0000:00:04.0 (domain:bus:device.function, hex)";
         let full = if addr.matches(':').count() == 1 {
@@ -107,7 +108,7 @@ impl VfioConfig {
         } else {
             addr.to_string()
         };
-        let bad = || format!("{addr:?} is not {expected}");
+        let bad = || expected.to_string();
         let (dbd, func) = full.rsplit_once('.').ok_or_else(bad)?;
         let parts: Vec<&str> = dbd.split(':').collect();
         let [domain, bus, dev] = parts[..] else {
