@@ -162,6 +162,11 @@ fn main() -> ExitCode {
                  has poll queues, else interrupts)",
                 "uring:/path"
             );
+            println!(
+                "{:<13} a PCI NVMe controller bound to vfio-pci, driven from user space \
+                 (vfio:0000:01:00.0; see docs/vfio.md)",
+                "vfio:<addr>"
+            );
             ExitCode::SUCCESS
         }
     }

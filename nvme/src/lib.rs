@@ -30,6 +30,7 @@ pub mod spec;
 pub mod sync;
 pub mod sys;
 pub mod uring;
+pub mod vfio;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
@@ -43,3 +44,4 @@ pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
 pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};
+pub use vfio::{VfioConfig, VfioController, VfioQueuePair};
