@@ -112,6 +112,70 @@ impl Container {
     }
 }
 
+/// The process's pinned buffer pool ([`IoBuf::pinned`](crate::IoBuf::pinned)), mapped for
+/// the device once: a read or write whose buffer lies in it goes straight to the caller's
+/// memory, with no bounce copy (SPDK's rule: I/O buffers come from DMA-able memory).
+#[derive(Debug)]
+pub struct PoolWindow {
+    base: usize,
+    len_bytes: usize,
+    iova: u64,
+    container: Arc<Container>,
+}
+
+impl PoolWindow {
+    /// Maps the pinned pool into `container`; `None` when the pool is off or the kernel
+    /// will not pin it (a memlock limit), in which case every transfer bounces.
+    pub fn map(container: &Arc<Container>) -> Result<PoolWindow, String> {
+        let (base, len_bytes) = crate::buf::pinned_region().ok_or("the pinned pool is off")?;
+        let iova = container
+            .iova
+            .lock()
+            .alloc(len_bytes as u64)
+            .ok_or("no IOVA space left for it")?;
+        // SAFETY: the pinned pool's region is mapped for the life of the process and never
+        // remapped, so the pages the IOMMU maps stay the ones at these addresses; Drop
+        // unmaps the IOVA range before the container goes.
+        let mapped = unsafe { sys::map_dma(&container.fd, base as u64, iova, len_bytes as u64) };
+        if let Err(e) = mapped {
+            container.iova.lock().free(iova, len_bytes as u64);
+            return Err(format!(
+                "VFIO_IOMMU_MAP_DMA of {len_bytes} bytes failed ({e}; memlock limit {:?})",
+                sys::memlock_limit_bytes()
+            ));
+        }
+        Ok(PoolWindow {
+            base: base as usize,
+            len_bytes,
+            iova,
+            container: container.clone(),
+        })
+    }
+
+    /// The IOVA of `len_bytes` at `ptr`, when they lie inside the pool and start on a page.
+    pub fn iova_of(&self, ptr: *const u8, len_bytes: usize) -> Option<u64> {
+        let at = (ptr as usize).checked_sub(self.base)?;
+        (at.is_multiple_of(PAGE_BYTES) && at + len_bytes <= self.len_bytes)
+            .then(|| self.iova + at as u64)
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+}
+
+impl Drop for PoolWindow {
+    fn drop(&mut self) {
+        // The pool's memory stays mapped in the process either way; only the IOVA goes.
+        if sys::unmap_dma(&self.container.fd, self.iova, self.len_bytes as u64).is_ok() {
+            self.container
+                .iova
+                .lock()
+                .free(self.iova, self.len_bytes as u64);
+        }
+    }
+}
+
 /// Pinned memory the device can reach at [`DmaRegion::iova`].
 #[derive(Debug)]
 pub struct DmaRegion {

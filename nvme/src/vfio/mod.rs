@@ -461,6 +461,8 @@ struct Inner {
     identity: ControllerIdentity,
     /// One eventfd per MSI-X vector (vector 0: admin); empty without MSI-X.
     irqs: Vec<EventFd>,
+    /// The pinned buffer pool mapped for the device (zero-copy I/O), or why not.
+    pool: Result<dma::PoolWindow, String>,
     container: Arc<dma::Container>,
     device: OwnedFd,
     _group: OwnedFd,
@@ -714,6 +716,7 @@ impl VfioController {
         let irqs = setup_msix(&device)?;
 
         let admin = AdminQueue::new(&container)?;
+        let pool = dma::PoolWindow::map(&container);
         let mut inner = Inner {
             cfg: cfg.clone(),
             bar,
@@ -735,6 +738,7 @@ impl VfioController {
                 namespaces: 0,
             },
             irqs,
+            pool,
             container,
             device,
             _group: group,
@@ -829,7 +833,14 @@ impl VfioController {
 
 impl Controller for VfioController {
     fn describe(&self) -> String {
-        self.inner.cfg.to_string()
+        match &self.inner.pool {
+            Ok(w) => format!(
+                "{} (zero-copy for buffers in the {} pinned pool, bounce pages otherwise)",
+                self.inner.cfg,
+                crate::device::size_text(w.len_bytes() as u64)
+            ),
+            Err(why) => format!("{} (bounce pages only: {why})", self.inner.cfg),
+        }
     }
 
     fn namespace(&self) -> NamespaceInfo {

@@ -86,6 +86,8 @@ pub struct VfioQueuePair {
     ns: NamespaceInfo,
     /// Statistics a test can read.
     aborted_by_reset: u64,
+    /// Reads and writes that went straight to a pinned-pool buffer.
+    zero_copy_ios: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -138,6 +140,7 @@ impl VfioQueuePair {
             gate,
             armed: false,
             aborted_by_reset: 0,
+            zero_copy_ios: 0,
             _not_send: PhantomData,
         })
     }
@@ -150,6 +153,11 @@ impl VfioQueuePair {
     /// Commands this queue pair completed with an abort status because of a controller reset.
     pub fn aborted_by_reset(&self) -> u64 {
         self.aborted_by_reset
+    }
+
+    /// Reads and writes so far that needed no bounce copy (their buffer was pinned).
+    pub fn zero_copy_ios(&self) -> u64 {
+        self.zero_copy_ios
     }
 
     /// Bounce pages free right now (of [`VfioQueuePair::bounce_pages`]).
@@ -326,15 +334,31 @@ impl QueuePair for VfioQueuePair {
         match opcode {
             Opcode::Read | Opcode::Write => {
                 let npages = prp::pages_spanned(0, data_bytes);
-                if !self.pool.take(&mut slot.pages[..npages]) {
-                    return Err(SubmitError::QueueFull { depth: self.depth });
-                }
-                slot.npages = npages as u8;
                 let mut iovas = [0u64; MAX_PAGES_PER_COMMAND];
-                for (i, &p) in slot.pages[..npages].iter().enumerate() {
-                    iovas[i] = self.bounce.iova() + (p as usize * PAGE_BYTES) as u64;
+                let direct = self
+                    .ctrl
+                    .pool
+                    .as_ref()
+                    .ok()
+                    .and_then(|w| w.iova_of(cmd.buf_ptr(), data_bytes));
+                if let Some(iova) = direct {
+                    // Zero-copy: the controller reads or writes the caller's pinned buffer,
+                    // which submit's contract keeps valid until the completion is reaped.
+                    for (i, v) in iovas[..npages].iter_mut().enumerate() {
+                        *v = iova + (i * PAGE_BYTES) as u64;
+                    }
+                    self.zero_copy_ios += 1;
+                } else if !self.pool.take(&mut slot.pages[..npages]) {
+                    return Err(SubmitError::QueueFull { depth: self.depth });
+                } else {
+                    slot.npages = npages as u8;
+                    for (i, &p) in slot.pages[..npages].iter().enumerate() {
+                        iovas[i] = self.bounce.iova() + (p as usize * PAGE_BYTES) as u64;
+                    }
                 }
-                if opcode == Opcode::Write {
+                if direct.is_some() {
+                    // Nothing to copy in or out.
+                } else if opcode == Opcode::Write {
                     let mut copied = 0;
                     for &p in &slot.pages[..npages] {
                         let n = (data_bytes - copied).min(PAGE_BYTES);
@@ -353,7 +377,7 @@ impl QueuePair for VfioQueuePair {
                 let mut list = [0u64; MAX_PAGES_PER_COMMAND];
                 let (prp1, prp2) =
                     prp::build(&iovas[..npages], 0, data_bytes, &mut list, list_iova)
-                        .expect("bounce pages always make valid PRPs");
+                        .expect("page-aligned pool or bounce pages always make valid PRPs");
                 if npages > 2 {
                     for (i, &entry) in list[..npages - 1].iter().enumerate() {
                         self.lists.write_volatile(list_off + 8 * i, entry);
@@ -459,6 +483,18 @@ impl Drop for VfioQueuePair {
         // A reset since the queues were (re)created deleted them already: the controller
         // stopped touching this memory when it was disabled.
         let stopped = reset_since || !self.live || self.ctrl.delete_io_queues(self.qid).is_ok();
+        if !stopped && self.in_device > 0 && self.zero_copy_ios > 0 {
+            // Commands may still be using the callers' own pinned buffers, which this queue
+            // pair cannot keep: stop the whole controller, or stop the process.
+            if self.ctrl.disable().is_err() {
+                eprintln!(
+                    "hypoll: vfio {}: neither deleting queue {} nor disabling the controller \
+                     worked; aborting rather than let it write freed memory",
+                    self.ctrl.cfg, self.qid
+                );
+                std::process::abort();
+            }
+        }
         if !stopped {
             // The controller may still read or write these pages: keep them forever.
             self.sq.leak();
