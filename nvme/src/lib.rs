@@ -38,7 +38,8 @@ pub use device::{parse_size_bytes, DeviceSpec, SpecError};
 pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
+    MAX_QUEUE_DEPTH,
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
