@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use hypoll_nvme::sys::{monotonic_ns, EventFd, TimerFd};
-use hypoll_nvme::{Command, Completion, QueuePair};
+use hypoll_nvme::{Clock, Command, Completion, QueuePair, Status};
 use hypoll_policy::{
     Bucket, Decision, Direction, InFlight, Observation, PollContext, PollPolicy, Slept,
     StatsRecorder,
@@ -17,7 +17,8 @@ use hypoll_policy::{
 use slab::Slab;
 
 use crate::io::{
-    Device, DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason, Rejected,
+    Device, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason,
+    Rejected,
 };
 use crate::stats::{Counters, ReactorStats, SharedStats, STATS_PUBLISH_NS};
 use crate::sys::Epoll;
@@ -105,6 +106,35 @@ impl ReactorHandle {
         Ok(())
     }
 
+    /// Queues `f` to run on the reactor, waiting up to `timeout` for room in a full mailbox:
+    /// back-pressure that slows the sender down instead of failing it at once. Never waits
+    /// longer than `timeout` (then [`SendError::Full`]), never grows the mailbox. Meant for
+    /// threads outside the reactors: a reactor sending to a full mailbox (its own included)
+    /// should use [`ReactorHandle::send`] and retry from a timer, since while it waits it
+    /// runs nothing else.
+    pub fn send_timeout(
+        &self,
+        f: impl FnOnce(&mut Reactor) + Send + 'static,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        if self.wake.stop.load(Ordering::Acquire) {
+            return Err(SendError::Stopped);
+        }
+        match self.tx.send_timeout(Box::new(f), timeout) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => return Err(SendError::Full),
+            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                return Err(SendError::Stopped)
+            }
+        }
+        // As in `send`: wake a parked reactor.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.wake.parked.load(Ordering::SeqCst) {
+            let _ = self.wake.eventfd.signal();
+        }
+        Ok(())
+    }
+
     /// Asks the reactor to stop: it finishes what is queued, drains or fails its I/O and
     /// exits. Idempotent.
     pub(crate) fn stop(&self) {
@@ -165,6 +195,29 @@ struct Attached {
     recorder: StatsRecorder,
     lba_bytes: u32,
     has_irq: bool,
+    /// `DeviceOptions`' timeouts, in ns.
+    io_timeout_ns: Option<u64>,
+    abort_timeout_ns: u64,
+    reset_timeout_ns: u64,
+    /// This device's outstanding I/Os in submission order, hence in timeout order: (slot
+    /// key, seq). Entries of completed I/Os are skipped and dropped lazily.
+    order: VecDeque<(usize, u64)>,
+    /// When the next timeout or recovery step on this device is due (ns); `u64::MAX`: none.
+    recovery_due_ns: u64,
+}
+
+/// Where an outstanding I/O stands in timeout recovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recovery {
+    /// Within its timeout.
+    Waiting,
+    /// Timed out; an abort was sent (or the device cannot abort): escalate at the deadline.
+    Aborting { deadline_ns: u64 },
+    /// Its queue pair was reset: the device owes its completion by the deadline.
+    Resetting { deadline_ns: u64 },
+    /// Failed locally with `IoFailure::Abandoned`; its buffer stays here (quarantined)
+    /// until a late completion or the queue pair's deletion.
+    Abandoned,
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
@@ -178,7 +231,11 @@ struct IoSlot {
     idle_polls_at_submit: u64,
     user: u64,
     buf: Option<hypoll_nvme::IoBuf>,
-    callback: IoCallback,
+    /// `None` once it ran (an abandoned I/O).
+    callback: Option<IoCallback>,
+    recovery: Recovery,
+    /// It reached its timeout: an abort or reset status becomes `IoFailure::TimedOut`.
+    timed_out: bool,
 }
 
 /// Tunables of a reactor.
@@ -247,6 +304,12 @@ pub struct Reactor {
     woke_this_turn: bool,
     woke_pending: bool,
     stopping: bool,
+    /// Where `now_ns` comes from: CLOCK_MONOTONIC, or a simulation's virtual clock.
+    clock: Clock,
+    /// Slots of abandoned I/Os (still in `slots`, quarantined).
+    abandoned: usize,
+    /// Keys of I/Os to abandon, collected during a recovery scan (preallocated).
+    to_abandon: Vec<usize>,
 }
 
 impl Reactor {
@@ -293,7 +356,19 @@ impl Reactor {
             woke_this_turn: false,
             woke_pending: false,
             stopping: false,
+            clock: Clock::Monotonic,
+            abandoned: 0,
+            to_abandon: Vec::new(),
         })
+    }
+
+    /// Makes the reactor read `clock` instead of CLOCK_MONOTONIC (simulations step a
+    /// reactor by hand on a virtual clock; see `crate::sim`).
+    pub(crate) fn set_clock(&mut self, clock: Clock) {
+        self.now_ns = clock.now_ns();
+        self.start_ns = self.now_ns;
+        self.last_publish_ns = self.now_ns;
+        self.clock = clock;
     }
 
     fn me(&self) -> &ReactorHandle {
@@ -328,9 +403,14 @@ impl Reactor {
         self.policy.name()
     }
 
-    /// I/Os submitted on this reactor and not yet completed.
+    /// I/Os submitted on this reactor whose callback has not run yet.
     pub fn outstanding(&self) -> usize {
-        self.slots.len()
+        self.slots.len() - self.abandoned
+    }
+
+    /// Abandoned I/Os whose buffers are still quarantined (see [`IoFailure::Abandoned`]).
+    pub fn quarantined(&self) -> usize {
+        self.abandoned
     }
 
     /// The counters so far (the published copy lags by up to 10 ms).
@@ -338,8 +418,23 @@ impl Reactor {
         &self.counters
     }
 
-    /// Creates a queue pair of `depth` on `device` for this reactor.
+    /// Creates a queue pair of `depth` on `device` for this reactor, with the default
+    /// timeouts ([`DeviceOptions::new`]).
     pub fn attach(&mut self, device: &Device, depth: usize) -> Result<DeviceId, String> {
+        self.attach_with(device, DeviceOptions::new(depth))
+    }
+
+    /// Creates a queue pair on `device` for this reactor, as `options` say.
+    pub fn attach_with(
+        &mut self,
+        device: &Device,
+        options: DeviceOptions,
+    ) -> Result<DeviceId, String> {
+        let depth = options.depth;
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if options.io_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("io_timeout must be more than 0 (or None: never)".to_string());
+        }
         if self.devices.len() >= DEVICES_MAX {
             return Err(format!("a reactor attaches at most {DEVICES_MAX} devices"));
         }
@@ -364,11 +459,19 @@ impl Reactor {
             .reserve(2 * self.io_capacity - self.order.len().min(2 * self.io_capacity));
         self.completions
             .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
+        self.to_abandon
+            .reserve(self.io_capacity - self.to_abandon.len());
+        let order = VecDeque::with_capacity(2 * qp.depth());
         self.devices.push(Attached {
             lba_bytes: qp.namespace().lba_size_bytes,
             qp,
             recorder: device.stats.recorder(self.now_ns),
             has_irq,
+            io_timeout_ns: options.io_timeout.map(ns),
+            abort_timeout_ns: ns(options.abort_timeout),
+            reset_timeout_ns: ns(options.reset_timeout),
+            order,
+            recovery_due_ns: u64::MAX,
         });
         Ok(DeviceId(id))
     }
@@ -442,9 +545,26 @@ impl Reactor {
             idle_polls_at_submit: self.counters.idle_polls,
             user: req.user,
             buf,
-            callback: Box::new(callback),
+            callback: Some(Box::new(callback)),
+            recovery: Recovery::Waiting,
+            timed_out: false,
         });
         debug_assert_eq!(inserted, key);
+        let dev = &mut self.devices[device.0 as usize];
+        if let Some(timeout_ns) = dev.io_timeout_ns {
+            if dev.order.len() == dev.order.capacity() {
+                let slots = &self.slots;
+                dev.order.retain(|&(k, s)| {
+                    slots
+                        .get(k)
+                        .is_some_and(|slot| slot.seq == s && slot.recovery != Recovery::Abandoned)
+                });
+            }
+            dev.order.push_back((key, seq));
+            dev.recovery_due_ns = dev
+                .recovery_due_ns
+                .min(self.now_ns.saturating_add(timeout_ns));
+        }
         if self.order.len() == self.order.capacity() {
             // Completed entries pile up behind a slow oldest I/O: drop them in one pass.
             let slots = &self.slots;
@@ -532,13 +652,22 @@ impl Reactor {
         self.shut_down()
     }
 
-    /// One loop turn: messages, timers, pollers, completions. Returns the work done.
+    /// One loop turn at the clock's current time, for a simulation that steps reactors by
+    /// hand (it never spins, sleeps or parks). Returns the work done.
+    pub(crate) fn sim_turn(&mut self) -> usize {
+        self.now_ns = self.clock.now_ns();
+        self.turn()
+    }
+
+    /// One loop turn: messages, timers, pollers, completions, timeouts. Returns the work
+    /// done.
     fn turn(&mut self) -> usize {
         self.counters.polls += 1;
         let mut work = self.run_messages(MESSAGE_BATCH);
         work += self.run_timers();
         work += self.run_pollers();
         work += self.reap();
+        work += self.check_timeouts();
         for dev in &mut self.devices {
             dev.recorder.tick(self.now_ns);
         }
@@ -591,7 +720,7 @@ impl Reactor {
             if did > 0 {
                 work += did;
                 // Submissions after this poller's work are stamped with a fresh time.
-                self.now_ns = monotonic_ns();
+                self.now_ns = self.clock.now_ns();
             }
         }
         // Pollers added during the turn were pushed onto the (taken) list: keep them.
@@ -621,7 +750,7 @@ impl Reactor {
             return 0;
         }
         // One timestamp for the whole batch.
-        self.now_ns = monotonic_ns();
+        self.now_ns = self.clock.now_ns();
         let mut batch = std::mem::take(&mut self.completions);
         for (dev, completion) in batch.drain(..) {
             self.complete(dev, completion);
@@ -645,6 +774,13 @@ impl Reactor {
             "reactor {}: device {dev} completed tag {} of device {}",
             self.core, completion.tag, slot.device
         );
+        if slot.recovery == Recovery::Abandoned {
+            // Its callback ran when it was abandoned: the device is done with the buffer
+            // now, so it leaves quarantine (dropped with `slot`).
+            self.abandoned -= 1;
+            self.counters.late_completions += 1;
+            return;
+        }
         let latency_ns = self.now_ns.saturating_sub(slot.submit_ns);
         let ok = completion.status.is_success();
         if ok {
@@ -664,24 +800,201 @@ impl Reactor {
             idle_polls: self.counters.idle_polls - slot.idle_polls_at_submit,
             censored: self.woke_this_turn && slot.submit_ns <= self.slept_from_ns,
         });
+        let result = if ok {
+            Ok(())
+        } else if slot.timed_out
+            && matches!(
+                completion.status,
+                Status::ABORT_REQUESTED | Status::ABORTED_SQ_DELETION
+            )
+        {
+            Err(IoFailure::TimedOut)
+        } else {
+            Err(IoFailure::Device(completion.status))
+        };
         let done = IoDone {
             device: DeviceId(dev),
-            result: if ok {
-                Ok(())
-            } else {
-                Err(IoFailure::Device(completion.status))
-            },
+            result,
             buf: slot.buf,
             user: slot.user,
             latency_ns,
         };
-        (slot.callback)(self, done);
+        let callback = slot
+            .callback
+            .expect("only abandoned I/Os have run their callback");
+        callback(self, done);
+    }
+
+    /// Runs timeout recovery on every device where a step is due. Returns the steps taken.
+    fn check_timeouts(&mut self) -> usize {
+        let mut steps = 0;
+        for d in 0..self.devices.len() {
+            if self.now_ns >= self.devices[d].recovery_due_ns {
+                steps += self.recover(d);
+            }
+        }
+        steps
+    }
+
+    /// One recovery scan of device `d`, oldest I/O first: aborts I/Os past their timeout,
+    /// resets the queue pair when an abort did not complete its I/O in time (or the device
+    /// cannot abort), and abandons what a reset did not complete in time (or what timed out
+    /// on a device that cannot reset). Sets when the next step is due.
+    fn recover(&mut self, d: usize) -> usize {
+        let now_ns = self.now_ns;
+        let Reactor {
+            devices,
+            slots,
+            counters,
+            to_abandon,
+            ..
+        } = self;
+        let dev = &mut devices[d];
+        let Some(timeout_ns) = dev.io_timeout_ns else {
+            dev.recovery_due_ns = u64::MAX;
+            return 0;
+        };
+        let mut next_due_ns = u64::MAX;
+        let mut steps = 0;
+        let mut escalate = false;
+        to_abandon.clear();
+        let mut i = 0;
+        while i < dev.order.len() {
+            let (key, seq) = dev.order[i];
+            let live = slots
+                .get_mut(key)
+                .filter(|s| s.seq == seq && s.recovery != Recovery::Abandoned);
+            let Some(slot) = live else {
+                if i == 0 {
+                    dev.order.pop_front();
+                } else {
+                    i += 1;
+                }
+                continue;
+            };
+            i += 1;
+            match slot.recovery {
+                Recovery::Waiting => {
+                    let due_ns = slot.submit_ns.saturating_add(timeout_ns);
+                    if now_ns < due_ns {
+                        // Submission order is timeout order: the rest are younger.
+                        next_due_ns = next_due_ns.min(due_ns);
+                        break;
+                    }
+                    counters.io_timeouts += 1;
+                    slot.timed_out = true;
+                    steps += 1;
+                    match dev.qp.abort(key as u64) {
+                        Ok(()) => {
+                            counters.aborts += 1;
+                            let deadline_ns = now_ns.saturating_add(dev.abort_timeout_ns);
+                            slot.recovery = Recovery::Aborting { deadline_ns };
+                            next_due_ns = next_due_ns.min(deadline_ns);
+                        }
+                        Err(_) => {
+                            slot.recovery = Recovery::Aborting {
+                                deadline_ns: now_ns,
+                            };
+                            escalate = true;
+                        }
+                    }
+                }
+                Recovery::Aborting { deadline_ns } => {
+                    if now_ns >= deadline_ns {
+                        escalate = true;
+                    } else {
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                }
+                Recovery::Resetting { deadline_ns } => {
+                    if now_ns >= deadline_ns {
+                        to_abandon.push(key);
+                    } else {
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                }
+                Recovery::Abandoned => unreachable!("filtered above"),
+            }
+        }
+        if escalate {
+            steps += 1;
+            counters.resets += 1;
+            let reset = dev.qp.reset();
+            if reset.is_err() {
+                counters.reset_failures += 1;
+            }
+            let deadline_ns = now_ns.saturating_add(dev.reset_timeout_ns);
+            for &(key, seq) in dev.order.iter() {
+                let Some(slot) = slots
+                    .get_mut(key)
+                    .filter(|s| s.seq == seq && s.recovery != Recovery::Abandoned)
+                else {
+                    continue;
+                };
+                match (&reset, slot.recovery) {
+                    // The device owes every outstanding command a completion.
+                    (Ok(()), Recovery::Waiting | Recovery::Aborting { .. }) => {
+                        slot.recovery = Recovery::Resetting { deadline_ns };
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                    // No reset: give up on the timed-out ones, leave the others be.
+                    (Err(_), Recovery::Aborting { .. }) => to_abandon.push(key),
+                    _ => {}
+                }
+            }
+        }
+        dev.recovery_due_ns = next_due_ns;
+        let mut abandon = std::mem::take(&mut self.to_abandon);
+        for &key in &abandon {
+            self.abandon(key);
+            steps += 1;
+        }
+        abandon.clear();
+        self.to_abandon = abandon;
+        steps
+    }
+
+    /// Fails one I/O locally with `IoFailure::Abandoned`, keeping its slot (and buffer) in
+    /// quarantine: the device may still use the buffer until it completes the command or
+    /// the queue pair is deleted.
+    fn abandon(&mut self, key: usize) {
+        let slot = &mut self.slots[key];
+        if slot.recovery == Recovery::Abandoned {
+            return;
+        }
+        slot.recovery = Recovery::Abandoned;
+        let callback = slot.callback.take().expect("not abandoned before");
+        let done = IoDone {
+            device: DeviceId(slot.device),
+            result: Err(IoFailure::Abandoned),
+            buf: None,
+            user: slot.user,
+            latency_ns: self.now_ns.saturating_sub(slot.submit_ns),
+        };
+        self.abandoned += 1;
+        self.counters.abandoned_ios += 1;
+        self.counters.ios += 1;
+        self.counters.io_errors += 1;
+        callback(self, done);
+    }
+
+    /// When the next timeout recovery step of any device is due.
+    fn recovery_due_ns(&self) -> Option<u64> {
+        self.devices
+            .iter()
+            .map(|d| d.recovery_due_ns)
+            .min()
+            .filter(|&t| t != u64::MAX)
     }
 
     /// The oldest outstanding I/O's slot key.
     fn oldest(&mut self) -> Option<usize> {
         while let Some(&(key, seq)) = self.order.front() {
-            if self.slots.get(key).is_some_and(|s| s.seq == seq) {
+            if self
+                .slots
+                .get(key)
+                .is_some_and(|s| s.seq == seq && s.recovery != Recovery::Abandoned)
+            {
                 return Some(key);
             }
             self.order.pop_front();
@@ -691,7 +1004,8 @@ impl Reactor {
 
     /// Nothing had work this turn.
     fn when_idle(&mut self) {
-        if self.slots.is_empty() {
+        // Abandoned I/Os are not waited for: their completions may never come.
+        if self.outstanding() == 0 {
             let since = *self.idle_since_ns.get_or_insert(self.now_ns);
             if self.now_ns - since >= self.tuning.idle_spin_ns {
                 self.park(false);
@@ -706,7 +1020,7 @@ impl Reactor {
         let dev = &self.devices[slot.device as usize];
         let ctx = PollContext {
             now_ns: self.now_ns,
-            outstanding: self.slots.len(),
+            outstanding: self.outstanding(),
             oldest: InFlight {
                 bucket: slot.bucket,
                 submit_ns: slot.submit_ns,
@@ -778,7 +1092,13 @@ impl Reactor {
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts.
     fn park(&mut self, for_io: bool) {
-        let next_timer_ns = self.timers.next_deadline_ns();
+        let mut next_timer_ns = self.timers.next_deadline_ns();
+        if for_io {
+            // A lost command never interrupts: wake for its timeout.
+            if let Some(due_ns) = self.recovery_due_ns() {
+                next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
+            }
+        }
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
                 Some(deadline_ns) => self.timer_fd.arm_at(deadline_ns),
@@ -854,9 +1174,9 @@ impl Reactor {
         self.timers = Timers::default();
         let ios_before = self.counters.ios;
         let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
-        while !self.slots.is_empty() && monotonic_ns() < deadline_ns {
+        while self.outstanding() > 0 && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
-            if self.reap() == 0 {
+            if self.reap() + self.check_timeouts() == 0 {
                 // Stopping is not latency-critical: poll every 50 us rather than spin.
                 std::thread::sleep(SHUTDOWN_POLL);
             }
@@ -864,10 +1184,17 @@ impl Reactor {
         let drained_ios = self.counters.ios - ios_before;
         // Delete the queue pairs first: after this no device touches an I/O buffer.
         self.devices.clear();
-        let failed: Vec<IoSlot> = self.slots.drain().collect();
+        // Abandoned I/Os already ran their callbacks: their buffers leave quarantine here.
+        let failed: Vec<IoSlot> = self
+            .slots
+            .drain()
+            .filter(|s| s.recovery != Recovery::Abandoned)
+            .collect();
+        self.abandoned = 0;
         let failed_ios = failed.len() as u64;
         self.now_ns = monotonic_ns();
         for slot in failed {
+            let callback = slot.callback.expect("not abandoned");
             let done = IoDone {
                 device: DeviceId(slot.device),
                 result: Err(IoFailure::Shutdown),
@@ -877,7 +1204,7 @@ impl Reactor {
             };
             self.counters.ios += 1;
             self.counters.io_errors += 1;
-            (slot.callback)(&mut self, done);
+            callback(&mut self, done);
         }
         self.publish();
         ExitReport {

@@ -1,0 +1,813 @@
+//! A seeded, deterministic simulation of several reactors on one emulated controller with
+//! faults on, checked against a shadow model (TigerBeetle-style).
+//!
+//! One run ([`run`]) builds N reactors on one thread, all on one [`EmuController`] and one
+//! [`VirtualClock`], and steps them in an order drawn from the seed: submit a random read,
+//! write, flush, write zeroes or deallocate on a random reactor, turn a random reactor's
+//! loop, move virtual time forward. The controller injects media errors, lost commands
+//! (some deaf to aborts) and controller resets; the reactors' timeouts abort, reset and, on
+//! devices that cannot, abandon. Everything (workload, fault draws, interleaving, time)
+//! follows from the seed, so a seed replays its run exactly.
+//!
+//! What it checks:
+//! - every accepted I/O's callback runs exactly once, within the bound its device's
+//!   timeouts promise, and the reactors' counters agree;
+//! - every read that succeeds returns, block by block, a value the shadow model allows;
+//! - afterwards every block reads back as the model allows: the last acknowledged write,
+//!   or a write whose outcome is unknown (failed, timed out, abandoned, or concurrent with
+//!   the last acknowledged one).
+//!
+//! The shadow model. Time is a counter the simulation bumps before every submission and at
+//! every callback. A write `w` has a window `[s_w, c_w]`: submitted at `s_w`, its callback at
+//! `c_w` (never, for an abandoned write: the device may still carry it out). A successful
+//! write took effect on each of its blocks at one instant inside its window; a failed one at
+//! most once (blocks independently: a device may tear a failed multi-block write). Write
+//! zeroes and deallocate write the value "zeroes" (the emulator's deallocated blocks read
+//! as zeroes). A read with window `[s_r, c_r]` may see, on a block, the value of any write
+//! `w` to it (or the initial zeroes) unless `w` started after the read ended (`s_w > c_r`),
+//! or some successful write `w'` certainly came between them: `s_w' > c_w` (after `w`) and
+//! `c_w' < s_r` (before the read). That rule accepts every legal interleaving of
+//! overlapping concurrent writes, so a failure is a real bug.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypoll_nvme::{
+    Clock, Command, Completion, Controller, EmuConfig, EmuController, EmuQueuePair, IoBuf,
+    NamespaceInfo, QueuePair, QueuePairError, RecoveryError, Status, SubmitError, VirtualClock,
+};
+
+use crate::io::{Device, DeviceId, DeviceOptions, IoDone, IoFailure, IoOp, IoRequest};
+use crate::reactor::{mailbox, Reactor, ReactorTuning};
+
+/// Block size of the simulated namespace.
+const LBA_BYTES: usize = 512;
+/// Largest I/O of the workload, in blocks.
+const MAX_NLB: u32 = 8;
+/// Most steps one run takes before it is declared hung.
+const MAX_STEPS: u64 = 10_000_000;
+/// Attempts at reading a block back in the final check before giving up.
+const FINAL_READ_ATTEMPTS: u32 = 1_000;
+
+/// The shape of a run. Fault rates and sizes are fixed here; the seed draws the rest.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub reactors: usize,
+    /// I/Os each reactor submits (attempts; a full queue retries later).
+    pub ios_per_reactor: usize,
+    pub depth: usize,
+    pub err_pct: f64,
+    pub lost_pct: f64,
+    pub stuck_pct: f64,
+    pub reset_pct: f64,
+    /// Per-device timeouts, in virtual time.
+    pub io_timeout: Duration,
+    pub abort_timeout: Duration,
+    pub reset_timeout: Duration,
+    /// Most virtual time one step moves the clock forward.
+    pub max_step: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            reactors: 3,
+            ios_per_reactor: 300,
+            depth: 8,
+            err_pct: 2.0,
+            lost_pct: 2.0,
+            stuck_pct: 30.0,
+            reset_pct: 0.3,
+            io_timeout: Duration::from_micros(300),
+            abort_timeout: Duration::from_micros(100),
+            reset_timeout: Duration::from_micros(100),
+            max_step: Duration::from_micros(4),
+        }
+    }
+}
+
+/// What a passing run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimReport {
+    pub seed: u64,
+    /// How the device answered recovery: "abort+reset", "reset only", "neither".
+    pub recovery: &'static str,
+    pub blocks: u64,
+    pub ios: u64,
+    pub io_errors: u64,
+    pub queue_full: u64,
+    pub io_timeouts: u64,
+    pub aborts: u64,
+    pub resets: u64,
+    pub abandoned: u64,
+    pub late_completions: u64,
+    pub controller_resets: u64,
+    pub reads_checked: u64,
+    /// Longest time an I/O waited for its callback (virtual ns).
+    pub latency_ns_max: u64,
+}
+
+/// A failed run: the seed that replays it and what went wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimFailure {
+    pub seed: u64,
+    pub message: String,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "simulation seed {} failed: {} (replay: hypoll sim --seed {})",
+            self.seed, self.message, self.seed
+        )
+    }
+}
+
+impl std::error::Error for SimFailure {}
+
+/// SplitMix64: a small, well-mixed generator, so a seed means the same run on every
+/// platform and version of any crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0; the bias of the modulo is irrelevant here).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pct(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+}
+
+/// One write's effect as the model sees it (write zeroes and deallocate write value 0).
+#[derive(Clone, Copy, Debug)]
+struct WriteRec {
+    value: u64,
+    start: u64,
+    /// `u64::MAX` while in flight, and forever for an abandoned write.
+    end: u64,
+    ok: bool,
+}
+
+/// An accepted I/O.
+#[derive(Clone, Debug)]
+struct OpRec {
+    op: IoOp,
+    reactor: usize,
+    slba: u64,
+    nlb: u32,
+    start: u64,
+    start_ns: u64,
+    /// Indices into `Model::writes` for its blocks (write-like ops).
+    write_ids: Vec<usize>,
+    callbacks: u32,
+}
+
+#[derive(Default)]
+struct Model {
+    /// The event counter: bumped before each submission and at each callback.
+    tick: u64,
+    ops: Vec<OpRec>,
+    writes: Vec<WriteRec>,
+    /// Per block, the writes to it (indices into `writes`), in submission order.
+    history: Vec<Vec<usize>>,
+    errors: Vec<String>,
+    reads_checked: u64,
+    latency_ns_max: u64,
+    latency_ns_bound: u64,
+}
+
+/// The bytes of value `value` on block `lba`: zeroes for value 0, else a header naming the
+/// value and the block (a misdirected write shows) and a pattern derived from both.
+fn fill_block(value: u64, lba: u64, block: &mut [u8]) {
+    if value == 0 {
+        block.fill(0);
+        return;
+    }
+    block[..8].copy_from_slice(&value.to_le_bytes());
+    block[8..16].copy_from_slice(&lba.to_le_bytes());
+    let mut x = value.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ lba;
+    for byte in &mut block[16..] {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *byte = x as u8;
+    }
+}
+
+/// The value a block holds, or why it holds none.
+fn decode_block(lba: u64, block: &[u8]) -> Result<u64, String> {
+    if block.iter().all(|&b| b == 0) {
+        return Ok(0);
+    }
+    let value = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+    let mut expected = [0u8; LBA_BYTES];
+    fill_block(value, lba, &mut expected);
+    if value == 0 || block != &expected[..] {
+        let claimed = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes"));
+        return Err(format!(
+            "block {lba} holds bytes no write produced (header: value {value}, block \
+             {claimed})"
+        ));
+    }
+    Ok(value)
+}
+
+impl Model {
+    fn bump(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Whether block `lba` may hold `value` for a read with window `[start, end]`.
+    fn allows(&self, lba: u64, value: u64, start: u64, end: u64) -> bool {
+        let hist = &self.history[lba as usize];
+        let initial = WriteRec {
+            value: 0,
+            start: 0,
+            end: 0,
+            ok: true,
+        };
+        let recs = std::iter::once(initial).chain(hist.iter().map(|&i| self.writes[i]));
+        for w in recs {
+            if w.value != value || w.start > end {
+                continue;
+            }
+            let overwritten = hist
+                .iter()
+                .map(|&i| self.writes[i])
+                .any(|later| later.ok && later.start > w.end && later.end < start);
+            if !overwritten {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// What the model allows on block `lba` now, for a failure message.
+    fn allowed_now(&self, lba: u64, start: u64, end: u64) -> Vec<u64> {
+        let mut values: Vec<u64> = std::iter::once(0)
+            .chain(
+                self.history[lba as usize]
+                    .iter()
+                    .map(|&i| self.writes[i].value),
+            )
+            .filter(|&v| self.allows(lba, v, start, end))
+            .collect();
+        values.sort_unstable();
+        values.dedup();
+        values
+    }
+
+    /// Checks a successful read's data against the model.
+    fn check_read(&mut self, slba: u64, data: &[u8], start: u64, end: u64, what: &str) {
+        for (i, block) in data.chunks(LBA_BYTES).enumerate() {
+            let lba = slba + i as u64;
+            match decode_block(lba, block) {
+                Err(e) => self.errors.push(format!("{what}: {e}")),
+                Ok(value) => {
+                    if !self.allows(lba, value, start, end) {
+                        let allowed = self.allowed_now(lba, start, end);
+                        self.errors.push(format!(
+                            "{what}: block {lba} holds the value of write {value}, but only \
+                             {allowed:?} are possible (read window {start}..={end})"
+                        ));
+                    }
+                }
+            }
+        }
+        self.reads_checked += 1;
+    }
+}
+
+/// A controller whose queue pairs lack abort, or abort and reset: how a reactor copes with
+/// devices that cannot do either.
+struct Limited {
+    inner: EmuController,
+    abort: bool,
+    reset: bool,
+}
+
+impl Controller for Limited {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn namespace(&self) -> NamespaceInfo {
+        self.inner.namespace()
+    }
+
+    fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError> {
+        Ok(Box::new(LimitedQp {
+            inner: self.inner.queue_pair(depth)?,
+            abort: self.abort,
+            reset: self.reset,
+        }))
+    }
+}
+
+struct LimitedQp {
+    inner: EmuQueuePair,
+    abort: bool,
+    reset: bool,
+}
+
+impl QueuePair for LimitedQp {
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        // SAFETY: forwarded unchanged: our caller keeps the submit contract for us.
+        unsafe { self.inner.submit(cmd, tag) }
+    }
+
+    fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        self.inner.process_completions(max, out)
+    }
+
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.interrupt_fd()
+    }
+
+    fn arm_interrupt(&mut self) {
+        self.inner.arm_interrupt()
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding()
+    }
+
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+
+    fn namespace(&self) -> NamespaceInfo {
+        self.inner.namespace()
+    }
+
+    fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
+        if self.abort {
+            QueuePair::abort(&mut self.inner, tag)
+        } else {
+            Err(RecoveryError::Unsupported)
+        }
+    }
+
+    fn reset(&mut self) -> Result<(), RecoveryError> {
+        if self.reset {
+            QueuePair::reset(&mut self.inner)
+        } else {
+            Err(RecoveryError::Unsupported)
+        }
+    }
+}
+
+/// Runs one seeded simulation. `Ok` with what it did, or the first thing it found wrong.
+pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+    let fail = |message: String| SimFailure { seed, message };
+    let mut rng = Rng(seed);
+    // The seed draws the namespace size (so the overlap density) and how the device
+    // answers recovery.
+    let blocks = [32u64, 64, 128, 256][rng.below(4) as usize];
+    let (abort, reset, recovery) = match rng.below(10) {
+        0..=5 => (true, true, "abort+reset"),
+        6..=7 => (false, true, "reset only"),
+        _ => (false, false, "neither"),
+    };
+    let spec = format!(
+        "emu:dram,size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},queues={}",
+        blocks * LBA_BYTES as u64,
+        rng.next(),
+        cfg.err_pct,
+        cfg.lost_pct,
+        cfg.stuck_pct,
+        cfg.reset_pct,
+        cfg.reactors + 1
+    );
+    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceSpec>() {
+        Ok(hypoll_nvme::DeviceSpec::Emu(c)) => c,
+        other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
+    };
+    let vclock = VirtualClock::new(1_000_000_000);
+    let ctrl = EmuController::with_clock(emu_cfg, Clock::Virtual(vclock.clone()))
+        .map_err(|e| fail(format!("{spec}: {e}")))?;
+    let device = if abort && reset {
+        Device::new(Arc::new(ctrl.clone()))
+    } else {
+        Device::new(Arc::new(Limited {
+            inner: ctrl.clone(),
+            abort,
+            reset,
+        }))
+    };
+    let options = DeviceOptions::new(cfg.depth)
+        .with_io_timeout(Some(cfg.io_timeout))
+        .with_abort_timeout(cfg.abort_timeout)
+        .with_reset_timeout(cfg.reset_timeout);
+    let ns = |d: Duration| d.as_nanos() as u64;
+    let max_step_ns = ns(cfg.max_step).max(1);
+
+    let model = Rc::new(RefCell::new(Model {
+        history: vec![Vec::new(); blocks as usize],
+        // Timeouts, plus the turns it takes to notice each step: a reactor is turned about
+        // once every `reactors` steps; allow 64 of those per step.
+        latency_ns_bound: ns(cfg.io_timeout)
+            + ns(cfg.abort_timeout)
+            + ns(cfg.reset_timeout)
+            + 3 * 64 * cfg.reactors as u64 * max_step_ns,
+        ..Model::default()
+    }));
+
+    // The reactors: built by hand (not on threads), on the virtual clock.
+    let mut reactors = Vec::with_capacity(cfg.reactors);
+    let mut receivers = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..cfg.reactors {
+        let (handle, rx) = mailbox(i, i, 16).map_err(|e| fail(format!("mailbox: {e}")))?;
+        handles.push(handle);
+        receivers.push(rx);
+    }
+    let handles: Arc<[_]> = handles.into();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let policy = hypoll_policy::build("classic").map_err(|e| fail(e.to_string()))?;
+        let mut r = Reactor::new(i, rx, handles.clone(), policy, ReactorTuning::default())
+            .map_err(|e| fail(format!("reactor: {e}")))?;
+        r.set_clock(Clock::Virtual(vclock.clone()));
+        r.attach_with(&device, options).map_err(fail)?;
+        reactors.push(r);
+    }
+
+    let mut left: Vec<usize> = vec![cfg.ios_per_reactor; cfg.reactors];
+    let mut queue_full = 0u64;
+    let mut steps = 0u64;
+    loop {
+        steps += 1;
+        if steps > MAX_STEPS {
+            let outstanding: Vec<usize> = reactors.iter().map(|r| r.outstanding()).collect();
+            return Err(fail(format!(
+                "hung: {MAX_STEPS} steps and I/O still outstanding per reactor: \
+                 {outstanding:?}"
+            )));
+        }
+        let all_issued = left.iter().all(|&n| n == 0);
+        if all_issued && reactors.iter().all(|r| r.outstanding() == 0) {
+            break;
+        }
+        let i = rng.below(cfg.reactors as u64) as usize;
+        if left[i] > 0 && rng.pct(45) {
+            match submit_random(&mut reactors[i], i, &mut rng, blocks, &model, &vclock) {
+                Ok(()) => left[i] -= 1,
+                Err(SubmitOutcome::QueueFull) => {
+                    queue_full += 1;
+                    // Every slot quarantined (a device that cannot reset lost them all):
+                    // this reactor cannot do more I/O; stop asking.
+                    if reactors[i].outstanding() == 0 {
+                        left[i] -= 1;
+                    }
+                }
+                Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
+            }
+        } else {
+            reactors[i].sim_turn();
+        }
+        vclock.advance_by(rng.below(max_step_ns + 1));
+        if let Some(e) = model.borrow().errors.first() {
+            return Err(fail(e.clone()));
+        }
+    }
+
+    // Accounting: every accepted I/O ran its callback exactly once, and the reactors
+    // counted as many completions.
+    let mut report = SimReport {
+        seed,
+        recovery,
+        blocks,
+        queue_full,
+        controller_resets: ctrl.resets(),
+        ..SimReport::default()
+    };
+    for r in &reactors {
+        let c = r.counters();
+        report.ios += c.ios;
+        report.io_errors += c.io_errors;
+        report.io_timeouts += c.io_timeouts;
+        report.aborts += c.aborts;
+        report.resets += c.resets;
+        report.abandoned += c.abandoned_ios;
+        report.late_completions += c.late_completions;
+    }
+    {
+        let m = model.borrow();
+        for (n, op) in m.ops.iter().enumerate() {
+            if op.callbacks != 1 {
+                return Err(fail(format!(
+                    "I/O {n} ({:?} of {} blocks at {} on reactor {}) ran its callback {} \
+                     times",
+                    op.op, op.nlb, op.slba, op.reactor, op.callbacks
+                )));
+            }
+        }
+        if report.ios != m.ops.len() as u64 {
+            return Err(fail(format!(
+                "the reactors counted {} completions for {} accepted I/Os",
+                report.ios,
+                m.ops.len()
+            )));
+        }
+        report.reads_checked = m.reads_checked;
+        report.latency_ns_max = m.latency_ns_max;
+        if m.latency_ns_max > m.latency_ns_bound {
+            return Err(fail(format!(
+                "an I/O waited {} ns for its callback; the timeouts promise at most {} ns",
+                m.latency_ns_max, m.latency_ns_bound
+            )));
+        }
+    }
+
+    // Deleting the queue pairs ends the windows of abandoned writes: nothing changes the
+    // blocks after this but the final reads.
+    drop(reactors);
+    final_check(&ctrl, &vclock, blocks, &model).map_err(fail)?;
+    Ok(report)
+}
+
+enum SubmitOutcome {
+    QueueFull,
+    Bug(String),
+}
+
+/// Submits one random I/O on reactor `r` and records it in the model.
+fn submit_random(
+    r: &mut Reactor,
+    reactor: usize,
+    rng: &mut Rng,
+    blocks: u64,
+    model: &Rc<RefCell<Model>>,
+    vclock: &VirtualClock,
+) -> Result<(), SubmitOutcome> {
+    let op = match rng.below(100) {
+        0..=34 => IoOp::Read,
+        35..=79 => IoOp::Write,
+        80..=84 => IoOp::Flush,
+        85..=92 => IoOp::WriteZeroes,
+        _ => IoOp::Deallocate,
+    };
+    let (slba, nlb) = if op == IoOp::Flush {
+        (0, 0)
+    } else {
+        let nlb = 1 + rng.below(u64::from(MAX_NLB).min(blocks)) as u32;
+        (rng.below(blocks - u64::from(nlb) + 1), nlb)
+    };
+    let op_index = model.borrow().ops.len();
+    let start = model.borrow_mut().bump();
+    let buf = match op {
+        IoOp::Read => Some(IoBuf::zeroed(nlb as usize * LBA_BYTES)),
+        IoOp::Write => {
+            let mut buf = IoBuf::zeroed(nlb as usize * LBA_BYTES);
+            // Values are the op's index + 1: unique, never 0 (zeroes).
+            for (i, block) in buf.chunks_mut(LBA_BYTES).enumerate() {
+                fill_block(op_index as u64 + 1, slba + i as u64, block);
+            }
+            Some(buf)
+        }
+        _ => None,
+    };
+    let req = IoRequest::new(op, slba, nlb).with_user(op_index as u64);
+    let cb_model = model.clone();
+    let cb_clock = vclock.clone();
+    let submitted = r.submit(DeviceId::FIRST, req, buf, move |_, done| {
+        on_done(&cb_model, &cb_clock, done);
+    });
+    match submitted {
+        Ok(()) => {}
+        Err(rejected) => {
+            return match rejected.reason {
+                crate::RejectReason::Submit(SubmitError::QueueFull { .. }) => {
+                    if rejected.buf.is_none()
+                        != matches!(op, IoOp::Flush | IoOp::WriteZeroes | IoOp::Deallocate)
+                    {
+                        return Err(SubmitOutcome::Bug(
+                            "a rejected read or write did not get its buffer back".into(),
+                        ));
+                    }
+                    Err(SubmitOutcome::QueueFull)
+                }
+                other => Err(SubmitOutcome::Bug(format!(
+                    "reactor {reactor} rejected {op:?} {nlb} blocks at {slba}: {other}"
+                ))),
+            };
+        }
+    }
+    let mut m = model.borrow_mut();
+    let mut write_ids = Vec::new();
+    let value = match op {
+        IoOp::Write => Some(op_index as u64 + 1),
+        IoOp::WriteZeroes | IoOp::Deallocate => Some(0),
+        _ => None,
+    };
+    if let Some(value) = value {
+        for lba in slba..slba + u64::from(nlb) {
+            let id = m.writes.len();
+            m.writes.push(WriteRec {
+                value,
+                start,
+                end: u64::MAX,
+                ok: false,
+            });
+            m.history[lba as usize].push(id);
+            write_ids.push(id);
+        }
+    }
+    m.ops.push(OpRec {
+        op,
+        reactor,
+        slba,
+        nlb,
+        start,
+        start_ns: vclock.now_ns(),
+        write_ids,
+        callbacks: 0,
+    });
+    Ok(())
+}
+
+/// A callback: records the outcome in the model and checks what a read returned.
+fn on_done(model: &Rc<RefCell<Model>>, vclock: &VirtualClock, done: IoDone) {
+    let mut m = model.borrow_mut();
+    let end = m.bump();
+    let index = done.user as usize;
+    let Some(op) = m.ops.get_mut(index) else {
+        m.errors.push(format!(
+            "a callback for I/O {index}, which was never accepted"
+        ));
+        return;
+    };
+    op.callbacks += 1;
+    let op = op.clone();
+    if op.callbacks > 1 {
+        m.errors.push(format!(
+            "I/O {index} ({:?} at {}) completed a second time: {:?}",
+            op.op, op.slba, done.result
+        ));
+        return;
+    }
+    let latency_ns = vclock.now_ns().saturating_sub(op.start_ns);
+    m.latency_ns_max = m.latency_ns_max.max(latency_ns);
+    let data_op = matches!(op.op, IoOp::Read | IoOp::Write);
+    let buf_expected = data_op && done.result != Err(IoFailure::Abandoned);
+    if done.buf.is_some() != buf_expected {
+        m.errors.push(format!(
+            "I/O {index} ({:?}, {:?}): buffer returned: {}, expected: {buf_expected}",
+            op.op,
+            done.result,
+            done.buf.is_some()
+        ));
+    }
+    if matches!(done.result, Err(IoFailure::Shutdown)) {
+        m.errors.push(format!(
+            "I/O {index} failed with Shutdown, yet nothing shut down"
+        ));
+    }
+    // A write's window ends at its callback, unless it was abandoned: the device may carry
+    // it out any time until its queue pair is deleted.
+    let ok = done.result.is_ok();
+    let write_end = if done.result == Err(IoFailure::Abandoned) {
+        u64::MAX
+    } else {
+        end
+    };
+    for &id in &op.write_ids {
+        m.writes[id].end = write_end;
+        m.writes[id].ok = ok;
+    }
+    if op.op == IoOp::Read && ok {
+        let buf = done.buf.expect("checked above");
+        let what = format!("read {index} of {} blocks at {}", op.nlb, op.slba);
+        m.check_read(op.slba, &buf, op.start, end, &what);
+    }
+}
+
+/// Reads every block back through a fresh queue pair (faults still on: errors and lost
+/// commands are retried, lost ones after a reset) and checks it against the model.
+fn final_check(
+    ctrl: &EmuController,
+    vclock: &VirtualClock,
+    blocks: u64,
+    model: &Rc<RefCell<Model>>,
+) -> Result<(), String> {
+    let mut qp = ctrl
+        .queue_pair(1)
+        .map_err(|e| format!("final check: {e}"))?;
+    let mut m = model.borrow_mut();
+    for lba in 0..blocks {
+        let mut attempts = 0;
+        let data = loop {
+            attempts += 1;
+            if attempts > FINAL_READ_ATTEMPTS {
+                return Err(format!(
+                    "final check: block {lba} did not read back in {FINAL_READ_ATTEMPTS} tries"
+                ));
+            }
+            let mut buf = IoBuf::zeroed(LBA_BYTES);
+            // SAFETY: `buf` is neither touched nor dropped until this command's completion
+            // is reaped below: a lost command is completed by the reset before we leave.
+            let submitted = unsafe { qp.submit(&Command::read(lba, 1, &mut buf), 0) };
+            if submitted.is_err() {
+                continue;
+            }
+            let mut status = None;
+            for _ in 0..100 {
+                vclock.advance_by(10_000);
+                qp.process_completions(1, &mut |c| status = Some(c.status));
+                if status.is_some() {
+                    break;
+                }
+            }
+            if status.is_none() {
+                // Lost: reset, which completes it.
+                qp.reset();
+                qp.process_completions(1, &mut |c| status = Some(c.status));
+            }
+            match status {
+                Some(Status::SUCCESS) => break buf,
+                Some(_) => continue,
+                None => {
+                    return Err(format!(
+                        "final check: block {lba}: a reset left no completion"
+                    ))
+                }
+            }
+        };
+        let tick = m.bump();
+        m.check_read(lba, &data, tick, tick, "final read-back");
+        if let Some(e) = m.errors.first() {
+            return Err(e.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Runs seeds `first..first + count`, stopping at the first failure.
+pub fn run_seeds(first: u64, count: u64, cfg: &SimConfig) -> Result<Vec<SimReport>, SimFailure> {
+    (first..first.saturating_add(count))
+        .map(|seed| run(seed, cfg))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_decode_to_the_value_written_and_catch_misdirection() {
+        let mut block = [0u8; LBA_BYTES];
+        assert_eq!(decode_block(5, &block), Ok(0));
+        fill_block(42, 5, &mut block);
+        assert_eq!(decode_block(5, &block), Ok(42));
+        assert!(decode_block(6, &block).is_err(), "written for block 5");
+        block[300] ^= 1;
+        assert!(decode_block(5, &block).is_err(), "one flipped bit");
+    }
+
+    #[test]
+    fn the_model_allows_overlapping_writes_either_way_and_nothing_older() {
+        let mut m = Model {
+            history: vec![Vec::new(); 1],
+            ..Model::default()
+        };
+        let write = |m: &mut Model, value, start, end, ok| {
+            m.writes.push(WriteRec {
+                value,
+                start,
+                end,
+                ok,
+            });
+            let id = m.writes.len() - 1;
+            m.history[0].push(id);
+        };
+        // Write 1 done at 2; writes 2 and 3 overlap (3..6, 4..5); write 4 failed (7..8).
+        write(&mut m, 1, 1, 2, true);
+        write(&mut m, 2, 3, 6, true);
+        write(&mut m, 3, 4, 5, true);
+        write(&mut m, 4, 7, 8, false);
+        // A read after everything: 2 or 3 (either order), or 4 (failed: maybe); not 1 or 0.
+        let after = |m: &Model, v| m.allows(0, v, 9, 9);
+        assert!(after(&m, 2) && after(&m, 3) && after(&m, 4));
+        assert!(!after(&m, 1) && !after(&m, 0));
+        // A read concurrent with writes 2 and 3 may also see 1, but not the initial zeroes.
+        assert!(m.allows(0, 1, 3, 4) && m.allows(0, 2, 3, 4));
+        assert!(!m.allows(0, 0, 3, 4));
+        // Nor a value written after the read ended.
+        assert!(!m.allows(0, 4, 3, 4));
+    }
+}
