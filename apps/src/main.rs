@@ -4,6 +4,7 @@
 //!   `cargo run --release -- bench` runs it on the emulated Optane-class device).
 //! - `hypoll policies`: every policy with a one-line description.
 //! - `hypoll devices`: the emulated device profiles.
+//! - `hypoll sim`: the seeded fault simulation (`--seeds 10000` runs many, `--seed N` one).
 
 mod bench;
 mod report;
@@ -52,6 +53,31 @@ enum Cmd {
     Policies,
     /// List the emulated device profiles.
     Devices,
+    /// Run the seeded fault simulation: several reactors, faults on, checked against a
+    /// shadow model. Exit status 1 and the failing seed on the first failure.
+    Sim(SimArgs),
+}
+
+#[derive(Parser)]
+struct SimArgs {
+    /// Run only this seed (replays a failure exactly).
+    #[arg(long, conflicts_with_all = ["seeds", "first"])]
+    seed: Option<u64>,
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Reactors on the one emulated controller.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    reactors: u16,
+    /// I/Os each reactor submits per seed.
+    #[arg(long, default_value_t = 300)]
+    ios: usize,
+    /// Print one line per seed.
+    #[arg(long)]
+    verbose: bool,
 }
 
 #[derive(Parser)]
@@ -147,6 +173,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Cmd::Sim(args) => sim_command(&args),
         Cmd::Devices => {
             println!(
                 "{:<13} completes every command at once, moves no data",
@@ -272,5 +299,43 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         eprintln!("hypoll: {errors} I/Os completed with an error status");
         return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
+}
+
+fn sim_command(args: &SimArgs) -> ExitCode {
+    let cfg = hypoll_reactor::sim::SimConfig {
+        reactors: usize::from(args.reactors),
+        ios_per_reactor: args.ios,
+        ..Default::default()
+    };
+    let (first, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first, args.seeds),
+    };
+    let mut ios = 0u64;
+    let mut timeouts = 0u64;
+    let mut abandoned = 0u64;
+    let started = std::time::Instant::now();
+    for seed in first..first.saturating_add(count) {
+        match hypoll_reactor::sim::run(seed, &cfg) {
+            Ok(r) => {
+                if args.verbose || args.seed.is_some() {
+                    println!("{r:?}");
+                }
+                ios += r.ios;
+                timeouts += r.io_timeouts;
+                abandoned += r.abandoned;
+            }
+            Err(failure) => {
+                eprintln!("hypoll: {failure}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "{count} seeds from {first} passed: {ios} I/Os, {timeouts} timeouts, {abandoned} \
+         abandoned, in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     ExitCode::SUCCESS
 }

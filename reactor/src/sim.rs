@@ -49,16 +49,20 @@ const LBA_BYTES: usize = 512;
 const MAX_NLB: u32 = 8;
 /// Most steps one run takes before it is declared hung.
 const MAX_STEPS: u64 = 10_000_000;
+/// How often (in steps) the run looks for an I/O that waited too long.
+const HANG_CHECK_EVERY_STEPS: u64 = 1_024;
 /// Attempts at reading a block back in the final check before giving up.
 const FINAL_READ_ATTEMPTS: u32 = 1_000;
 
-/// The shape of a run. Fault rates and sizes are fixed here; the seed draws the rest.
+/// The shape of a run. The seed draws the rest: the device profile, namespace size, queue
+/// depth, how far time moves per step, a factor on every fault rate (from 0.5 to 4), and
+/// whether the device can abort and reset.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub reactors: usize,
     /// I/Os each reactor submits (attempts; a full queue retries later).
     pub ios_per_reactor: usize,
-    pub depth: usize,
+    /// Fault rates before the seed's factor.
     pub err_pct: f64,
     pub lost_pct: f64,
     pub stuck_pct: f64,
@@ -67,8 +71,6 @@ pub struct SimConfig {
     pub io_timeout: Duration,
     pub abort_timeout: Duration,
     pub reset_timeout: Duration,
-    /// Most virtual time one step moves the clock forward.
-    pub max_step: Duration,
 }
 
 impl Default for SimConfig {
@@ -76,7 +78,6 @@ impl Default for SimConfig {
         SimConfig {
             reactors: 3,
             ios_per_reactor: 300,
-            depth: 8,
             err_pct: 2.0,
             lost_pct: 2.0,
             stuck_pct: 30.0,
@@ -84,7 +85,6 @@ impl Default for SimConfig {
             io_timeout: Duration::from_micros(300),
             abort_timeout: Duration::from_micros(100),
             reset_timeout: Duration::from_micros(100),
-            max_step: Duration::from_micros(4),
         }
     }
 }
@@ -93,9 +93,8 @@ impl Default for SimConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimReport {
     pub seed: u64,
-    /// How the device answered recovery: "abort+reset", "reset only", "neither".
-    pub recovery: &'static str,
-    pub blocks: u64,
+    /// What the seed drew: device spec, queue depth, step, recovery support.
+    pub shape: String,
     pub ios: u64,
     pub io_errors: u64,
     pub queue_full: u64,
@@ -208,6 +207,15 @@ fn fill_block(value: u64, lba: u64, block: &mut [u8]) {
     }
 }
 
+/// Names a block value for messages: zeroes, or the data of the write with that I/O number.
+fn value_name(value: u64) -> String {
+    if value == 0 {
+        "zeroes".to_string()
+    } else {
+        format!("the data of I/O {}", value - 1)
+    }
+}
+
 /// The value a block holds, or why it holds none.
 fn decode_block(lba: u64, block: &[u8]) -> Result<u64, String> {
     if block.iter().all(|&b| b == 0) {
@@ -280,10 +288,16 @@ impl Model {
                 Err(e) => self.errors.push(format!("{what}: {e}")),
                 Ok(value) => {
                     if !self.allows(lba, value, start, end) {
-                        let allowed = self.allowed_now(lba, start, end);
+                        let allowed: Vec<String> = self
+                            .allowed_now(lba, start, end)
+                            .into_iter()
+                            .map(value_name)
+                            .collect();
                         self.errors.push(format!(
-                            "{what}: block {lba} holds the value of write {value}, but only \
-                             {allowed:?} are possible (read window {start}..={end})"
+                            "{what}: block {lba} holds {}, but the model allows only {} \
+                             (read window {start}..={end})",
+                            value_name(value),
+                            allowed.join(", ")
                         ));
                     }
                 }
@@ -374,26 +388,39 @@ impl QueuePair for LimitedQp {
 
 /// Runs one seeded simulation. `Ok` with what it did, or the first thing it found wrong.
 pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
-    let fail = |message: String| SimFailure { seed, message };
     let mut rng = Rng(seed);
-    // The seed draws the namespace size (so the overlap density) and how the device
-    // answers recovery.
+    // The seed draws the device (nand's 400 us tail outlives the 300 us timeout: pending
+    // commands get aborted too), the namespace size (so how often I/Os overlap), the depth,
+    // the step, the fault rates and how the device answers recovery.
+    let profile = ["dram", "optane", "nand"][rng.below(3) as usize];
     let blocks = [32u64, 64, 128, 256][rng.below(4) as usize];
+    let depth = [1usize, 2, 8, 16, 32][rng.below(5) as usize];
+    let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
+    let factor = [0.5, 1.0, 2.0, 4.0][rng.below(4) as usize];
     let (abort, reset, recovery) = match rng.below(10) {
         0..=5 => (true, true, "abort+reset"),
         6..=7 => (false, true, "reset only"),
         _ => (false, false, "neither"),
     };
     let spec = format!(
-        "emu:dram,size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},queues={}",
+        "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
+         queues={}",
         blocks * LBA_BYTES as u64,
         rng.next(),
-        cfg.err_pct,
-        cfg.lost_pct,
+        cfg.err_pct * factor,
+        cfg.lost_pct * factor,
         cfg.stuck_pct,
-        cfg.reset_pct,
+        cfg.reset_pct * factor,
         cfg.reactors + 1
     );
+    let shape = format!(
+        "{spec} depth={depth} step<={max_step_ns}ns recovery={recovery} reactors={}",
+        cfg.reactors
+    );
+    let fail = |message: String| SimFailure {
+        seed,
+        message: format!("{message} [{shape}]"),
+    };
     let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceSpec>() {
         Ok(hypoll_nvme::DeviceSpec::Emu(c)) => c,
         other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
@@ -410,12 +437,11 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             reset,
         }))
     };
-    let options = DeviceOptions::new(cfg.depth)
+    let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(cfg.io_timeout))
         .with_abort_timeout(cfg.abort_timeout)
         .with_reset_timeout(cfg.reset_timeout);
     let ns = |d: Duration| d.as_nanos() as u64;
-    let max_step_ns = ns(cfg.max_step).max(1);
 
     let model = Rc::new(RefCell::new(Model {
         history: vec![Vec::new(); blocks as usize],
@@ -459,6 +485,25 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                  {outstanding:?}"
             )));
         }
+        if steps.is_multiple_of(HANG_CHECK_EVERY_STEPS) {
+            let m = model.borrow();
+            let now_ns = vclock.now_ns();
+            let stuck = m.ops.iter().enumerate().find(|(_, op)| {
+                op.callbacks == 0 && now_ns - op.start_ns > 2 * m.latency_ns_bound
+            });
+            if let Some((n, op)) = stuck {
+                return Err(fail(format!(
+                    "hung: I/O {n} ({:?} of {} blocks at {} on reactor {}) has waited {} ns \
+                     for its callback; the timeouts promise at most {} ns",
+                    op.op,
+                    op.nlb,
+                    op.slba,
+                    op.reactor,
+                    now_ns - op.start_ns,
+                    m.latency_ns_bound
+                )));
+            }
+        }
         let all_issued = left.iter().all(|&n| n == 0);
         if all_issued && reactors.iter().all(|r| r.outstanding() == 0) {
             break;
@@ -490,8 +535,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     // counted as many completions.
     let mut report = SimReport {
         seed,
-        recovery,
-        blocks,
+        shape: shape.clone(),
         queue_full,
         controller_resets: ctrl.resets(),
         ..SimReport::default()
