@@ -1146,7 +1146,7 @@ impl Reactor {
             &self.counters,
             self.start_ns,
             self.now_ns,
-            self.slots.len() as u64,
+            self.outstanding() as u64,
             false,
         );
     }
@@ -1160,7 +1160,7 @@ impl Reactor {
             &self.counters,
             self.start_ns,
             now_ns,
-            self.slots.len() as u64,
+            self.outstanding() as u64,
             parked,
         );
     }

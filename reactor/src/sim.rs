@@ -307,15 +307,25 @@ impl Model {
     }
 }
 
-/// A controller whose queue pairs lack abort, or abort and reset: how a reactor copes with
-/// devices that cannot do either.
-struct Limited {
+/// An emulated controller whose queue pairs lack abort, or abort and reset: how a reactor
+/// copes with devices that cannot do either (as `QueuePair`'s defaults say).
+pub struct LimitedController {
     inner: EmuController,
     abort: bool,
     reset: bool,
 }
 
-impl Controller for Limited {
+impl LimitedController {
+    pub fn new(inner: EmuController, abort: bool, reset: bool) -> LimitedController {
+        LimitedController {
+            inner,
+            abort,
+            reset,
+        }
+    }
+}
+
+impl Controller for LimitedController {
     fn describe(&self) -> String {
         self.inner.describe()
     }
@@ -431,11 +441,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let device = if abort && reset {
         Device::new(Arc::new(ctrl.clone()))
     } else {
-        Device::new(Arc::new(Limited {
-            inner: ctrl.clone(),
-            abort,
-            reset,
-        }))
+        Device::new(Arc::new(LimitedController::new(ctrl.clone(), abort, reset)))
     };
     let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(cfg.io_timeout))
@@ -488,9 +494,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         if steps.is_multiple_of(HANG_CHECK_EVERY_STEPS) {
             let m = model.borrow();
             let now_ns = vclock.now_ns();
-            let stuck = m.ops.iter().enumerate().find(|(_, op)| {
-                op.callbacks == 0 && now_ns - op.start_ns > 2 * m.latency_ns_bound
-            });
+            let stuck =
+                m.ops.iter().enumerate().find(|(_, op)| {
+                    op.callbacks == 0 && now_ns - op.start_ns > 2 * m.latency_ns_bound
+                });
             if let Some((n, op)) = stuck {
                 return Err(fail(format!(
                     "hung: I/O {n} ({:?} of {} blocks at {} on reactor {}) has waited {} ns \
