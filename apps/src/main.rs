@@ -78,6 +78,10 @@ struct SimArgs {
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
+    /// Run on real reactor threads and the real clock (one reactor per allowed core, up to
+    /// --reactors): the scheduler interleaves, so a seed does not replay exactly.
+    #[arg(long)]
+    threaded: bool,
 }
 
 #[derive(Parser)]
@@ -317,7 +321,12 @@ fn sim_command(args: &SimArgs) -> ExitCode {
     let mut abandoned = 0u64;
     let started = std::time::Instant::now();
     for seed in first..first.saturating_add(count) {
-        match hypoll_reactor::sim::run(seed, &cfg) {
+        let outcome = if args.threaded {
+            hypoll_reactor::sim::run_threaded(seed, &cfg)
+        } else {
+            hypoll_reactor::sim::run(seed, &cfg)
+        };
+        match outcome {
             Ok(r) => {
                 if args.verbose || args.seed.is_some() {
                     println!("{r:?}");

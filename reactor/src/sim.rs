@@ -42,6 +42,7 @@ use hypoll_nvme::{
 
 use crate::io::{Device, DeviceId, DeviceOptions, IoDone, IoFailure, IoOp, IoRequest};
 use crate::reactor::{mailbox, Reactor, ReactorTuning};
+use crate::stats::Counters;
 
 /// Block size of the simulated namespace.
 const LBA_BYTES: usize = 512;
@@ -51,6 +52,13 @@ const MAX_NLB: u32 = 8;
 const MAX_STEPS: u64 = 10_000_000;
 /// How often (in steps) the run looks for an I/O that waited too long.
 const HANG_CHECK_EVERY_STEPS: u64 = 1_024;
+/// The threaded simulation's timeouts, in real time.
+const THREADED_IO_TIMEOUT: Duration = Duration::from_millis(5);
+const THREADED_STEP_TIMEOUT: Duration = Duration::from_millis(2);
+/// Most I/Os the threaded simulation keeps in flight per reactor.
+const THREADED_QD_MAX: usize = 8;
+/// How long the threaded simulation waits for its workload before declaring it hung.
+const THREADED_RUN_LIMIT: Duration = Duration::from_secs(60);
 /// Attempts at reading a block back in the final check before giving up.
 const FINAL_READ_ATTEMPTS: u32 = 1_000;
 
@@ -128,6 +136,18 @@ impl fmt::Display for SimFailure {
 
 impl std::error::Error for SimFailure {}
 
+impl SimReport {
+    fn add(&mut self, c: &Counters) {
+        self.ios += c.ios;
+        self.io_errors += c.io_errors;
+        self.io_timeouts += c.io_timeouts;
+        self.aborts += c.aborts;
+        self.resets += c.resets;
+        self.abandoned += c.abandoned_ios;
+        self.late_completions += c.late_completions;
+    }
+}
+
 /// SplitMix64: a small, well-mixed generator, so a seed means the same run on every
 /// platform and version of any crate.
 struct Rng(u64);
@@ -173,7 +193,12 @@ struct OpRec {
     /// Indices into `Model::writes` for its blocks (write-like ops).
     write_ids: Vec<usize>,
     callbacks: u32,
+    /// The reactor accepted it (recorded before submitting, so it can be refused).
+    accepted: bool,
 }
+
+/// The model, shared by every reactor's callbacks.
+type Shared = Arc<parking_lot::Mutex<Model>>;
 
 #[derive(Default)]
 struct Model {
@@ -449,7 +474,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         .with_reset_timeout(cfg.reset_timeout);
     let ns = |d: Duration| d.as_nanos() as u64;
 
-    let model = Rc::new(RefCell::new(Model {
+    let clock = Clock::Virtual(vclock.clone());
+    let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
         history: vec![Vec::new(); blocks as usize],
         // Timeouts, plus the turns it takes to notice each step: a reactor is turned about
         // once every `reactors` steps; allow 64 of those per step.
@@ -492,12 +518,11 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             )));
         }
         if steps.is_multiple_of(HANG_CHECK_EVERY_STEPS) {
-            let m = model.borrow();
+            let m = model.lock();
             let now_ns = vclock.now_ns();
-            let stuck =
-                m.ops.iter().enumerate().find(|(_, op)| {
-                    op.callbacks == 0 && now_ns - op.start_ns > 2 * m.latency_ns_bound
-                });
+            let stuck = m.ops.iter().enumerate().find(|(_, op)| {
+                op.accepted && op.callbacks == 0 && now_ns - op.start_ns > 2 * m.latency_ns_bound
+            });
             if let Some((n, op)) = stuck {
                 return Err(fail(format!(
                     "hung: I/O {n} ({:?} of {} blocks at {} on reactor {}) has waited {} ns \
@@ -517,7 +542,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         }
         let i = rng.below(cfg.reactors as u64) as usize;
         if left[i] > 0 && rng.pct(45) {
-            match submit_random(&mut reactors[i], i, &mut rng, blocks, &model, &vclock) {
+            match submit_random(&mut reactors[i], i, &mut rng, blocks, &model, &clock, None) {
                 Ok(()) => left[i] -= 1,
                 Err(SubmitOutcome::QueueFull) => {
                     queue_full += 1;
@@ -533,7 +558,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             reactors[i].sim_turn();
         }
         vclock.advance_by(rng.below(max_step_ns + 1));
-        if let Some(e) = model.borrow().errors.first() {
+        if let Some(e) = model.lock().errors.first() {
             return Err(fail(e.clone()));
         }
     }
@@ -548,33 +573,11 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         ..SimReport::default()
     };
     for r in &reactors {
-        let c = r.counters();
-        report.ios += c.ios;
-        report.io_errors += c.io_errors;
-        report.io_timeouts += c.io_timeouts;
-        report.aborts += c.aborts;
-        report.resets += c.resets;
-        report.abandoned += c.abandoned_ios;
-        report.late_completions += c.late_completions;
+        report.add(r.counters());
     }
+    check_accounting(&model, report.ios).map_err(fail)?;
     {
-        let m = model.borrow();
-        for (n, op) in m.ops.iter().enumerate() {
-            if op.callbacks != 1 {
-                return Err(fail(format!(
-                    "I/O {n} ({:?} of {} blocks at {} on reactor {}) ran its callback {} \
-                     times",
-                    op.op, op.nlb, op.slba, op.reactor, op.callbacks
-                )));
-            }
-        }
-        if report.ios != m.ops.len() as u64 {
-            return Err(fail(format!(
-                "the reactors counted {} completions for {} accepted I/Os",
-                report.ios,
-                m.ops.len()
-            )));
-        }
+        let m = model.lock();
         report.reads_checked = m.reads_checked;
         report.latency_ns_max = m.latency_ns_max;
         if m.latency_ns_max > m.latency_ns_bound {
@@ -588,7 +591,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     // Deleting the queue pairs ends the windows of abandoned writes: nothing changes the
     // blocks after this but the final reads.
     drop(reactors);
-    final_check(&ctrl, &vclock, blocks, &model).map_err(fail)?;
+    final_check(&ctrl, &clock, blocks, &model).map_err(fail)?;
     Ok(report)
 }
 
@@ -597,14 +600,19 @@ enum SubmitOutcome {
     Bug(String),
 }
 
+/// Runs after a simulated I/O's callback has recorded it (the threaded driver refills its
+/// queue from here).
+type Then = Option<Rc<dyn Fn(&mut Reactor)>>;
+
 /// Submits one random I/O on reactor `r` and records it in the model.
 fn submit_random(
     r: &mut Reactor,
     reactor: usize,
     rng: &mut Rng,
     blocks: u64,
-    model: &Rc<RefCell<Model>>,
-    vclock: &VirtualClock,
+    model: &Shared,
+    clock: &Clock,
+    then: Then,
 ) -> Result<(), SubmitOutcome> {
     let op = match rng.below(100) {
         0..=34 => IoOp::Read,
@@ -619,8 +627,45 @@ fn submit_random(
         let nlb = 1 + rng.below(u64::from(MAX_NLB).min(blocks)) as u32;
         (rng.below(blocks - u64::from(nlb) + 1), nlb)
     };
-    let op_index = model.borrow().ops.len();
-    let start = model.borrow_mut().bump();
+    let writes = matches!(op, IoOp::Write | IoOp::WriteZeroes | IoOp::Deallocate);
+    // Record the I/O (and its writes) before submitting it: on another thread a read may
+    // see its data before `submit` even returns. Undone below if it is refused.
+    let (op_index, write_ids) = {
+        let mut m = model.lock();
+        let op_index = m.ops.len();
+        let start = m.bump();
+        let mut write_ids = Vec::new();
+        if writes {
+            let value = if op == IoOp::Write {
+                op_index as u64 + 1
+            } else {
+                0
+            };
+            for lba in slba..slba + u64::from(nlb) {
+                let id = m.writes.len();
+                m.writes.push(WriteRec {
+                    value,
+                    start,
+                    end: u64::MAX,
+                    ok: false,
+                });
+                m.history[lba as usize].push(id);
+                write_ids.push(id);
+            }
+        }
+        m.ops.push(OpRec {
+            op,
+            reactor,
+            slba,
+            nlb,
+            start,
+            start_ns: clock.now_ns(),
+            write_ids: write_ids.clone(),
+            callbacks: 0,
+            accepted: false,
+        });
+        (op_index, write_ids)
+    };
     let buf = match op {
         IoOp::Read => Some(IoBuf::zeroed(nlb as usize * LBA_BYTES)),
         IoOp::Write => {
@@ -635,18 +680,29 @@ fn submit_random(
     };
     let req = IoRequest::new(op, slba, nlb).with_user(op_index as u64);
     let cb_model = model.clone();
-    let cb_clock = vclock.clone();
-    let submitted = r.submit(DeviceId::FIRST, req, buf, move |_, done| {
+    let cb_clock = clock.clone();
+    let submitted = r.submit(DeviceId::FIRST, req, buf, move |r, done| {
         on_done(&cb_model, &cb_clock, done);
+        if let Some(then) = then {
+            then(r);
+        }
     });
+    let mut m = model.lock();
     match submitted {
-        Ok(()) => {}
+        Ok(()) => {
+            m.ops[op_index].accepted = true;
+            Ok(())
+        }
         Err(rejected) => {
-            return match rejected.reason {
+            for (i, lba) in (slba..slba + u64::from(nlb)).enumerate() {
+                if let Some(&id) = write_ids.get(i) {
+                    m.history[lba as usize].retain(|&w| w != id);
+                }
+            }
+            match rejected.reason {
                 crate::RejectReason::Submit(SubmitError::QueueFull { .. }) => {
-                    if rejected.buf.is_none()
-                        != matches!(op, IoOp::Flush | IoOp::WriteZeroes | IoOp::Deallocate)
-                    {
+                    let data_op = matches!(op, IoOp::Read | IoOp::Write);
+                    if rejected.buf.is_some() != data_op {
                         return Err(SubmitOutcome::Bug(
                             "a rejected read or write did not get its buffer back".into(),
                         ));
@@ -656,48 +712,17 @@ fn submit_random(
                 other => Err(SubmitOutcome::Bug(format!(
                     "reactor {reactor} rejected {op:?} {nlb} blocks at {slba}: {other}"
                 ))),
-            };
+            }
         }
     }
-    let mut m = model.borrow_mut();
-    let mut write_ids = Vec::new();
-    let value = match op {
-        IoOp::Write => Some(op_index as u64 + 1),
-        IoOp::WriteZeroes | IoOp::Deallocate => Some(0),
-        _ => None,
-    };
-    if let Some(value) = value {
-        for lba in slba..slba + u64::from(nlb) {
-            let id = m.writes.len();
-            m.writes.push(WriteRec {
-                value,
-                start,
-                end: u64::MAX,
-                ok: false,
-            });
-            m.history[lba as usize].push(id);
-            write_ids.push(id);
-        }
-    }
-    m.ops.push(OpRec {
-        op,
-        reactor,
-        slba,
-        nlb,
-        start,
-        start_ns: vclock.now_ns(),
-        write_ids,
-        callbacks: 0,
-    });
-    Ok(())
 }
 
 /// A callback: records the outcome in the model and checks what a read returned.
-fn on_done(model: &Rc<RefCell<Model>>, vclock: &VirtualClock, done: IoDone) {
-    let mut m = model.borrow_mut();
+fn on_done(model: &Shared, clock: &Clock, done: IoDone) {
+    let mut m = model.lock();
     let end = m.bump();
     let index = done.user as usize;
-    let Some(op) = m.ops.get_mut(index) else {
+    let Some(op) = m.ops.get_mut(index).filter(|op| op.accepted) else {
         m.errors.push(format!(
             "a callback for I/O {index}, which was never accepted"
         ));
@@ -712,7 +737,7 @@ fn on_done(model: &Rc<RefCell<Model>>, vclock: &VirtualClock, done: IoDone) {
         ));
         return;
     }
-    let latency_ns = vclock.now_ns().saturating_sub(op.start_ns);
+    let latency_ns = clock.now_ns().saturating_sub(op.start_ns);
     m.latency_ns_max = m.latency_ns_max.max(latency_ns);
     let data_op = matches!(op.op, IoOp::Read | IoOp::Write);
     let buf_expected = data_op && done.result != Err(IoFailure::Abandoned);
@@ -748,18 +773,45 @@ fn on_done(model: &Rc<RefCell<Model>>, vclock: &VirtualClock, done: IoDone) {
     }
 }
 
+/// Checks that every accepted I/O ran its callback exactly once, and that the reactors
+/// counted as many completions (`counted`).
+fn check_accounting(model: &Shared, counted: u64) -> Result<(), String> {
+    let m = model.lock();
+    let mut accepted = 0u64;
+    for (n, op) in m.ops.iter().enumerate() {
+        let expected = u32::from(op.accepted);
+        accepted += u64::from(op.accepted);
+        if op.callbacks != expected {
+            return Err(format!(
+                "I/O {n} ({:?} of {} blocks at {} on reactor {}, accepted: {}) ran its \
+                 callback {} times",
+                op.op, op.nlb, op.slba, op.reactor, op.accepted, op.callbacks
+            ));
+        }
+    }
+    if counted != accepted {
+        return Err(format!(
+            "the reactors counted {counted} completions for {accepted} accepted I/Os"
+        ));
+    }
+    Ok(())
+}
+
 /// Reads every block back through a fresh queue pair (faults still on: errors and lost
 /// commands are retried, lost ones after a reset) and checks it against the model.
 fn final_check(
     ctrl: &EmuController,
-    vclock: &VirtualClock,
+    clock: &Clock,
     blocks: u64,
-    model: &Rc<RefCell<Model>>,
+    model: &Shared,
 ) -> Result<(), String> {
     let mut qp = ctrl
         .queue_pair(1)
         .map_err(|e| format!("final check: {e}"))?;
-    let mut m = model.borrow_mut();
+    let wait = || match clock {
+        Clock::Virtual(v) => v.advance_by(10_000),
+        Clock::Monotonic => std::thread::sleep(Duration::from_micros(10)),
+    };
     for lba in 0..blocks {
         let mut attempts = 0;
         let data = loop {
@@ -777,8 +829,8 @@ fn final_check(
                 continue;
             }
             let mut status = None;
-            for _ in 0..100 {
-                vclock.advance_by(10_000);
+            for _ in 0..1_000 {
+                wait();
                 qp.process_completions(1, &mut |c| status = Some(c.status));
                 if status.is_some() {
                     break;
@@ -799,6 +851,7 @@ fn final_check(
                 }
             }
         };
+        let mut m = model.lock();
         let tick = m.bump();
         m.check_read(lba, &data, tick, tick, "final read-back");
         if let Some(e) = m.errors.first() {
@@ -808,7 +861,216 @@ fn final_check(
     Ok(())
 }
 
-/// Runs seeds `first..first + count`, stopping at the first failure.
+/// What the threaded simulation drives on each reactor: keeps `qd` I/Os in flight until
+/// it has submitted its share.
+struct Driver {
+    reactor: usize,
+    rng: Rng,
+    left: usize,
+    in_flight: usize,
+    qd: usize,
+    blocks: u64,
+    model: Shared,
+    clock: Clock,
+    queue_full: u64,
+    done: Option<crossbeam_channel::Sender<u64>>,
+}
+
+/// Tops the reactor's queue up; reports once its share is submitted and completed.
+fn pump(r: &mut Reactor, driver: &Rc<RefCell<Driver>>) {
+    loop {
+        let mut d = driver.borrow_mut();
+        if d.left == 0 {
+            if d.in_flight == 0 {
+                if let Some(done) = d.done.take() {
+                    let _ = done.send(d.queue_full);
+                }
+            }
+            return;
+        }
+        if d.in_flight >= d.qd {
+            return;
+        }
+        let then: Rc<dyn Fn(&mut Reactor)> = {
+            let driver = driver.clone();
+            Rc::new(move |r: &mut Reactor| {
+                driver.borrow_mut().in_flight -= 1;
+                pump(r, &driver);
+            })
+        };
+        let Driver {
+            reactor,
+            rng,
+            blocks,
+            model,
+            clock,
+            ..
+        } = &mut *d;
+        match submit_random(r, *reactor, rng, *blocks, model, clock, Some(then)) {
+            Ok(()) => {
+                d.left -= 1;
+                d.in_flight += 1;
+            }
+            Err(SubmitOutcome::QueueFull) => {
+                d.queue_full += 1;
+                if d.in_flight == 0 {
+                    // Every slot quarantined: nothing will free one. Give up on this I/O.
+                    d.left -= 1;
+                    continue;
+                }
+                // A completion of ours frees a slot and calls back here.
+                return;
+            }
+            Err(SubmitOutcome::Bug(message)) => {
+                d.model.lock().errors.push(message);
+                d.left = 0;
+            }
+        }
+    }
+}
+
+/// Runs one seed on real reactor threads (one per core this process may use, up to
+/// `cfg.reactors`), on the real clock, with a policy drawn from the seed. The interleaving
+/// is the scheduler's, so a seed does not replay exactly; the checks are the same (less
+/// the timing bound: a shared machine may deschedule a reactor for any time).
+pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+    let mut rng = Rng(seed ^ 0x7468_7265_6164);
+    let profile = ["dram", "optane"][rng.below(2) as usize];
+    let blocks = [32u64, 128][rng.below(2) as usize];
+    let depth = [2usize, 8, 32][rng.below(3) as usize];
+    let policy = ["classic", "hybrid", "interrupt", "adaptive"][rng.below(4) as usize];
+    let (abort, reset, recovery) = match rng.below(10) {
+        0..=5 => (true, true, "abort+reset"),
+        6..=7 => (false, true, "reset only"),
+        _ => (false, false, "neither"),
+    };
+    let cores = crate::sys::allowed_cores()
+        .map_err(|e| SimFailure {
+            seed,
+            message: format!("allowed cores: {e}"),
+        })?
+        .into_iter()
+        .take(cfg.reactors.max(1))
+        .collect::<Vec<_>>();
+    let spec = format!(
+        "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
+         queues={}",
+        blocks * LBA_BYTES as u64,
+        rng.next(),
+        cfg.err_pct,
+        cfg.lost_pct,
+        cfg.stuck_pct,
+        cfg.reset_pct,
+        cores.len() + 1
+    );
+    let shape = format!(
+        "threaded {spec} depth={depth} policy={policy} recovery={recovery} reactors={}",
+        cores.len()
+    );
+    let fail = |message: String| SimFailure {
+        seed,
+        message: format!("{message} [{shape}]"),
+    };
+    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceSpec>() {
+        Ok(hypoll_nvme::DeviceSpec::Emu(c)) => c,
+        other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
+    };
+    let ctrl = EmuController::new(emu_cfg).map_err(|e| fail(format!("{spec}: {e}")))?;
+    let device = if abort && reset {
+        Device::new(Arc::new(ctrl.clone()))
+    } else {
+        Device::new(Arc::new(LimitedController::new(ctrl.clone(), abort, reset)))
+    };
+    // Real time on a shared machine: timeouts long enough that most I/O beats them,
+    // short enough that lost commands are recovered quickly.
+    let options = DeviceOptions::new(depth)
+        .with_io_timeout(Some(THREADED_IO_TIMEOUT))
+        .with_abort_timeout(THREADED_STEP_TIMEOUT)
+        .with_reset_timeout(THREADED_STEP_TIMEOUT);
+    let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
+        history: vec![Vec::new(); blocks as usize],
+        latency_ns_bound: u64::MAX,
+        ..Model::default()
+    }));
+    let config = crate::ReactorConfig {
+        cores: Some(crate::CoreList::new(cores.clone())),
+        policy: policy.to_string(),
+        ..crate::ReactorConfig::default()
+    };
+    let set = crate::ReactorSet::start(config, move |r| r.attach_with(&device, options).map(drop))
+        .map_err(|e| fail(format!("starting reactors: {e}")))?;
+    let (done_tx, done_rx) = crossbeam_channel::bounded(cores.len());
+    for (i, h) in set.handles().iter().enumerate() {
+        let model = model.clone();
+        let done = done_tx.clone();
+        let rng = Rng(rng.next());
+        let (left, qd) = (cfg.ios_per_reactor, depth.min(THREADED_QD_MAX));
+        h.send(move |r| {
+            let driver = Rc::new(RefCell::new(Driver {
+                reactor: i,
+                rng,
+                left,
+                in_flight: 0,
+                qd,
+                blocks,
+                model,
+                clock: Clock::Monotonic,
+                queue_full: 0,
+                done: Some(done),
+            }));
+            pump(r, &driver);
+        })
+        .map_err(|e| fail(format!("starting the workload: {e}")))?;
+    }
+    let mut queue_full = 0;
+    for _ in 0..cores.len() {
+        match done_rx.recv_timeout(THREADED_RUN_LIMIT) {
+            Ok(n) => queue_full += n,
+            Err(_) => {
+                let outstanding: Vec<u64> = set
+                    .handles()
+                    .iter()
+                    .map(|h| h.stats().outstanding)
+                    .collect();
+                return Err(fail(format!(
+                    "hung: the workload did not finish in {THREADED_RUN_LIMIT:?}; outstanding \
+                     per reactor: {outstanding:?}"
+                )));
+            }
+        }
+    }
+    let report = set.shutdown();
+    if let Some(p) = report.panics.first() {
+        return Err(fail(p.to_string()));
+    }
+    let mut sim_report = SimReport {
+        seed,
+        shape: shape.clone(),
+        queue_full,
+        controller_resets: ctrl.resets(),
+        ..SimReport::default()
+    };
+    for exit in &report.exits {
+        if exit.failed_ios > 0 {
+            return Err(fail(format!(
+                "{} I/Os were still outstanding at shutdown",
+                exit.failed_ios
+            )));
+        }
+        let c = exit.stats.counters;
+        sim_report.add(&c);
+    }
+    if let Some(e) = model.lock().errors.first() {
+        return Err(fail(e.clone()));
+    }
+    check_accounting(&model, sim_report.ios).map_err(fail)?;
+    final_check(&ctrl, &Clock::Monotonic, blocks, &model).map_err(fail)?;
+    let m = model.lock();
+    sim_report.reads_checked = m.reads_checked;
+    sim_report.latency_ns_max = m.latency_ns_max;
+    Ok(sim_report)
+}
+
 pub fn run_seeds(first: u64, count: u64, cfg: &SimConfig) -> Result<Vec<SimReport>, SimFailure> {
     (first..first.saturating_add(count))
         .map(|seed| run(seed, cfg))

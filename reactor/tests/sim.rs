@@ -1,7 +1,7 @@
 //! The seeded fault simulation (see `hypoll_reactor::sim`): a fixed budget of seeds with
 //! faults on, plus every seed that once found a bug. `hypoll sim --seeds N` runs more.
 
-use hypoll_reactor::sim::{run, SimConfig};
+use hypoll_reactor::sim::{run, run_threaded, SimConfig};
 
 /// Seeds the suite runs every time (debug build, 2 cores: well under a minute).
 const SEED_BUDGET: u64 = 40;
@@ -19,4 +19,22 @@ fn every_io_is_accounted_for_and_every_block_reads_back_as_the_model_allows() {
         totals.4 += report.controller_resets;
     }
     eprintln!("ios, timeouts, resets, abandoned, controller resets: {totals:?}");
+}
+
+/// Seeds of the threaded variant the suite runs every time.
+const THREADED_SEED_BUDGET: u64 = 8;
+
+/// The same workload and checks on real reactor threads and the real clock, under each
+/// wait policy: what the hand-stepped run cannot show (cross-thread controller resets,
+/// parking with lost commands outstanding).
+#[test]
+fn threaded_reactors_keep_every_io_and_every_block_too() {
+    let cfg = SimConfig {
+        ios_per_reactor: 200,
+        ..SimConfig::default()
+    };
+    for seed in 0..THREADED_SEED_BUDGET {
+        let report = run_threaded(seed, &cfg).unwrap_or_else(|failure| panic!("{failure}"));
+        assert!(report.ios > 0, "{report:?}");
+    }
 }
