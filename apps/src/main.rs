@@ -75,6 +75,10 @@ struct SimArgs {
     /// I/Os each reactor submits per seed.
     #[arg(long, default_value_t = 300)]
     ios: usize,
+    /// Multiplies every fault rate (media errors 2 %, lost 2 %, resets 0.3 % by default,
+    /// before each seed's own factor of 0.5 to 4).
+    #[arg(long, default_value_t = 1.0)]
+    fault_scale: f64,
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
@@ -307,10 +311,20 @@ fn bench_command(args: BenchArgs) -> ExitCode {
 }
 
 fn sim_command(args: &SimArgs) -> ExitCode {
+    let base = hypoll_reactor::sim::SimConfig::default();
+    if !(0.0..=10.0).contains(&args.fault_scale) {
+        return usage_error(format!(
+            "--fault-scale {}: expected a factor from 0 to 10",
+            args.fault_scale
+        ));
+    }
     let cfg = hypoll_reactor::sim::SimConfig {
         reactors: usize::from(args.reactors),
         ios_per_reactor: args.ios,
-        ..Default::default()
+        err_pct: base.err_pct * args.fault_scale,
+        lost_pct: base.lost_pct * args.fault_scale,
+        reset_pct: base.reset_pct * args.fault_scale,
+        ..base
     };
     let (first, count) = match args.seed {
         Some(seed) => (seed, 1),

@@ -937,8 +937,11 @@ impl Reactor {
                         slot.recovery = Recovery::Resetting { deadline_ns };
                         next_due_ns = next_due_ns.min(deadline_ns);
                     }
-                    // No reset: give up on the timed-out ones, leave the others be.
-                    (Err(_), Recovery::Aborting { .. }) => to_abandon.push(key),
+                    // No reset: give up on the timed-out I/Os whose abort is overdue (or
+                    // could not be sent); leave the others be.
+                    (Err(_), Recovery::Aborting { deadline_ns }) if deadline_ns <= now_ns => {
+                        to_abandon.push(key)
+                    }
                     _ => {}
                 }
             }

@@ -433,8 +433,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
     let factor = [0.5, 1.0, 2.0, 4.0][rng.below(4) as usize];
     let (abort, reset, recovery) = match rng.below(10) {
-        0..=5 => (true, true, "abort+reset"),
-        6..=7 => (false, true, "reset only"),
+        0..=4 => (true, true, "abort+reset"),
+        5..=6 => (false, true, "reset only"),
+        7 => (true, false, "abort only"),
         _ => (false, false, "neither"),
     };
     let spec = format!(
@@ -940,8 +941,9 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     let depth = [2usize, 8, 32][rng.below(3) as usize];
     let policy = ["classic", "hybrid", "interrupt", "adaptive"][rng.below(4) as usize];
     let (abort, reset, recovery) = match rng.below(10) {
-        0..=5 => (true, true, "abort+reset"),
-        6..=7 => (false, true, "reset only"),
+        0..=4 => (true, true, "abort+reset"),
+        5..=6 => (false, true, "reset only"),
+        7 => (true, false, "abort only"),
         _ => (false, false, "neither"),
     };
     let cores = crate::sys::allowed_cores()
