@@ -55,6 +55,8 @@ pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default [`DeviceOptions::reset_timeout`].
 pub const DEFAULT_RESET_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most I/Os [`DeviceOptions::wait_queue`] lets wait for a slot, per device and reactor.
+pub const WAIT_QUEUE_MAX: usize = 4096;
 
 /// How a reactor attaches a device: the queue depth, and how long an I/O may take before
 /// the reactor recovers it (see docs/reactor.md, "Timeouts").
@@ -73,6 +75,10 @@ pub struct DeviceOptions {
     pub io_timeout: Option<Duration>,
     pub abort_timeout: Duration,
     pub reset_timeout: Duration,
+    /// How many I/Os may wait, in order, for a slot when the queue pair is full, instead of
+    /// being refused with `QueueFull` (0, the default: refuse at once). Their timeout runs
+    /// from the moment they were accepted; at most [`WAIT_QUEUE_MAX`].
+    pub wait_queue: usize,
 }
 
 impl DeviceOptions {
@@ -83,7 +89,13 @@ impl DeviceOptions {
             io_timeout: Some(DEFAULT_IO_TIMEOUT),
             abort_timeout: DEFAULT_ABORT_TIMEOUT,
             reset_timeout: DEFAULT_RESET_TIMEOUT,
+            wait_queue: 0,
         }
+    }
+
+    pub fn with_wait_queue(mut self, wait_queue: usize) -> DeviceOptions {
+        self.wait_queue = wait_queue;
+        self
     }
 
     pub fn with_io_timeout(mut self, io_timeout: Option<Duration>) -> DeviceOptions {
@@ -184,6 +196,10 @@ pub enum IoFailure {
     /// late completion arrives) and `IoDone::buf` is `None`.
     #[error("timed out, and the device could not abort it or reset: abandoned")]
     Abandoned,
+    /// It waited for a slot (see [`DeviceOptions::wait_queue`]) and the queue pair then
+    /// refused it (for example because a controller reset disabled it).
+    #[error("the queue pair refused it after it waited for a slot: {0}")]
+    Refused(SubmitError),
 }
 
 /// A completed I/O, handed to its callback.
@@ -195,7 +211,8 @@ pub struct IoDone {
     /// and for [`IoFailure::Abandoned`]: the device may still use it).
     pub buf: Option<IoBuf>,
     pub user: u64,
-    /// Completion seen by the reactor minus submission.
+    /// Completion seen by the reactor minus acceptance (`Reactor::submit`), time waiting
+    /// for a queue slot included.
     pub latency_ns: u64,
 }
 
@@ -218,6 +235,13 @@ pub enum RejectReason {
     Buffer,
     #[error("the reactor is shutting down")]
     ShuttingDown,
+    /// Every slot of the queue pair holds an abandoned command (see
+    /// [`IoFailure::Abandoned`]): the device stopped completing commands and could not be
+    /// reset. Retrying helps only once it completes them (or after a restart).
+    #[error(
+        "all {abandoned} queue slots hold abandoned commands: the device is not completing          commands; retry after it recovers"
+    )]
+    Quarantined { abandoned: usize },
 }
 
 impl std::fmt::Display for Rejected {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use hypoll_nvme::sys::{monotonic_ns, EventFd, TimerFd};
-use hypoll_nvme::{Clock, Command, Completion, QueuePair, Status};
+use hypoll_nvme::{Clock, Command, Completion, QueuePair, Status, SubmitError};
 use hypoll_policy::{
     Bucket, Decision, Direction, InFlight, Observation, PollContext, PollPolicy, Slept,
     StatsRecorder,
@@ -204,13 +204,34 @@ struct Attached {
     order: VecDeque<(usize, u64)>,
     /// When the next timeout or recovery step on this device is due (ns); `u64::MAX`: none.
     recovery_due_ns: u64,
+    /// I/Os accepted while the queue pair was full, oldest first, at most `wait_capacity`.
+    waiting: VecDeque<Waiter>,
+    wait_capacity: usize,
+    /// Abandoned I/Os of this device still holding a queue-pair slot.
+    abandoned: usize,
 }
+
+/// An accepted I/O waiting for a free queue-pair slot.
+struct Waiter {
+    req: IoRequest,
+    buf: Option<hypoll_nvme::IoBuf>,
+    callback: IoCallback,
+    accepted_ns: u64,
+}
+
+/// Why `Reactor::issue` did not put an I/O on its queue pair: the error, with what the
+/// caller gave back.
+type NotIssued = (
+    hypoll_nvme::SubmitError,
+    Option<hypoll_nvme::IoBuf>,
+    IoCallback,
+);
 
 /// Where an outstanding I/O stands in timeout recovery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Recovery {
     /// Within its timeout.
-    Waiting,
+    InTime,
     /// Timed out; an abort was sent (or the device cannot abort): escalate at the deadline.
     Aborting { deadline_ns: u64 },
     /// Its queue pair was reset: the device owes its completion by the deadline.
@@ -224,7 +245,11 @@ enum Recovery {
 struct IoSlot {
     device: u16,
     bucket: Option<Bucket>,
+    /// When it reached the queue pair (the device's latency counts from here).
     submit_ns: u64,
+    /// When the reactor accepted it (its timeout and `IoDone::latency_ns` count from here:
+    /// earlier than `submit_ns` if it waited for a slot).
+    accepted_ns: u64,
     /// Submission order, to find the oldest outstanding I/O.
     seq: u64,
     slept: Option<Slept>,
@@ -310,6 +335,10 @@ pub struct Reactor {
     abandoned: usize,
     /// Keys of I/Os to abandon, collected during a recovery scan (preallocated).
     to_abandon: Vec<usize>,
+    /// Waiters past their timeout, collected during a recovery scan (preallocated).
+    expired: Vec<Waiter>,
+    /// I/Os waiting for a slot, on every device.
+    waiters: usize,
 }
 
 impl Reactor {
@@ -359,6 +388,8 @@ impl Reactor {
             clock: Clock::Monotonic,
             abandoned: 0,
             to_abandon: Vec::new(),
+            expired: Vec::new(),
+            waiters: 0,
         })
     }
 
@@ -403,8 +434,14 @@ impl Reactor {
         self.policy.name()
     }
 
-    /// I/Os submitted on this reactor whose callback has not run yet.
+    /// I/Os accepted by this reactor whose callback has not run yet: on a queue pair, or
+    /// waiting for a slot.
     pub fn outstanding(&self) -> usize {
+        self.live() + self.waiters
+    }
+
+    /// I/Os on a queue pair that the reactor still waits for (abandoned ones excluded).
+    fn live(&self) -> usize {
         self.slots.len() - self.abandoned
     }
 
@@ -461,6 +498,14 @@ impl Reactor {
             .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
         self.to_abandon
             .reserve(self.io_capacity - self.to_abandon.len());
+        if options.wait_queue > crate::io::WAIT_QUEUE_MAX {
+            return Err(format!(
+                "wait_queue {} is over the limit of {}",
+                options.wait_queue,
+                crate::io::WAIT_QUEUE_MAX
+            ));
+        }
+        self.expired.reserve(options.wait_queue);
         let order = VecDeque::with_capacity(2 * qp.depth());
         self.devices.push(Attached {
             lba_bytes: qp.namespace().lba_size_bytes,
@@ -472,6 +517,9 @@ impl Reactor {
             reset_timeout_ns: ns(options.reset_timeout),
             order,
             recovery_due_ns: u64::MAX,
+            waiting: VecDeque::with_capacity(options.wait_queue),
+            wait_capacity: options.wait_queue,
+            abandoned: 0,
         });
         Ok(DeviceId(id))
     }
@@ -496,32 +544,91 @@ impl Reactor {
         if self.stopping {
             return reject(RejectReason::ShuttingDown, buf);
         }
-        let Some(dev) = self.devices.get_mut(device.0 as usize) else {
+        let d = device.0 as usize;
+        let Some(dev) = self.devices.get(d) else {
             return reject(RejectReason::UnknownDevice, buf);
         };
-        let mut buf = buf;
         let data_op = matches!(req.op, IoOp::Read | IoOp::Write);
         if data_op != buf.is_some() {
             return reject(RejectReason::Buffer, buf);
         }
+        let has_room = dev.waiting.len() < dev.wait_capacity;
+        let lba_bytes = dev.lba_bytes;
+        let callback: IoCallback = Box::new(callback);
+        let (buf, callback) = if dev.waiting.is_empty() {
+            match self.issue(d, req, buf, callback, self.now_ns) {
+                Ok(()) => return Ok(()),
+                Err((SubmitError::QueueFull { depth }, buf, callback)) => {
+                    if !has_room {
+                        return reject(self.full(d, depth), buf);
+                    }
+                    (buf, callback)
+                }
+                Err((e, buf, _)) => return reject(RejectReason::Submit(e), buf),
+            }
+        } else {
+            // First come, first served: a new I/O waits behind those already waiting.
+            if !has_room {
+                let depth = self.devices[d].qp.depth();
+                return reject(self.full(d, depth), buf);
+            }
+            let mut buf = buf;
+            if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
+                return reject(RejectReason::Submit(e), buf);
+            }
+            (buf, callback)
+        };
+        let dev = &mut self.devices[d];
+        dev.waiting.push_back(Waiter {
+            req,
+            buf,
+            callback,
+            accepted_ns: self.now_ns,
+        });
+        self.waiters += 1;
+        if let Some(timeout_ns) = dev.io_timeout_ns {
+            dev.recovery_due_ns = dev
+                .recovery_due_ns
+                .min(self.now_ns.saturating_add(timeout_ns));
+        }
+        Ok(())
+    }
+
+    /// Why a full queue pair refuses an I/O: back-pressure, or a device whose every slot
+    /// holds an abandoned command (retrying will not help until it recovers).
+    fn full(&self, d: usize, depth: usize) -> RejectReason {
+        let dev = &self.devices[d];
+        if dev.abandoned > 0 && dev.abandoned >= dev.qp.outstanding() {
+            RejectReason::Quarantined {
+                abandoned: dev.abandoned,
+            }
+        } else {
+            RejectReason::Submit(SubmitError::QueueFull { depth })
+        }
+    }
+
+    /// Puts an I/O on device `d`'s queue pair and records it in a slot.
+    fn issue(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+        accepted_ns: u64,
+    ) -> Result<(), NotIssued> {
+        let dev = &mut self.devices[d];
+        let mut buf = buf;
         let key = self.slots.vacant_key();
         let submitted = {
-            let cmd = match (req.op, buf.as_mut()) {
-                (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
-                (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
-                (IoOp::Flush, None) => Command::flush(),
-                (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
-                (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
-                _ => unreachable!("checked above"),
-            }
-            .with_fua(req.fua);
+            let cmd = command(&req, buf.as_mut());
             // SAFETY: the buffer moves into the slot below (moving an IoBuf does not move
             // its memory) and stays there until the completion for `key` is reaped, or
-            // until the queue pair is dropped (shutdown drops queue pairs before slots).
+            // until the queue pair is dropped (shutdown drops queue pairs before slots);
+            // an abandoned I/O's buffer stays in its slot too (quarantine).
             unsafe { dev.qp.submit(&cmd, key as u64) }
         };
         if let Err(e) = submitted {
-            return reject(RejectReason::Submit(e), buf);
+            return Err((e, buf, callback));
         }
         let bucket = match req.op {
             IoOp::Read => Bucket::new(
@@ -537,20 +644,21 @@ impl Reactor {
         let seq = self.next_seq;
         self.next_seq += 1;
         let inserted = self.slots.insert(IoSlot {
-            device: device.0,
+            device: d as u16,
             bucket,
             submit_ns: self.now_ns,
+            accepted_ns,
             seq,
             slept: None,
             idle_polls_at_submit: self.counters.idle_polls,
             user: req.user,
             buf,
-            callback: Some(Box::new(callback)),
-            recovery: Recovery::Waiting,
+            callback: Some(callback),
+            recovery: Recovery::InTime,
             timed_out: false,
         });
         debug_assert_eq!(inserted, key);
-        let dev = &mut self.devices[device.0 as usize];
+        let dev = &mut self.devices[d];
         if let Some(timeout_ns) = dev.io_timeout_ns {
             if dev.order.len() == dev.order.capacity() {
                 let slots = &self.slots;
@@ -563,7 +671,7 @@ impl Reactor {
             dev.order.push_back((key, seq));
             dev.recovery_due_ns = dev
                 .recovery_due_ns
-                .min(self.now_ns.saturating_add(timeout_ns));
+                .min(accepted_ns.saturating_add(timeout_ns));
         }
         if self.order.len() == self.order.capacity() {
             // Completed entries pile up behind a slow oldest I/O: drop them in one pass.
@@ -573,6 +681,60 @@ impl Reactor {
         }
         self.order.push_back((key, seq));
         Ok(())
+    }
+
+    /// Puts waiting I/Os on their queue pairs while there is room, oldest first. Returns
+    /// how many it started (or failed: a queue pair that refuses one for another reason
+    /// than being full fails it with `IoFailure::Refused`).
+    fn start_waiters(&mut self) -> usize {
+        if self.waiters == 0 {
+            return 0;
+        }
+        let mut started = 0;
+        for d in 0..self.devices.len() {
+            while let Some(w) = self.devices[d].waiting.pop_front() {
+                self.waiters -= 1;
+                let (req, accepted_ns) = (w.req, w.accepted_ns);
+                match self.issue(d, req, w.buf, w.callback, accepted_ns) {
+                    Ok(()) => started += 1,
+                    Err((SubmitError::QueueFull { .. }, buf, callback)) => {
+                        self.devices[d].waiting.push_front(Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        });
+                        self.waiters += 1;
+                        break;
+                    }
+                    Err((e, buf, callback)) => {
+                        started += 1;
+                        let waiter = Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        };
+                        self.fail_waiter(d, waiter, IoFailure::Refused(e));
+                    }
+                }
+            }
+        }
+        started
+    }
+
+    /// Runs the callback of an I/O that never reached its queue pair, buffer handed back.
+    fn fail_waiter(&mut self, d: usize, w: Waiter, failure: IoFailure) {
+        self.counters.ios += 1;
+        self.counters.io_errors += 1;
+        let done = IoDone {
+            device: DeviceId(d as u16),
+            result: Err(failure),
+            buf: w.buf,
+            user: w.req.user,
+            latency_ns: self.now_ns.saturating_sub(w.accepted_ns),
+        };
+        (w.callback)(self, done);
     }
 
     /// Runs `f` on this reactor after `delay`.
@@ -667,6 +829,7 @@ impl Reactor {
         work += self.run_timers();
         work += self.run_pollers();
         work += self.reap();
+        work += self.start_waiters();
         work += self.check_timeouts();
         for dev in &mut self.devices {
             dev.recorder.tick(self.now_ns);
@@ -778,6 +941,7 @@ impl Reactor {
             // Its callback ran when it was abandoned: the device is done with the buffer
             // now, so it leaves quarantine (dropped with `slot`).
             self.abandoned -= 1;
+            self.devices[dev as usize].abandoned -= 1;
             self.counters.late_completions += 1;
             return;
         }
@@ -817,7 +981,7 @@ impl Reactor {
             result,
             buf: slot.buf,
             user: slot.user,
-            latency_ns,
+            latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
         };
         let callback = slot
             .callback
@@ -858,6 +1022,16 @@ impl Reactor {
         let mut steps = 0;
         let mut escalate = false;
         to_abandon.clear();
+        // Waiters past their timeout never reached the device: fail them as timed out.
+        let mut expired = std::mem::take(&mut self.expired);
+        while let Some(w) = dev.waiting.front() {
+            let due_ns = w.accepted_ns.saturating_add(timeout_ns);
+            if now_ns < due_ns {
+                next_due_ns = next_due_ns.min(due_ns);
+                break;
+            }
+            expired.extend(dev.waiting.pop_front());
+        }
         let mut i = 0;
         while i < dev.order.len() {
             let (key, seq) = dev.order[i];
@@ -874,8 +1048,8 @@ impl Reactor {
             };
             i += 1;
             match slot.recovery {
-                Recovery::Waiting => {
-                    let due_ns = slot.submit_ns.saturating_add(timeout_ns);
+                Recovery::InTime => {
+                    let due_ns = slot.accepted_ns.saturating_add(timeout_ns);
                     if now_ns < due_ns {
                         // Submission order is timeout order: the rest are younger.
                         next_due_ns = next_due_ns.min(due_ns);
@@ -933,7 +1107,7 @@ impl Reactor {
                 };
                 match (&reset, slot.recovery) {
                     // The device owes every outstanding command a completion.
-                    (Ok(()), Recovery::Waiting | Recovery::Aborting { .. }) => {
+                    (Ok(()), Recovery::InTime | Recovery::Aborting { .. }) => {
                         slot.recovery = Recovery::Resetting { deadline_ns };
                         next_due_ns = next_due_ns.min(deadline_ns);
                     }
@@ -947,6 +1121,13 @@ impl Reactor {
             }
         }
         dev.recovery_due_ns = next_due_ns;
+        self.waiters -= expired.len();
+        self.counters.io_timeouts += expired.len() as u64;
+        for w in expired.drain(..) {
+            steps += 1;
+            self.fail_waiter(d, w, IoFailure::TimedOut);
+        }
+        self.expired = expired;
         let mut abandon = std::mem::take(&mut self.to_abandon);
         for &key in &abandon {
             self.abandon(key);
@@ -972,8 +1153,9 @@ impl Reactor {
             result: Err(IoFailure::Abandoned),
             buf: None,
             user: slot.user,
-            latency_ns: self.now_ns.saturating_sub(slot.submit_ns),
+            latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
         };
+        self.devices[slot.device as usize].abandoned += 1;
         self.abandoned += 1;
         self.counters.abandoned_ios += 1;
         self.counters.ios += 1;
@@ -1007,8 +1189,10 @@ impl Reactor {
 
     /// Nothing had work this turn.
     fn when_idle(&mut self) {
-        // Abandoned I/Os are not waited for: their completions may never come.
-        if self.outstanding() == 0 {
+        // Abandoned I/Os are not waited for: their completions may never come. (Nor are
+        // I/Os waiting for a slot when nothing live is outstanding: every slot is
+        // quarantined; their timeout wakes a parked reactor.)
+        if self.live() == 0 {
             let since = *self.idle_since_ns.get_or_insert(self.now_ns);
             if self.now_ns - since >= self.tuning.idle_spin_ns {
                 self.park(false);
@@ -1023,7 +1207,7 @@ impl Reactor {
         let dev = &self.devices[slot.device as usize];
         let ctx = PollContext {
             now_ns: self.now_ns,
-            outstanding: self.outstanding(),
+            outstanding: self.live(),
             oldest: InFlight {
                 bucket: slot.bucket,
                 submit_ns: slot.submit_ns,
@@ -1096,11 +1280,10 @@ impl Reactor {
     /// armed device interrupts.
     fn park(&mut self, for_io: bool) {
         let mut next_timer_ns = self.timers.next_deadline_ns();
-        if for_io {
-            // A lost command never interrupts: wake for its timeout.
-            if let Some(due_ns) = self.recovery_due_ns() {
-                next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
-            }
+        // A lost command never interrupts, and an I/O waiting behind quarantined slots has
+        // nothing to wake it: wake for the next timeout.
+        if let Some(due_ns) = self.recovery_due_ns() {
+            next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
         }
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
@@ -1175,9 +1358,19 @@ impl Reactor {
         while self.run_messages(MESSAGE_BATCH) > 0 {}
         self.pollers.clear();
         self.timers = Timers::default();
+        // I/Os still waiting for a slot never reached a device: they fail now.
+        self.now_ns = monotonic_ns();
+        let mut waiting_failed = 0;
+        for d in 0..self.devices.len() {
+            while let Some(w) = self.devices[d].waiting.pop_front() {
+                self.waiters -= 1;
+                waiting_failed += 1;
+                self.fail_waiter(d, w, IoFailure::Shutdown);
+            }
+        }
         let ios_before = self.counters.ios;
         let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
-        while self.outstanding() > 0 && monotonic_ns() < deadline_ns {
+        while self.live() > 0 && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
             if self.reap() + self.check_timeouts() == 0 {
                 // Stopping is not latency-critical: poll every 50 us rather than spin.
@@ -1194,7 +1387,7 @@ impl Reactor {
             .filter(|s| s.recovery != Recovery::Abandoned)
             .collect();
         self.abandoned = 0;
-        let failed_ios = failed.len() as u64;
+        let failed_ios = failed.len() as u64 + waiting_failed;
         self.now_ns = monotonic_ns();
         for slot in failed {
             let callback = slot.callback.expect("not abandoned");
@@ -1203,7 +1396,7 @@ impl Reactor {
                 result: Err(IoFailure::Shutdown),
                 buf: slot.buf,
                 user: slot.user,
-                latency_ns: self.now_ns.saturating_sub(slot.submit_ns),
+                latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
             };
             self.counters.ios += 1;
             self.counters.io_errors += 1;
@@ -1217,6 +1410,20 @@ impl Reactor {
             stats: self.me().stats(),
         }
     }
+}
+
+/// The command for `req`, on `buf` (which `Reactor::submit` checked is there exactly for
+/// reads and writes).
+fn command<'b>(req: &IoRequest, buf: Option<&'b mut hypoll_nvme::IoBuf>) -> Command<'b> {
+    match (req.op, buf) {
+        (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
+        (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
+        (IoOp::Flush, None) => Command::flush(),
+        (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
+        (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
+        _ => unreachable!("Reactor::submit checks the buffer against the operation"),
+    }
+    .with_fua(req.fua)
 }
 
 /// Convenience wrappers over [`Reactor::submit`].

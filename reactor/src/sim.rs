@@ -430,6 +430,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let profile = ["dram", "optane", "nand"][rng.below(3) as usize];
     let blocks = [32u64, 64, 128, 256][rng.below(4) as usize];
     let depth = [1usize, 2, 8, 16, 32][rng.below(5) as usize];
+    let wait_queue = [0usize, 4, 32][rng.below(3) as usize];
     let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
     let factor = [0.5, 1.0, 2.0, 4.0][rng.below(4) as usize];
     let (abort, reset, recovery) = match rng.below(10) {
@@ -450,7 +451,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         cfg.reactors + 1
     );
     let shape = format!(
-        "{spec} depth={depth} step<={max_step_ns}ns recovery={recovery} reactors={}",
+        "{spec} depth={depth} wait_queue={wait_queue} step<={max_step_ns}ns \
+         recovery={recovery} reactors={}",
         cfg.reactors
     );
     let fail = |message: String| SimFailure {
@@ -472,7 +474,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(cfg.io_timeout))
         .with_abort_timeout(cfg.abort_timeout)
-        .with_reset_timeout(cfg.reset_timeout);
+        .with_reset_timeout(cfg.reset_timeout)
+        .with_wait_queue(wait_queue);
     let ns = |d: Duration| d.as_nanos() as u64;
 
     let clock = Clock::Virtual(vclock.clone());
@@ -553,6 +556,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                         left[i] -= 1;
                     }
                 }
+                Err(SubmitOutcome::Quarantined) => {
+                    queue_full += 1;
+                    left[i] -= 1;
+                }
                 Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
             }
         } else {
@@ -598,6 +605,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
 
 enum SubmitOutcome {
     QueueFull,
+    /// Every slot holds an abandoned command: this reactor can do no more I/O.
+    Quarantined,
     Bug(String),
 }
 
@@ -710,6 +719,7 @@ fn submit_random(
                     }
                     Err(SubmitOutcome::QueueFull)
                 }
+                crate::RejectReason::Quarantined { .. } => Err(SubmitOutcome::Quarantined),
                 other => Err(SubmitOutcome::Bug(format!(
                     "reactor {reactor} rejected {op:?} {nlb} blocks at {slba}: {other}"
                 ))),
@@ -922,6 +932,10 @@ fn pump(r: &mut Reactor, driver: &Rc<RefCell<Driver>>) {
                 // A completion of ours frees a slot and calls back here.
                 return;
             }
+            Err(SubmitOutcome::Quarantined) => {
+                d.queue_full += 1;
+                d.left -= 1;
+            }
             Err(SubmitOutcome::Bug(message)) => {
                 d.model.lock().errors.push(message);
                 d.left = 0;
@@ -939,6 +953,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     let profile = ["dram", "optane"][rng.below(2) as usize];
     let blocks = [32u64, 128][rng.below(2) as usize];
     let depth = [2usize, 8, 32][rng.below(3) as usize];
+    let wait_queue = [0usize, 16][rng.below(2) as usize];
     let policy = ["classic", "hybrid", "interrupt", "adaptive"][rng.below(4) as usize];
     let (abort, reset, recovery) = match rng.below(10) {
         0..=4 => (true, true, "abort+reset"),
@@ -966,7 +981,8 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
         cores.len() + 1
     );
     let shape = format!(
-        "threaded {spec} depth={depth} policy={policy} recovery={recovery} reactors={}",
+        "threaded {spec} depth={depth} wait_queue={wait_queue} policy={policy} \
+         recovery={recovery} reactors={}",
         cores.len()
     );
     let fail = |message: String| SimFailure {
@@ -988,7 +1004,8 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(THREADED_IO_TIMEOUT))
         .with_abort_timeout(THREADED_STEP_TIMEOUT)
-        .with_reset_timeout(THREADED_STEP_TIMEOUT);
+        .with_reset_timeout(THREADED_STEP_TIMEOUT)
+        .with_wait_queue(wait_queue);
     let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
         history: vec![Vec::new(); blocks as usize],
         latency_ns_bound: u64::MAX,
