@@ -559,18 +559,20 @@ impl Reactor {
             match self.issue(d, req, buf, callback, self.now_ns) {
                 Ok(()) => return Ok(()),
                 Err((SubmitError::QueueFull { depth }, buf, callback)) => {
-                    if !has_room {
-                        return reject(self.full(d, depth), buf);
+                    let reason = self.full(d, depth);
+                    if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
+                        return reject(reason, buf);
                     }
                     (buf, callback)
                 }
                 Err((e, buf, _)) => return reject(RejectReason::Submit(e), buf),
             }
         } else {
-            // First come, first served: a new I/O waits behind those already waiting.
-            if !has_room {
-                let depth = self.devices[d].qp.depth();
-                return reject(self.full(d, depth), buf);
+            // First come, first served: a new I/O waits behind those already waiting
+            // (unless no slot will ever free: every one holds an abandoned command).
+            let reason = self.full(d, self.devices[d].qp.depth());
+            if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
+                return reject(reason, buf);
             }
             let mut buf = buf;
             if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
@@ -598,7 +600,7 @@ impl Reactor {
     /// holds an abandoned command (retrying will not help until it recovers).
     fn full(&self, d: usize, depth: usize) -> RejectReason {
         let dev = &self.devices[d];
-        if dev.abandoned > 0 && dev.abandoned >= dev.qp.outstanding() {
+        if dev.abandoned > 0 && dev.abandoned >= dev.qp.depth() {
             RejectReason::Quarantined {
                 abandoned: dev.abandoned,
             }

@@ -205,3 +205,109 @@ fn a_device_that_cannot_abort_or_reset_gets_its_commands_abandoned_and_quarantin
     );
     assert_eq!(report.exits[0].failed_ios, 0);
 }
+
+#[test]
+fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
+    let _serial = serial();
+    // Depth 2 and room for 4 waiting: 6 I/Os are accepted at once, the 7th is refused.
+    let device = Device::open("emu:nand,size=16M").unwrap();
+    let set = ReactorSet::start(config("classic"), move |r| {
+        r.attach_with(
+            &device,
+            DeviceOptions {
+                depth: 2,
+                ..options().with_wait_queue(4)
+            },
+        )
+        .map(drop)
+    })
+    .unwrap();
+    let h = &set.handles()[0];
+    let (tx, rx) = crossbeam_channel::unbounded();
+    h.send(move |r| {
+        let mut refused = Vec::new();
+        for i in 0..7u64 {
+            let tx = tx.clone();
+            let submitted = r.submit(
+                DeviceId::FIRST,
+                hypoll_reactor::IoRequest::new(hypoll_reactor::IoOp::Read, i * 8, 8).with_user(i),
+                Some(IoBuf::zeroed(4096)),
+                move |_, done| tx.send((done.user, done.result)).unwrap(),
+            );
+            if let Err(e) = submitted {
+                refused.push((i, e.reason, e.buf.is_some()));
+            }
+        }
+        assert_eq!(r.outstanding(), 6, "2 on the queue pair, 4 waiting");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(matches!(
+            refused[0],
+            (
+                6,
+                hypoll_reactor::RejectReason::Submit(hypoll_nvme::SubmitError::QueueFull { .. }),
+                true
+            )
+        ));
+    })
+    .unwrap();
+    let mut done: Vec<(u64, Result<(), IoFailure>)> = (0..6)
+        .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    done.sort_by_key(|&(user, _)| user);
+    assert_eq!(
+        done,
+        (0..6).map(|i| (i, Ok(()))).collect::<Vec<_>>(),
+        "the waiting I/Os ran once slots freed"
+    );
+    set.shutdown();
+
+    // Behind quarantined slots, waiting I/Os time out, and then the device refuses more
+    // with a reason that says retrying is pointless.
+    let ctrl = EmuController::new(
+        match "emu:optane,size=16M,lost_pct=100"
+            .parse::<hypoll_nvme::DeviceSpec>()
+            .unwrap()
+        {
+            hypoll_nvme::DeviceSpec::Emu(cfg) => cfg,
+            _ => unreachable!(),
+        },
+    )
+    .unwrap();
+    let device = Device::new(Arc::new(LimitedController::new(ctrl, false, false)));
+    let set = ReactorSet::start(config("interrupt"), move |r| {
+        r.attach_with(
+            &device,
+            DeviceOptions {
+                depth: 2,
+                ..options().with_wait_queue(2)
+            },
+        )
+        .map(drop)
+    })
+    .unwrap();
+    let h = &set.handles()[0];
+    let mut outcomes: Vec<_> = read_n(h, 4).into_iter().map(|(r, b, _)| (r, b)).collect();
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(
+        outcomes,
+        vec![
+            (Err(IoFailure::Abandoned), false),
+            (Err(IoFailure::Abandoned), false),
+            (Err(IoFailure::TimedOut), true),
+            (Err(IoFailure::TimedOut), true),
+        ]
+    );
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    h.send(move |r| {
+        let refused = r
+            .read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {})
+            .unwrap_err();
+        tx.send(refused.reason).unwrap();
+    })
+    .unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        hypoll_reactor::RejectReason::Quarantined { abandoned: 2 }
+    );
+    set.shutdown();
+}
