@@ -945,6 +945,13 @@ impl Reactor {
             self.abandoned -= 1;
             self.devices[dev as usize].abandoned -= 1;
             self.counters.late_completions += 1;
+            tracing::info!(
+                core = self.core,
+                device = dev,
+                tag = completion.tag,
+                status = %completion.status,
+                "late completion of an abandoned I/O: its buffer leaves quarantine"
+            );
             return;
         }
         let latency_ns = self.now_ns.saturating_sub(slot.submit_ns);
@@ -1008,6 +1015,7 @@ impl Reactor {
     /// on a device that cannot reset). Sets when the next step is due.
     fn recover(&mut self, d: usize) -> usize {
         let now_ns = self.now_ns;
+        let core = self.core;
         let Reactor {
             devices,
             slots,
@@ -1060,7 +1068,16 @@ impl Reactor {
                     counters.io_timeouts += 1;
                     slot.timed_out = true;
                     steps += 1;
-                    match dev.qp.abort(key as u64) {
+                    let abort = dev.qp.abort(key as u64);
+                    tracing::warn!(
+                        core,
+                        device = d,
+                        tag = key,
+                        waited_ns = now_ns.saturating_sub(slot.accepted_ns),
+                        abort = ?abort,
+                        "I/O timed out; aborting it"
+                    );
+                    match abort {
                         Ok(()) => {
                             counters.aborts += 1;
                             let deadline_ns = now_ns.saturating_add(dev.abort_timeout_ns);
@@ -1099,6 +1116,13 @@ impl Reactor {
             if reset.is_err() {
                 counters.reset_failures += 1;
             }
+            tracing::warn!(
+                core,
+                device = d,
+                outstanding = dev.qp.outstanding(),
+                reset = ?reset,
+                "an abort did not complete a timed-out I/O in time; resetting the queue pair"
+            );
             let deadline_ns = now_ns.saturating_add(dev.reset_timeout_ns);
             for &(key, seq) in dev.order.iter() {
                 let Some(slot) = slots
@@ -1157,6 +1181,14 @@ impl Reactor {
             user: slot.user,
             latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
         };
+        tracing::error!(
+            core = self.core,
+            device = slot.device,
+            tag = key,
+            waited_ns = done.latency_ns,
+            "I/O abandoned: the device neither completed, aborted nor reset it in time; its \
+             buffer stays quarantined until the device completes it or shutdown"
+        );
         self.devices[slot.device as usize].abandoned += 1;
         self.abandoned += 1;
         self.counters.abandoned_ios += 1;
@@ -1390,6 +1422,14 @@ impl Reactor {
             .collect();
         self.abandoned = 0;
         let failed_ios = failed.len() as u64 + waiting_failed;
+        if failed_ios > 0 {
+            tracing::warn!(
+                core = self.core,
+                failed_ios,
+                shutdown_timeout_ms = self.tuning.shutdown_timeout.as_millis() as u64,
+                "reactor stopping: I/O still outstanding fails with Shutdown"
+            );
+        }
         self.now_ns = monotonic_ns();
         for slot in failed {
             let callback = slot.callback.expect("not abandoned");
