@@ -79,7 +79,7 @@ struct SimArgs {
     /// before each seed's own factor of 0.5 to 4).
     #[arg(long, default_value_t = 1.0)]
     fault_scale: f64,
-    /// Print one line per seed.
+    /// Print one line per seed, and the reactors' recovery log lines.
     #[arg(long)]
     verbose: bool,
     /// Run on real reactor threads and the real clock (one reactor per allowed core, up to
@@ -173,6 +173,17 @@ fn usage_error(message: String) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Reactors log their recovery steps (timeouts, aborts, resets) as warnings, to stderr;
+    // the fault simulation causes thousands on purpose, so it shows them only if --verbose.
+    let level = match &cli.command {
+        Cmd::Sim(args) if !args.verbose => tracing::level_filters::LevelFilter::OFF,
+        _ => tracing::level_filters::LevelFilter::WARN,
+    };
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
     match cli.command {
         Cmd::Bench(args) => bench_command(*args),
         Cmd::Policies => {
