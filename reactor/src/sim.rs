@@ -421,6 +421,25 @@ impl QueuePair for LimitedQp {
     }
 }
 
+/// Draws how a device answers recovery: (can abort, can reset, in words).
+fn recovery_mode(rng: &mut Rng) -> (bool, bool, &'static str) {
+    match rng.below(10) {
+        0..=4 => (true, true, "abort+reset"),
+        5..=6 => (false, true, "reset only"),
+        7 => (true, false, "abort only"),
+        _ => (false, false, "neither"),
+    }
+}
+
+/// The controller as a device that can abort and reset as asked.
+fn device_for(ctrl: &EmuController, abort: bool, reset: bool) -> Device {
+    if abort && reset {
+        Device::new(Arc::new(ctrl.clone()))
+    } else {
+        Device::new(Arc::new(LimitedController::new(ctrl.clone(), abort, reset)))
+    }
+}
+
 /// Runs one seeded simulation. `Ok` with what it did, or the first thing it found wrong.
 pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut rng = Rng(seed);
@@ -433,12 +452,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let wait_queue = [0usize, 4, 32][rng.below(3) as usize];
     let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
     let factor = [0.5, 1.0, 2.0, 4.0][rng.below(4) as usize];
-    let (abort, reset, recovery) = match rng.below(10) {
-        0..=4 => (true, true, "abort+reset"),
-        5..=6 => (false, true, "reset only"),
-        7 => (true, false, "abort only"),
-        _ => (false, false, "neither"),
-    };
+    let (abort, reset, recovery) = recovery_mode(&mut rng);
+    // Half the runs attach a second queue pair on the same controller to every reactor,
+    // with its own recovery support: per-device timeouts and recovery side by side.
+    let second = rng.pct(50).then(|| recovery_mode(&mut rng));
     let spec = format!(
         "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
          queues={}",
@@ -448,11 +465,12 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         cfg.lost_pct * factor,
         cfg.stuck_pct,
         cfg.reset_pct * factor,
-        cfg.reactors + 1
+        2 * cfg.reactors + 1
     );
+    let second_text = second.map_or(String::new(), |(_, _, r)| format!(" second={r}"));
     let shape = format!(
         "{spec} depth={depth} wait_queue={wait_queue} step<={max_step_ns}ns \
-         recovery={recovery} reactors={}",
+         recovery={recovery}{second_text} reactors={}",
         cfg.reactors
     );
     let fail = |message: String| SimFailure {
@@ -466,11 +484,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let vclock = VirtualClock::new(1_000_000_000);
     let ctrl = EmuController::with_clock(emu_cfg, Clock::Virtual(vclock.clone()))
         .map_err(|e| fail(format!("{spec}: {e}")))?;
-    let device = if abort && reset {
-        Device::new(Arc::new(ctrl.clone()))
-    } else {
-        Device::new(Arc::new(LimitedController::new(ctrl.clone(), abort, reset)))
-    };
+    let mut devices = vec![device_for(&ctrl, abort, reset)];
+    if let Some((abort, reset, _)) = second {
+        devices.push(device_for(&ctrl, abort, reset));
+    }
     let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(cfg.io_timeout))
         .with_abort_timeout(cfg.abort_timeout)
@@ -505,7 +522,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         let mut r = Reactor::new(i, rx, handles.clone(), policy, ReactorTuning::default())
             .map_err(|e| fail(format!("reactor: {e}")))?;
         r.set_clock(Clock::Virtual(vclock.clone()));
-        r.attach_with(&device, options).map_err(fail)?;
+        for device in &devices {
+            r.attach_with(device, options).map_err(fail)?;
+        }
         reactors.push(r);
     }
 
@@ -546,7 +565,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         }
         let i = rng.below(cfg.reactors as u64) as usize;
         if left[i] > 0 && rng.pct(45) {
-            match submit_random(&mut reactors[i], i, &mut rng, blocks, &model, &clock, None) {
+            let device = DeviceId::from_index(rng.below(devices.len() as u64) as u16);
+            let r = &mut reactors[i];
+            match submit_random(r, i, device, &mut rng, blocks, &model, &clock, None) {
                 Ok(()) => left[i] -= 1,
                 Err(SubmitOutcome::QueueFull) => {
                     queue_full += 1;
@@ -615,9 +636,11 @@ enum SubmitOutcome {
 type Then = Option<Rc<dyn Fn(&mut Reactor)>>;
 
 /// Submits one random I/O on reactor `r` and records it in the model.
+#[allow(clippy::too_many_arguments)]
 fn submit_random(
     r: &mut Reactor,
     reactor: usize,
+    device: DeviceId,
     rng: &mut Rng,
     blocks: u64,
     model: &Shared,
@@ -691,7 +714,7 @@ fn submit_random(
     let req = IoRequest::new(op, slba, nlb).with_user(op_index as u64);
     let cb_model = model.clone();
     let cb_clock = clock.clone();
-    let submitted = r.submit(DeviceId::FIRST, req, buf, move |r, done| {
+    let submitted = r.submit(device, req, buf, move |r, done| {
         on_done(&cb_model, &cb_clock, done);
         if let Some(then) = then {
             then(r);
@@ -917,7 +940,8 @@ fn pump(r: &mut Reactor, driver: &Rc<RefCell<Driver>>) {
             clock,
             ..
         } = &mut *d;
-        match submit_random(r, *reactor, rng, *blocks, model, clock, Some(then)) {
+        let first = DeviceId::FIRST;
+        match submit_random(r, *reactor, first, rng, *blocks, model, clock, Some(then)) {
             Ok(()) => {
                 d.left -= 1;
                 d.in_flight += 1;
@@ -955,12 +979,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     let depth = [2usize, 8, 32][rng.below(3) as usize];
     let wait_queue = [0usize, 16][rng.below(2) as usize];
     let policy = ["classic", "hybrid", "interrupt", "adaptive"][rng.below(4) as usize];
-    let (abort, reset, recovery) = match rng.below(10) {
-        0..=4 => (true, true, "abort+reset"),
-        5..=6 => (false, true, "reset only"),
-        7 => (true, false, "abort only"),
-        _ => (false, false, "neither"),
-    };
+    let (abort, reset, recovery) = recovery_mode(&mut rng);
     let cores = crate::sys::allowed_cores()
         .map_err(|e| SimFailure {
             seed,
@@ -994,11 +1013,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
         other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
     };
     let ctrl = EmuController::new(emu_cfg).map_err(|e| fail(format!("{spec}: {e}")))?;
-    let device = if abort && reset {
-        Device::new(Arc::new(ctrl.clone()))
-    } else {
-        Device::new(Arc::new(LimitedController::new(ctrl.clone(), abort, reset)))
-    };
+    let device = device_for(&ctrl, abort, reset);
     // Real time on a shared machine: timeouts long enough that most I/O beats them,
     // short enough that lost commands are recovered quickly.
     let options = DeviceOptions::new(depth)
