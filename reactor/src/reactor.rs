@@ -472,6 +472,13 @@ impl Reactor {
         if options.io_timeout.is_some_and(|t| t.is_zero()) {
             return Err("io_timeout must be more than 0 (or None: never)".to_string());
         }
+        if options.wait_queue > crate::io::WAIT_QUEUE_MAX {
+            return Err(format!(
+                "wait_queue {} is over the limit of {}",
+                options.wait_queue,
+                crate::io::WAIT_QUEUE_MAX
+            ));
+        }
         if self.devices.len() >= DEVICES_MAX {
             return Err(format!("a reactor attaches at most {DEVICES_MAX} devices"));
         }
@@ -498,13 +505,6 @@ impl Reactor {
             .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
         self.to_abandon
             .reserve(self.io_capacity - self.to_abandon.len());
-        if options.wait_queue > crate::io::WAIT_QUEUE_MAX {
-            return Err(format!(
-                "wait_queue {} is over the limit of {}",
-                options.wait_queue,
-                crate::io::WAIT_QUEUE_MAX
-            ));
-        }
         self.expired.reserve(options.wait_queue);
         let order = VecDeque::with_capacity(2 * qp.depth());
         self.devices.push(Attached {
