@@ -311,3 +311,39 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
     );
     set.shutdown();
 }
+
+#[test]
+fn send_timeout_waits_for_room_in_a_full_mailbox_but_not_forever() {
+    let _serial = serial();
+    let cfg = ReactorConfig {
+        mailbox_capacity: 2,
+        ..config("classic")
+    };
+    let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
+    let h = &set.handles()[0];
+    let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(0);
+    h.send(move |_| {
+        let _ = release_rx.recv_timeout(Duration::from_secs(10));
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // The reactor is stuck in that message: fill its mailbox.
+    while h.send(|_| {}).is_ok() {}
+    let t0 = Instant::now();
+    assert_eq!(
+        h.send_timeout(|_| {}, Duration::from_millis(30)),
+        Err(hypoll_reactor::SendError::Full)
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(30), "it waited");
+    // Room appears once the reactor runs again: a patient sender gets through.
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        release_tx.send(()).unwrap();
+    });
+    let (ran_tx, ran_rx) = crossbeam_channel::bounded(1);
+    h.send_timeout(move |_| ran_tx.send(()).unwrap(), Duration::from_secs(5))
+        .unwrap();
+    ran_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    releaser.join().unwrap();
+    set.shutdown();
+}
