@@ -842,9 +842,13 @@ fn final_check(
     let mut qp = ctrl
         .queue_pair(1)
         .map_err(|e| format!("final check: {e}"))?;
-    let wait = || match clock {
-        Clock::Virtual(v) => v.advance_by(10_000),
-        Clock::Monotonic => std::thread::sleep(Duration::from_micros(10)),
+    // Waits until the emulated command's deadline (virtual or real time).
+    let wait_until = |deadline_ns: u64| match clock {
+        Clock::Virtual(v) => v.advance_to(deadline_ns),
+        Clock::Monotonic => {
+            let now_ns = hypoll_nvme::monotonic_ns();
+            std::thread::sleep(Duration::from_nanos(deadline_ns.saturating_sub(now_ns)));
+        }
     };
     for lba in 0..blocks {
         let mut attempts = 0;
@@ -863,26 +867,22 @@ fn final_check(
                 continue;
             }
             let mut status = None;
-            for _ in 0..1_000 {
-                wait();
+            while status.is_none() {
                 qp.process_completions(1, &mut |c| status = Some(c.status));
                 if status.is_some() {
                     break;
                 }
-            }
-            if status.is_none() {
-                // Lost: reset, which completes it.
-                qp.reset();
-                qp.process_completions(1, &mut |c| status = Some(c.status));
+                match qp.oracle_next_deadline_ns() {
+                    Some(deadline_ns) => wait_until(deadline_ns),
+                    // Lost: a reset completes it.
+                    None => {
+                        qp.reset();
+                    }
+                }
             }
             match status {
                 Some(Status::SUCCESS) => break buf,
-                Some(_) => continue,
-                None => {
-                    return Err(format!(
-                        "final check: block {lba}: a reset left no completion"
-                    ))
-                }
+                _ => continue,
             }
         };
         let mut m = model.lock();
