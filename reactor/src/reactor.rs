@@ -199,11 +199,6 @@ struct Attached {
     io_timeout_ns: Option<u64>,
     abort_timeout_ns: u64,
     reset_timeout_ns: u64,
-    /// This device's outstanding I/Os in submission order, hence in timeout order: (slot
-    /// key, seq). Entries of completed I/Os are skipped and dropped lazily.
-    order: VecDeque<(usize, u64)>,
-    /// When the next timeout or recovery step on this device is due (ns); `u64::MAX`: none.
-    recovery_due_ns: u64,
     /// I/Os accepted while the queue pair was full, oldest first, at most `wait_capacity`.
     waiting: VecDeque<Waiter>,
     wait_capacity: usize,
@@ -335,8 +330,12 @@ pub struct Reactor {
     abandoned: usize,
     /// Keys of I/Os to abandon, collected during a recovery scan (preallocated).
     to_abandon: Vec<usize>,
-    /// Waiters past their timeout, collected during a recovery scan (preallocated).
-    expired: Vec<Waiter>,
+    /// Waiters past their timeout, with their device, collected during a recovery scan
+    /// (preallocated).
+    expired: Vec<(usize, Waiter)>,
+    /// When the next timeout or recovery step is due (ns); `u64::MAX`: none. Lowered by
+    /// every submission on a device with a timeout, set by each recovery scan.
+    recovery_due_ns: u64,
     /// I/Os waiting for a slot, on every device.
     waiters: usize,
 }
@@ -389,6 +388,7 @@ impl Reactor {
             abandoned: 0,
             to_abandon: Vec::new(),
             expired: Vec::new(),
+            recovery_due_ns: u64::MAX,
             waiters: 0,
         })
     }
@@ -506,7 +506,6 @@ impl Reactor {
         self.to_abandon
             .reserve(self.io_capacity - self.to_abandon.len());
         self.expired.reserve(options.wait_queue);
-        let order = VecDeque::with_capacity(2 * qp.depth());
         self.devices.push(Attached {
             lba_bytes: qp.namespace().lba_size_bytes,
             qp,
@@ -515,8 +514,6 @@ impl Reactor {
             io_timeout_ns: options.io_timeout.map(ns),
             abort_timeout_ns: ns(options.abort_timeout),
             reset_timeout_ns: ns(options.reset_timeout),
-            order,
-            recovery_due_ns: u64::MAX,
             waiting: VecDeque::with_capacity(options.wait_queue),
             wait_capacity: options.wait_queue,
             abandoned: 0,
@@ -552,34 +549,80 @@ impl Reactor {
         if data_op != buf.is_some() {
             return reject(RejectReason::Buffer, buf);
         }
+        let callback: IoCallback = Box::new(callback);
+        if !dev.waiting.is_empty() {
+            return self.wait_behind(d, req, buf, callback);
+        }
+        match self.issue(d, req, buf, callback, self.now_ns) {
+            Ok(()) => Ok(()),
+            Err(not_issued) => self.not_issued(d, req, not_issued),
+        }
+    }
+
+    /// A queue pair refused an I/O: it waits for a slot if the device has a wait queue
+    /// with room, or is refused.
+    #[cold]
+    #[inline(never)]
+    fn not_issued(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        (error, buf, callback): NotIssued,
+    ) -> Result<(), Rejected> {
+        let SubmitError::QueueFull { depth } = error else {
+            return Err(Rejected {
+                reason: RejectReason::Submit(error),
+                buf,
+            });
+        };
+        let reason = self.full(d, depth);
+        let dev = &self.devices[d];
+        if dev.waiting.len() >= dev.wait_capacity
+            || matches!(reason, RejectReason::Quarantined { .. })
+        {
+            return Err(Rejected { reason, buf });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    /// Others already wait for a slot on device `d`: first come, first served, a new I/O
+    /// waits behind them, or is refused if the wait queue is full (or no slot will ever
+    /// free: every one holds an abandoned command).
+    #[cold]
+    #[inline(never)]
+    fn wait_behind(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) -> Result<(), Rejected> {
+        let dev = &self.devices[d];
         let has_room = dev.waiting.len() < dev.wait_capacity;
         let lba_bytes = dev.lba_bytes;
-        let callback: IoCallback = Box::new(callback);
-        let (buf, callback) = if dev.waiting.is_empty() {
-            match self.issue(d, req, buf, callback, self.now_ns) {
-                Ok(()) => return Ok(()),
-                Err((SubmitError::QueueFull { depth }, buf, callback)) => {
-                    let reason = self.full(d, depth);
-                    if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
-                        return reject(reason, buf);
-                    }
-                    (buf, callback)
-                }
-                Err((e, buf, _)) => return reject(RejectReason::Submit(e), buf),
-            }
-        } else {
-            // First come, first served: a new I/O waits behind those already waiting
-            // (unless no slot will ever free: every one holds an abandoned command).
-            let reason = self.full(d, self.devices[d].qp.depth());
-            if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
-                return reject(reason, buf);
-            }
-            let mut buf = buf;
-            if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
-                return reject(RejectReason::Submit(e), buf);
-            }
-            (buf, callback)
-        };
+        let reason = self.full(d, dev.qp.depth());
+        if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
+            return Err(Rejected { reason, buf });
+        }
+        let mut buf = buf;
+        if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
+            return Err(Rejected {
+                reason: RejectReason::Submit(e),
+                buf,
+            });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    fn push_waiter(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) {
         let dev = &mut self.devices[d];
         dev.waiting.push_back(Waiter {
             req,
@@ -589,11 +632,10 @@ impl Reactor {
         });
         self.waiters += 1;
         if let Some(timeout_ns) = dev.io_timeout_ns {
-            dev.recovery_due_ns = dev
+            self.recovery_due_ns = self
                 .recovery_due_ns
                 .min(self.now_ns.saturating_add(timeout_ns));
         }
-        Ok(())
     }
 
     /// Why a full queue pair refuses an I/O: back-pressure, or a device whose every slot
@@ -609,7 +651,9 @@ impl Reactor {
         }
     }
 
-    /// Puts an I/O on device `d`'s queue pair and records it in a slot.
+    /// Puts an I/O on device `d`'s queue pair and records it in a slot. Inlined: it is the
+    /// body of every submission.
+    #[inline(always)]
     fn issue(
         &mut self,
         d: usize,
@@ -660,26 +704,20 @@ impl Reactor {
             timed_out: false,
         });
         debug_assert_eq!(inserted, key);
-        let dev = &mut self.devices[d];
-        if let Some(timeout_ns) = dev.io_timeout_ns {
-            if dev.order.len() == dev.order.capacity() {
-                let slots = &self.slots;
-                dev.order.retain(|&(k, s)| {
-                    slots
-                        .get(k)
-                        .is_some_and(|slot| slot.seq == s && slot.recovery != Recovery::Abandoned)
-                });
-            }
-            dev.order.push_back((key, seq));
-            dev.recovery_due_ns = dev
+        if let Some(timeout_ns) = self.devices[d].io_timeout_ns {
+            self.recovery_due_ns = self
                 .recovery_due_ns
                 .min(accepted_ns.saturating_add(timeout_ns));
         }
+        // Drop completed I/Os from the front of the order (amortized O(1): in-order
+        // completions never let it grow); compact it when a slow I/O holds the front.
+        let slots = &self.slots;
+        let live = |&(k, s): &(usize, u64)| slots.get(k).is_some_and(|slot| slot.seq == s);
+        while self.order.front().is_some_and(|e| !live(e)) {
+            self.order.pop_front();
+        }
         if self.order.len() == self.order.capacity() {
-            // Completed entries pile up behind a slow oldest I/O: drop them in one pass.
-            let slots = &self.slots;
-            self.order
-                .retain(|&(k, s)| slots.get(k).is_some_and(|slot| slot.seq == s));
+            self.order.retain(live);
         }
         self.order.push_back((key, seq));
         Ok(())
@@ -998,72 +1036,89 @@ impl Reactor {
         callback(self, done);
     }
 
-    /// Runs timeout recovery on every device where a step is due. Returns the steps taken.
+    /// Runs timeout recovery if a step is due (one comparison when none is). Returns the
+    /// steps taken.
     fn check_timeouts(&mut self) -> usize {
-        let mut steps = 0;
-        for d in 0..self.devices.len() {
-            if self.now_ns >= self.devices[d].recovery_due_ns {
-                steps += self.recover(d);
-            }
+        if self.now_ns < self.recovery_due_ns {
+            return 0;
         }
-        steps
+        self.recover()
     }
 
-    /// One recovery scan of device `d`, oldest I/O first: aborts I/Os past their timeout,
-    /// resets the queue pair when an abort did not complete its I/O in time (or the device
-    /// cannot abort), and abandons what a reset did not complete in time (or what timed out
-    /// on a device that cannot reset). Sets when the next step is due.
-    fn recover(&mut self, d: usize) -> usize {
+    /// One recovery scan, oldest I/O first (the reactor's submission order, which is
+    /// timeout order on each device): fails waiters past their timeout, aborts I/Os past
+    /// theirs, resets a queue pair when an abort did not complete its I/O in time (or the
+    /// device cannot abort), and abandons what a reset did not complete in time (or what
+    /// timed out on a device that cannot reset). Sets when the next step is due.
+    fn recover(&mut self) -> usize {
         let now_ns = self.now_ns;
         let core = self.core;
         let Reactor {
             devices,
             slots,
+            order,
             counters,
             to_abandon,
+            expired,
             ..
         } = self;
-        let dev = &mut devices[d];
-        let Some(timeout_ns) = dev.io_timeout_ns else {
-            dev.recovery_due_ns = u64::MAX;
-            return 0;
-        };
+        let bit = |d: usize| 1u64 << d;
         let mut next_due_ns = u64::MAX;
         let mut steps = 0;
-        let mut escalate = false;
+        // Devices whose first I/O within its timeout has been seen (the rest of theirs are
+        // younger), and devices to reset. `DEVICES_MAX` is 64: one bit each.
+        let mut settled = 0u64;
+        let mut escalate = 0u64;
         to_abandon.clear();
-        // Waiters past their timeout never reached the device: fail them as timed out.
-        let mut expired = std::mem::take(&mut self.expired);
-        while let Some(w) = dev.waiting.front() {
-            let due_ns = w.accepted_ns.saturating_add(timeout_ns);
-            if now_ns < due_ns {
-                next_due_ns = next_due_ns.min(due_ns);
-                break;
+        for (d, dev) in devices.iter_mut().enumerate() {
+            let Some(timeout_ns) = dev.io_timeout_ns else {
+                settled |= bit(d);
+                continue;
+            };
+            // Waiters past their timeout never reached the device: they fail as timed out.
+            while let Some(w) = dev.waiting.front() {
+                let due_ns = w.accepted_ns.saturating_add(timeout_ns);
+                if now_ns < due_ns {
+                    next_due_ns = next_due_ns.min(due_ns);
+                    break;
+                }
+                expired.extend(dev.waiting.pop_front().map(|w| (d, w)));
             }
-            expired.extend(dev.waiting.pop_front());
         }
+        let all = if devices.len() == 64 {
+            u64::MAX
+        } else {
+            bit(devices.len()) - 1
+        };
         let mut i = 0;
-        while i < dev.order.len() {
-            let (key, seq) = dev.order[i];
+        while i < order.len() && settled != all {
+            let (key, seq) = order[i];
             let live = slots
                 .get_mut(key)
                 .filter(|s| s.seq == seq && s.recovery != Recovery::Abandoned);
             let Some(slot) = live else {
                 if i == 0 {
-                    dev.order.pop_front();
+                    order.pop_front();
                 } else {
                     i += 1;
                 }
                 continue;
             };
             i += 1;
+            let d = slot.device as usize;
+            if settled & bit(d) != 0 {
+                continue;
+            }
+            let dev = &mut devices[d];
             match slot.recovery {
                 Recovery::InTime => {
+                    let timeout_ns = dev.io_timeout_ns.expect("unsettled devices time out");
                     let due_ns = slot.accepted_ns.saturating_add(timeout_ns);
                     if now_ns < due_ns {
-                        // Submission order is timeout order: the rest are younger.
+                        // This device's later I/Os are younger.
+                        settled |= bit(d);
                         next_due_ns = next_due_ns.min(due_ns);
-                        break;
+                        continue;
                     }
                     counters.io_timeouts += 1;
                     slot.timed_out = true;
@@ -1088,13 +1143,13 @@ impl Reactor {
                             slot.recovery = Recovery::Aborting {
                                 deadline_ns: now_ns,
                             };
-                            escalate = true;
+                            escalate |= bit(d);
                         }
                     }
                 }
                 Recovery::Aborting { deadline_ns } => {
                     if now_ns >= deadline_ns {
-                        escalate = true;
+                        escalate |= bit(d);
                     } else {
                         next_due_ns = next_due_ns.min(deadline_ns);
                     }
@@ -1109,7 +1164,10 @@ impl Reactor {
                 Recovery::Abandoned => unreachable!("filtered above"),
             }
         }
-        if escalate {
+        for (d, dev) in devices.iter_mut().enumerate() {
+            if escalate & bit(d) == 0 {
+                continue;
+            }
             steps += 1;
             counters.resets += 1;
             let reset = dev.qp.reset();
@@ -1124,11 +1182,10 @@ impl Reactor {
                 "an abort did not complete a timed-out I/O in time; resetting the queue pair"
             );
             let deadline_ns = now_ns.saturating_add(dev.reset_timeout_ns);
-            for &(key, seq) in dev.order.iter() {
-                let Some(slot) = slots
-                    .get_mut(key)
-                    .filter(|s| s.seq == seq && s.recovery != Recovery::Abandoned)
-                else {
+            for &(key, seq) in order.iter() {
+                let Some(slot) = slots.get_mut(key).filter(|s| {
+                    s.seq == seq && s.device as usize == d && s.recovery != Recovery::Abandoned
+                }) else {
                     continue;
                 };
                 match (&reset, slot.recovery) {
@@ -1146,10 +1203,12 @@ impl Reactor {
                 }
             }
         }
-        dev.recovery_due_ns = next_due_ns;
+        self.recovery_due_ns = next_due_ns;
+        // Callbacks last: they may submit (which only lowers `recovery_due_ns`).
+        let mut expired = std::mem::take(&mut self.expired);
         self.waiters -= expired.len();
         self.counters.io_timeouts += expired.len() as u64;
-        for w in expired.drain(..) {
+        for (d, w) in expired.drain(..) {
             steps += 1;
             self.fail_waiter(d, w, IoFailure::TimedOut);
         }
@@ -1199,11 +1258,7 @@ impl Reactor {
 
     /// When the next timeout recovery step of any device is due.
     fn recovery_due_ns(&self) -> Option<u64> {
-        self.devices
-            .iter()
-            .map(|d| d.recovery_due_ns)
-            .min()
-            .filter(|&t| t != u64::MAX)
+        Some(self.recovery_due_ns).filter(|&t| t != u64::MAX)
     }
 
     /// The oldest outstanding I/O's slot key.
@@ -1456,6 +1511,7 @@ impl Reactor {
 
 /// The command for `req`, on `buf` (which `Reactor::submit` checked is there exactly for
 /// reads and writes).
+#[inline]
 fn command<'b>(req: &IoRequest, buf: Option<&'b mut hypoll_nvme::IoBuf>) -> Command<'b> {
     match (req.op, buf) {
         (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
