@@ -197,9 +197,10 @@ pub enum IoFailure {
     #[error("timed out, and the device could not abort it or reset: abandoned")]
     Abandoned,
     /// It waited for a slot (see [`DeviceOptions::wait_queue`]) and the queue pair then
-    /// refused it (for example because a controller reset disabled it).
-    #[error("the queue pair refused it after it waited for a slot: {0}")]
-    Refused(SubmitError),
+    /// refused it (for example because it was disabled); a warning in the log says why.
+    /// (No payload: `IoDone` stays small, and it is copied for every I/O.)
+    #[error("the queue pair refused it after it waited for a slot (see the log)")]
+    Refused,
 }
 
 /// A completed I/O, handed to its callback.

@@ -755,7 +755,13 @@ impl Reactor {
                             callback,
                             accepted_ns,
                         };
-                        self.fail_waiter(d, waiter, IoFailure::Refused(e));
+                        tracing::warn!(
+                            core = self.core,
+                            device = d,
+                            error = %e,
+                            "the queue pair refused an I/O that waited for a slot"
+                        );
+                        self.fail_waiter(d, waiter, IoFailure::Refused);
                     }
                 }
             }
