@@ -46,6 +46,8 @@ use crate::stats::Counters;
 
 /// Block size of the simulated namespace.
 const LBA_BYTES: usize = 512;
+/// Blocks in one chunk of the emulator's memory store.
+const CHUNK_BLOCKS: u64 = hypoll_nvme::emu::store::CHUNK_BYTES / LBA_BYTES as u64;
 /// Largest I/O of the workload, in blocks.
 const MAX_NLB: u32 = 8;
 /// Most steps one run takes before it is declared hung.
@@ -447,7 +449,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     // commands get aborted too), the namespace size (so how often I/Os overlap), the depth,
     // the step, the fault rates and how the device answers recovery.
     let profile = ["dram", "optane", "nand"][rng.below(3) as usize];
-    let blocks = [32u64, 64, 128, 256][rng.below(4) as usize];
+    // 4096 blocks span two of the memory store's 1 MiB chunks (see `submit_random`).
+    let blocks = [32u64, 64, 128, 256, 4096][rng.below(5) as usize];
     let depth = [1usize, 2, 8, 16, 32][rng.below(5) as usize];
     let wait_queue = [0usize, 4, 32][rng.below(3) as usize];
     let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
@@ -658,7 +661,16 @@ fn submit_random(
         (0, 0)
     } else {
         let nlb = 1 + rng.below(u64::from(MAX_NLB).min(blocks)) as u32;
-        (rng.below(blocks - u64::from(nlb) + 1), nlb)
+        let last = blocks - u64::from(nlb);
+        // On a namespace past one store chunk, a fifth of the I/Os sit on the chunk
+        // boundary, where the store splits a transfer in two.
+        let boundary = CHUNK_BLOCKS.saturating_sub(u64::from(MAX_NLB) - 1);
+        let slba = if blocks > CHUNK_BLOCKS && rng.pct(20) {
+            (boundary + rng.below(u64::from(MAX_NLB))).min(last)
+        } else {
+            rng.below(last + 1)
+        };
+        (slba, nlb)
     };
     let writes = matches!(op, IoOp::Write | IoOp::WriteZeroes | IoOp::Deallocate);
     // Record the I/O (and its writes) before submitting it: on another thread a read may
