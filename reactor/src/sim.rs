@@ -7,7 +7,9 @@
 //! loop, move virtual time forward. The controller injects media errors, lost commands
 //! (some deaf to aborts) and controller resets; the reactors' timeouts abort, reset and, on
 //! devices that cannot, abandon. Everything (workload, fault draws, interleaving, time)
-//! follows from the seed, so a seed replays its run exactly.
+//! follows from the seed, so a seed replays its run exactly. [`run_threaded`] runs the same
+//! workload and checks on real reactor threads and the real clock (the scheduler then
+//! picks the interleaving, so a seed does not replay exactly).
 //!
 //! What it checks:
 //! - every accepted I/O's callback runs exactly once, within the bound its device's
@@ -19,7 +21,8 @@
 //!
 //! The shadow model. Time is a counter the simulation bumps before every submission and at
 //! every callback. A write `w` has a window `[s_w, c_w]`: submitted at `s_w`, its callback at
-//! `c_w` (never, for an abandoned write: the device may still carry it out). A successful
+//! `c_w` (for an abandoned write, open until its queue pair is deleted: the device may still
+//! carry it out). A successful
 //! write took effect on each of its blocks at one instant inside its window; a failed one at
 //! most once (blocks independently: a device may tear a failed multi-block write). Write
 //! zeroes and deallocate write the value "zeroes" (the emulator's deallocated blocks read
