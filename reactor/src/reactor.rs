@@ -230,10 +230,26 @@ enum Recovery {
     /// Timed out; an abort was sent (or the device cannot abort): escalate at the deadline.
     Aborting { deadline_ns: u64 },
     /// Its queue pair was reset: the device owes its completion by the deadline.
-    Resetting { deadline_ns: u64 },
+    /// `timed_out`: it had reached its own timeout (the reset was for it or another).
+    Resetting { deadline_ns: u64, timed_out: bool },
     /// Failed locally with `IoFailure::Abandoned`; its buffer stays here (quarantined)
     /// until a late completion or the queue pair's deletion.
     Abandoned,
+}
+
+impl Recovery {
+    /// Whether the I/O reached its timeout: an abort or reset status then becomes
+    /// `IoFailure::TimedOut`.
+    fn timed_out(self) -> bool {
+        matches!(
+            self,
+            Recovery::Aborting { .. }
+                | Recovery::Resetting {
+                    timed_out: true,
+                    ..
+                }
+        )
+    }
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
@@ -254,8 +270,6 @@ struct IoSlot {
     /// `None` once it ran (an abandoned I/O).
     callback: Option<IoCallback>,
     recovery: Recovery,
-    /// It reached its timeout: an abort or reset status becomes `IoFailure::TimedOut`.
-    timed_out: bool,
 }
 
 /// Tunables of a reactor.
@@ -701,7 +715,6 @@ impl Reactor {
             buf,
             callback: Some(callback),
             recovery: Recovery::InTime,
-            timed_out: false,
         });
         debug_assert_eq!(inserted, key);
         if let Some(timeout_ns) = self.devices[d].io_timeout_ns {
@@ -1019,7 +1032,7 @@ impl Reactor {
         });
         let result = if ok {
             Ok(())
-        } else if slot.timed_out
+        } else if slot.recovery.timed_out()
             && matches!(
                 completion.status,
                 Status::ABORT_REQUESTED | Status::ABORTED_SQ_DELETION
@@ -1127,7 +1140,6 @@ impl Reactor {
                         continue;
                     }
                     counters.io_timeouts += 1;
-                    slot.timed_out = true;
                     steps += 1;
                     let abort = dev.qp.abort(key as u64);
                     tracing::warn!(
@@ -1160,7 +1172,7 @@ impl Reactor {
                         next_due_ns = next_due_ns.min(deadline_ns);
                     }
                 }
-                Recovery::Resetting { deadline_ns } => {
+                Recovery::Resetting { deadline_ns, .. } => {
                     if now_ns >= deadline_ns {
                         to_abandon.push(key);
                     } else {
@@ -1197,7 +1209,11 @@ impl Reactor {
                 match (&reset, slot.recovery) {
                     // The device owes every outstanding command a completion.
                     (Ok(()), Recovery::InTime | Recovery::Aborting { .. }) => {
-                        slot.recovery = Recovery::Resetting { deadline_ns };
+                        let timed_out = slot.recovery.timed_out();
+                        slot.recovery = Recovery::Resetting {
+                            deadline_ns,
+                            timed_out,
+                        };
                         next_due_ns = next_due_ns.min(deadline_ns);
                     }
                     // No reset: give up on the timed-out I/Os whose abort is overdue (or
