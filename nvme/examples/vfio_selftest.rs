@@ -450,7 +450,8 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
             .map_err(|e| format!("write {i}: {e}"))?;
         }
         let before = ctrl.resets();
-        ctrl.reset().map_err(|e| format!("reset: {e}"))?;
+        // Through the trait, as a reactor's timeout escalation does.
+        qp.reset().map_err(|e| format!("reset: {e}"))?;
         ensure(ctrl.resets() == before + 1, || "reset not counted".into())?;
         let c = reap(&mut *qp, depth)?;
         let aborted = c

@@ -469,6 +469,17 @@ struct Inner {
 }
 
 impl Inner {
+    /// Resets and re-enables the controller. Every queue pair sees the new generation the
+    /// next time it is touched, fails what the controller had not finished with "Command
+    /// Aborted due to SQ Deletion" and creates its queues again.
+    fn reset(&self) -> Result<(), VfioError> {
+        let mut admin = self.admin.lock();
+        let result = self.enable(&mut admin);
+        // Bump even on failure: the old queues are gone either way.
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+
     fn wait_ready(&self, ready: bool) -> Result<(), VfioError> {
         let timeout_ms = self.cap.timeout_ms.max(READY_TIMEOUT_MIN_MS);
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
@@ -793,12 +804,7 @@ impl VfioController {
     /// their outstanding commands with "Command Aborted due to SQ Deletion" and recreate
     /// their queues on their next call.
     pub fn reset(&self) -> Result<(), VfioError> {
-        let inner = &self.inner;
-        let mut admin = inner.admin.lock();
-        let result = inner.enable(&mut admin);
-        // Bump even on failure: the old queues are gone either way.
-        inner.generation.fetch_add(1, Ordering::SeqCst);
-        result
+        self.inner.reset()
     }
 
     /// Controller resets so far.

@@ -16,7 +16,7 @@ use super::dma::{DmaRegion, PagePool};
 use super::prp::{self, PAGE_BYTES};
 use super::sys::Gate;
 use super::{Inner, VfioError, MAX_TRANSFER_BYTES};
-use crate::qpair::{Command, Completion, QueuePair, SubmitError};
+use crate::qpair::{Command, Completion, QueuePair, RecoveryError, SubmitError};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_FUA,
     DSM_ATTR_DEALLOCATE,
@@ -474,6 +474,27 @@ impl QueuePair for VfioQueuePair {
 
     fn namespace(&self) -> NamespaceInfo {
         self.ns
+    }
+
+    /// A controller reset (NVMe has no per-queue reset short of deleting and recreating the
+    /// queues through the same admin queue, and a command stuck in the controller is best
+    /// cleared by disabling it): the controller stops (CC.EN = 0), so it touches no buffer
+    /// after that; what it had not finished completes here with "Command Aborted due to SQ
+    /// Deletion" at once, and the queues are created again. Other queue pairs on the
+    /// controller do the same the next time they are touched. `abort` keeps the default
+    /// (Unsupported): a reactor goes straight to this.
+    fn reset(&mut self) -> Result<(), RecoveryError> {
+        self.ctrl
+            .reset()
+            .map_err(|_| RecoveryError::Failed("the controller did not come back from reset"))?;
+        self.catch_up_with_reset();
+        if self.live {
+            Ok(())
+        } else {
+            Err(RecoveryError::Failed(
+                "the I/O queues could not be created again after the reset",
+            ))
+        }
     }
 }
 
