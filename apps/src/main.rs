@@ -4,9 +4,11 @@
 //!   `cargo run --release -- bench` runs it on the emulated Optane-class device).
 //! - `hypoll policies`: every policy with a one-line description.
 //! - `hypoll devices`: the emulated device profiles.
+//! - `hypoll serve`: exports devices over NBD on per-core reactors (docs/serve.md).
 
 mod bench;
 mod report;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -52,6 +54,8 @@ enum Cmd {
     Policies,
     /// List the emulated device profiles.
     Devices,
+    /// Serve devices over NBD (network block device) until SIGINT or SIGTERM.
+    Serve(Box<serve::ServeArgs>),
 }
 
 #[derive(Parser)]
@@ -141,6 +145,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Bench(args) => bench_command(*args),
+        Cmd::Serve(args) => serve::serve_command(*args),
         Cmd::Policies => {
             for info in hypoll_policy::list() {
                 println!("{:<26} {}", info.syntax, info.description);

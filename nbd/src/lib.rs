@@ -9,7 +9,11 @@
 //! - [`client`]: client-side message builders for tests.
 
 pub mod client;
+pub mod metrics;
 pub mod proto;
+pub mod server;
 pub mod session;
+mod sys;
 
+pub use server::{ListenAddr, ServeError, Server, ServerConfig, StopReport};
 pub use session::{Close, ExportInfo, Limits, Op, Request, Session, Step};

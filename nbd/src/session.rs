@@ -434,14 +434,7 @@ impl Session {
         }
         let refuse = |out: &mut Vec<u8>, error: u32, why: &'static str| {
             out.extend_from_slice(&simple_reply(cookie, error));
-            (
-                consumed,
-                Step::Refused {
-                    cookie,
-                    error,
-                    why,
-                },
-            )
+            (consumed, Step::Refused { cookie, error, why })
         };
         let e = &self.exports[export];
         let op = match kind {
@@ -487,7 +480,11 @@ impl Session {
             }
             let block = u64::from(e.block_bytes.max(1));
             if offset % block != 0 || u64::from(length) % block != 0 {
-                return refuse(out, EINVAL, "request not aligned to the export's block size");
+                return refuse(
+                    out,
+                    EINVAL,
+                    "request not aligned to the export's block size",
+                );
             }
         }
         let payload = if op == Op::Write {

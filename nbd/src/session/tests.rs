@@ -132,7 +132,11 @@ fn export_name_pads_with_zeroes_unless_the_client_declines() {
         let mut input = client_flags(flags);
         input.extend(option(OPT_EXPORT_NAME, b""));
         let (steps, _) = run(&mut s, &input, &mut out);
-        assert_eq!(steps.last(), Some(&Step::Ready { export: 0 }), "default export");
+        assert_eq!(
+            steps.last(),
+            Some(&Step::Ready { export: 0 }),
+            "default export"
+        );
         assert_eq!(out.len(), 10 + pad);
         assert_eq!(be_u64(&out), 1 << 20);
     }
@@ -156,7 +160,10 @@ fn unknown_options_get_unsup_and_bad_ones_close() {
     let mut bad = option(OPT_LIST, &[]);
     bad[0] ^= 1;
     let (steps, _) = run(&mut s, &bad, &mut out);
-    assert!(matches!(steps.last(), Some(Step::Close(Close::Protocol(_)))));
+    assert!(matches!(
+        steps.last(),
+        Some(Step::Close(Close::Protocol(_)))
+    ));
     assert!(s.is_closed());
 
     // Unknown client flags close; so does an over-long option.
@@ -169,7 +176,10 @@ fn unknown_options_get_unsup_and_bad_ones_close() {
     input.truncate(input.len() - 4);
     input.extend((OPTION_BYTES_MAX_DEFAULT + 1).to_be_bytes());
     let (steps, _) = run(&mut s, &input, &mut out);
-    assert!(matches!(steps.last(), Some(Step::Close(Close::Protocol(_)))));
+    assert!(matches!(
+        steps.last(),
+        Some(Step::Close(Close::Protocol(_)))
+    ));
 }
 
 #[test]
@@ -194,7 +204,10 @@ fn too_many_options_close() {
     }
     let (steps, _) = run(&mut s, &input, &mut out);
     assert_eq!(steps.len(), OPTIONS_MAX_DEFAULT as usize + 2);
-    assert!(matches!(steps.last(), Some(Step::Close(Close::Protocol(_)))));
+    assert!(matches!(
+        steps.last(),
+        Some(Step::Close(Close::Protocol(_)))
+    ));
 }
 
 fn ready(export: &str) -> Session {
@@ -212,14 +225,21 @@ fn requests_parse_with_their_payload_only_once_it_is_whole() {
     let mut input = request(CMD_WRITE, CMD_FLAG_FUA, 7, 4096, 1024);
     input.extend(vec![0xab; 1024]);
     for cut in [0, 27, 28, 500, 1051] {
-        assert_eq!(s.step(&input[..cut], &mut out), (0, Step::NeedMore), "{cut}");
+        assert_eq!(
+            s.step(&input[..cut], &mut out),
+            (0, Step::NeedMore),
+            "{cut}"
+        );
     }
     let (n, step) = s.step(&input, &mut out);
     assert_eq!(n, 28 + 1024);
     let Step::Request(r) = step else {
         panic!("{step:?}")
     };
-    assert_eq!((r.op, r.cookie, r.offset, r.length, r.fua), (Op::Write, 7, 4096, 1024, true));
+    assert_eq!(
+        (r.op, r.cookie, r.offset, r.length, r.fua),
+        (Op::Write, 7, 4096, 1024, true)
+    );
     assert!(input[r.payload].iter().all(|&b| b == 0xab));
     assert!(out.is_empty());
     let (_, step) = s.step(&request(CMD_FLUSH, 0, 8, 0, 0), &mut out);
@@ -261,7 +281,10 @@ fn bad_requests_get_the_right_error_and_consume_their_payload() {
         assert_eq!(out, simple_reply(i as u64, error), "case {i}");
         // The stream stays in step: the next request parses.
         let (_, next) = s.step(&input[n..], &mut out);
-        assert!(matches!(next, Step::Request(Request { cookie: 1000, .. })), "case {i}");
+        assert!(
+            matches!(next, Step::Request(Request { cookie: 1000, .. })),
+            "case {i}"
+        );
     }
 }
 
@@ -271,12 +294,18 @@ fn commands_not_advertised_are_refused_and_oversized_writes_close() {
     let mut out = Vec::new();
     for kind in [CMD_FLUSH, CMD_TRIM, CMD_WRITE_ZEROES] {
         let (_, step) = s.step(&request(kind, 0, 1, 0, 4096), &mut out);
-        assert!(matches!(step, Step::Refused { error: EINVAL, .. }), "{step:?}");
+        assert!(
+            matches!(step, Step::Refused { error: EINVAL, .. }),
+            "{step:?}"
+        );
     }
     let mut input = request(CMD_WRITE, CMD_FLAG_FUA, 2, 0, 4096);
     input.extend([0u8; 4096]);
     let (_, step) = s.step(&input, &mut out);
-    assert!(matches!(step, Step::Refused { error: EINVAL, .. }), "{step:?}");
+    assert!(
+        matches!(step, Step::Refused { error: EINVAL, .. }),
+        "{step:?}"
+    );
     let big = request(CMD_WRITE, 0, 3, 0, REQUEST_BYTES_MAX_DEFAULT + 4096);
     let (_, step) = s.step(&big, &mut out);
     assert!(matches!(step, Step::Close(Close::Protocol(_))));
