@@ -240,7 +240,7 @@ impl Server {
             return Err(ServeError::NoExports);
         }
         let r = cfg.request_bytes_max;
-        if !(4096..=1 << 30).contains(&r) || r % 4096 != 0 {
+        if !(4096..=1 << 30).contains(&r) || !r.is_multiple_of(4096) {
             return Err(ServeError::RequestBytes(r));
         }
         if cfg.connections_max == 0 || cfg.connections_max > CONNECTIONS_PER_REACTOR_MAX {

@@ -479,7 +479,7 @@ impl Session {
                 return refuse(out, error, "request past the end of the export");
             }
             let block = u64::from(e.block_bytes.max(1));
-            if offset % block != 0 || u64::from(length) % block != 0 {
+            if !offset.is_multiple_of(block) || !u64::from(length).is_multiple_of(block) {
                 return refuse(
                     out,
                     EINVAL,
