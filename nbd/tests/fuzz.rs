@@ -84,13 +84,28 @@ fn exports() -> Arc<[ExportInfo]> {
 
 #[derive(Clone, Debug)]
 enum Mutation {
-    Flip { at: usize, bit: u8 },
-    Insert { at: usize, bytes: Vec<u8> },
-    Delete { at: usize, len: usize },
+    Flip {
+        at: usize,
+        bit: u8,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Delete {
+        at: usize,
+        len: usize,
+    },
     /// Overwrites 4 bytes with a value that sits on a boundary.
-    Boundary { at: usize, value: u32 },
+    Boundary {
+        at: usize,
+        value: u32,
+    },
     /// Appends (part of) another seed.
-    Splice { seed: usize, from: usize },
+    Splice {
+        seed: usize,
+        from: usize,
+    },
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -183,7 +198,11 @@ fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
     let mut cut = 0;
     let mut closed = false;
     while !closed && available < stream.len() {
-        let piece = cuts.get(cut % cuts.len().max(1)).copied().unwrap_or(7).max(1);
+        let piece = cuts
+            .get(cut % cuts.len().max(1))
+            .copied()
+            .unwrap_or(7)
+            .max(1);
         cut += 1;
         available = (available + piece).min(stream.len());
         // Run the session until it needs more of what has arrived.
@@ -204,7 +223,12 @@ fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
                 }
                 other => assert!(used > 0, "{other:?} consumed nothing"),
             }
-            check_step(&step, &stream[t.consumed..t.consumed + used], phase_export, &exports);
+            check_step(
+                &step,
+                &stream[t.consumed..t.consumed + used],
+                phase_export,
+                &exports,
+            );
             check_output(&out[out_before..], &step, phase_export);
             t.consumed += used;
             t.events.push((used, step));
@@ -275,7 +299,10 @@ fn check_output(mut out: &[u8], step: &Step, export_before: Option<usize>) {
     }
     while !out.is_empty() {
         assert!(out.len() >= 20, "a truncated option reply");
-        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), OPT_REPLY_MAGIC);
+        assert_eq!(
+            u64::from_be_bytes(out[..8].try_into().unwrap()),
+            OPT_REPLY_MAGIC
+        );
         let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
         assert!(out.len() >= 20 + len, "a reply longer than what was sent");
         out = &out[20 + len..];
@@ -356,7 +383,17 @@ fn every_seed_runs_to_its_intended_end() {
         .collect();
     assert_eq!(
         ops,
-        [Op::Write, Op::Read, Op::Flush, Op::WriteZeroes, Op::Trim, Op::Write]
+        [
+            Op::Write,
+            Op::Read,
+            Op::Flush,
+            Op::WriteZeroes,
+            Op::Trim,
+            Op::Write
+        ]
     );
-    assert!(matches!(t.events.last(), Some((_, Step::Close(Close::Disconnect)))));
+    assert!(matches!(
+        t.events.last(),
+        Some((_, Step::Close(Close::Disconnect)))
+    ));
 }
