@@ -70,6 +70,8 @@ impl std::fmt::Display for Rw {
 #[derive(Clone, Debug)]
 pub struct Workload {
     pub device: DeviceSpec,
+    /// What the opened device says of itself (for io_uring: how completions are found).
+    pub device_described: String,
     pub rw: Rw,
     pub bs_bytes: u64,
     pub qd: usize,
@@ -349,7 +351,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
             r.after(ramp, begin_measure);
             r.after(ramp + runtime, end_measure);
             for _ in 0..qd {
-                let mut buf = IoBuf::zeroed(bs as usize);
+                let mut buf = IoBuf::pinned(bs as usize);
                 buf.fill(0x5a);
                 submit_next(r, buf);
             }
@@ -480,7 +482,7 @@ fn verify_issue(r: &mut Reactor, pass: &std::rc::Rc<RefCell<VerifyPass>>, ctx: &
     };
     let slba = (ctx.base + i) * u64::from(ctx.nlb);
     let (op, buf) = if reading {
-        (IoOp::Read, IoBuf::zeroed(ctx.bs))
+        (IoOp::Read, IoBuf::pinned(ctx.bs))
     } else {
         (IoOp::Write, pattern(slba, ctx.bs))
     };

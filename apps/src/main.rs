@@ -60,7 +60,8 @@ enum Cmd {
 
 #[derive(Parser)]
 struct BenchArgs {
-    /// Device spec: emu:<profile>[,key=value...] or null (see `hypoll devices`).
+    /// Device spec: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
+    /// [,size=...][,iopoll=auto|on|off|hybrid] (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceSpec,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus
@@ -160,6 +161,12 @@ fn main() -> ExitCode {
             for (name, what) in profile_descriptions() {
                 println!("emu:{name:<9} {what}");
             }
+            println!(
+                "{:<13} io_uring on a file or block device: keys direct=0|1 (O_DIRECT, default 1), \
+                 size=, lba=512|4096, iopoll=auto|on|off|hybrid (auto: polled when the device \
+                 has poll queues, else interrupts)",
+                "uring:/path"
+            );
             ExitCode::SUCCESS
         }
     }
@@ -180,9 +187,14 @@ fn bench_command(args: BenchArgs) -> ExitCode {
             args.device
         ));
     }
-    let lba = match &args.device {
-        DeviceSpec::Emu(cfg) => u64::from(cfg.lba_bytes),
-        DeviceSpec::Null(cfg) => u64::from(cfg.lba_bytes),
+    // Open the device once up front: a missing file or an unusable device is reported
+    // before any run starts, and the block size is the device's own.
+    let (lba, device_described) = match args.device.open() {
+        Ok(ctrl) => (u64::from(ctrl.namespace().lba_size_bytes), ctrl.describe()),
+        Err(e) => {
+            eprintln!("hypoll: opening {}: {e}", args.device);
+            return ExitCode::FAILURE;
+        }
     };
     if args.bs == 0 || !args.bs.is_multiple_of(lba) || args.bs > 2 << 20 {
         return usage_error(format!(
@@ -208,6 +220,7 @@ fn bench_command(args: BenchArgs) -> ExitCode {
     };
     let work = Workload {
         device: args.device.clone(),
+        device_described,
         rw: args.rw,
         bs_bytes: args.bs,
         qd: usize::from(args.qd),

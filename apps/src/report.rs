@@ -13,6 +13,8 @@ use crate::bench::{RunResult, Workload};
 pub struct JsonRow<'a> {
     pub policy: &'a str,
     pub device: String,
+    /// The opened device's own description (io_uring: its completion mode).
+    pub device_described: String,
     pub rw: String,
     pub bs: u64,
     pub qd: usize,
@@ -53,7 +55,7 @@ pub fn print_table(
     writeln!(
         out,
         "device {}  rw {}  bs {}  qd {}  cores {}  runtime {:?} (ramp {:?})",
-        work.device, work.rw, work.bs_bytes, work.qd, work.cores, work.runtime, work.ramp
+        work.device_described, work.rw, work.bs_bytes, work.qd, work.cores, work.runtime, work.ramp
     )?;
     writeln!(
         out,
@@ -102,6 +104,7 @@ pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec
         .map(|r| JsonRow {
             policy: &r.policy,
             device: work.device.to_string(),
+            device_described: work.device_described.clone(),
             rw: work.rw.to_string(),
             bs: work.bs_bytes,
             qd: work.qd,

@@ -1,9 +1,17 @@
 //! `IoBuf`: an owned, zero-initialised data buffer aligned for devices (4 KiB, enough for
 //! NVMe's dword rule and for O_DIRECT on 4 KiB-sector devices).
+//!
+//! A buffer comes from the heap ([`IoBuf::zeroed`]) or from the process's pinned pool
+//! ([`IoBuf::pinned`]): one region mapped once and never unmapped, so a device may register
+//! it with the kernel once (io_uring fixed buffers) and use it for every I/O after, as SPDK
+//! does with `spdk_dma_malloc` memory. The pool is `HYPOLL_PINNED_POOL` bytes (default
+//! 32M, `0` disables it); when it is exhausted, `pinned` falls back to the heap.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+
+pub use crate::pool::{pinned_region, POOL_CHUNK_MAX_BYTES};
 
 /// Alignment of every [`IoBuf`].
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
@@ -12,6 +20,8 @@ pub const IO_BUF_ALIGN_BYTES: usize = 4096;
 pub struct IoBuf {
     ptr: NonNull<u8>,
     len_bytes: usize,
+    /// Taken from the pinned pool, and given back to it on drop.
+    pooled: bool,
 }
 
 // SAFETY: IoBuf owns its allocation exclusively, like a Box<[u8]>.
@@ -25,7 +35,11 @@ impl IoBuf {
         if len_bytes == 0 {
             // A dangling pointer with the right alignment: never dereferenced for len 0.
             let ptr = NonNull::new(IO_BUF_ALIGN_BYTES as *mut u8).expect("non-null");
-            return IoBuf { ptr, len_bytes };
+            return IoBuf {
+                ptr,
+                len_bytes,
+                pooled: false,
+            };
         }
         let layout = Self::layout(len_bytes);
         // SAFETY: layout has a non-zero size.
@@ -33,7 +47,30 @@ impl IoBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        IoBuf { ptr, len_bytes }
+        IoBuf {
+            ptr,
+            len_bytes,
+            pooled: false,
+        }
+    }
+
+    /// A zeroed buffer from the pinned pool, which devices register once (see the module
+    /// docs); from the heap when the pool is disabled, exhausted, or `len_bytes` is over
+    /// [`POOL_CHUNK_MAX_BYTES`].
+    pub fn pinned(len_bytes: usize) -> IoBuf {
+        match crate::pool::take(len_bytes) {
+            Some(ptr) => IoBuf {
+                ptr,
+                len_bytes,
+                pooled: true,
+            },
+            None => IoBuf::zeroed(len_bytes),
+        }
+    }
+
+    /// Whether this buffer lives in the pinned pool.
+    pub fn is_pinned(&self) -> bool {
+        self.pooled
     }
 
     /// A buffer holding a copy of `data`.
@@ -67,7 +104,9 @@ impl DerefMut for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if self.len_bytes != 0 {
+        if self.pooled {
+            crate::pool::give_back(self.ptr, self.len_bytes);
+        } else if self.len_bytes != 0 {
             // SAFETY: allocated in `zeroed` with exactly this layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len_bytes)) };
         }
@@ -95,5 +134,27 @@ mod tests {
             assert!(buf.iter().all(|&b| b == 0xa5));
         }
         assert_eq!(&*IoBuf::from_slice(b"hypoll"), b"hypoll");
+    }
+
+    #[test]
+    fn pinned_buffers_come_from_the_registered_region_and_are_zeroed_on_reuse() {
+        let (base, len) = pinned_region().expect("the pool is on by default");
+        let inside = |b: &IoBuf| {
+            let at = b.as_ptr() as usize;
+            at >= base as usize && at + b.len() <= base as usize + len
+        };
+        let mut a = IoBuf::pinned(8192);
+        assert!(a.is_pinned() && inside(&a));
+        assert_eq!(a.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
+        a.fill(0xff);
+        let at = a.as_ptr();
+        drop(a);
+        // The chunk is reused for the same size class, and handed out zeroed again.
+        let b = IoBuf::pinned(5000);
+        assert_eq!(b.as_ptr(), at);
+        assert!(b.iter().all(|&x| x == 0));
+        // Too large for the pool: the heap.
+        let big = IoBuf::pinned(POOL_CHUNK_MAX_BYTES + 1);
+        assert!(!big.is_pinned() && !inside(&big));
     }
 }

@@ -11,9 +11,10 @@ use crate::emu::config::profile_names;
 use crate::emu::{EmuConfig, EmuController};
 use crate::null::{NullConfig, NullController, NULL_KEYS};
 use crate::qpair::Controller;
+use crate::uring::{UringConfig, UringController};
 
 /// Device kinds a spec may name.
-pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null"];
+pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "uring:/path"];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
@@ -44,6 +45,7 @@ pub enum SpecError {
 pub enum DeviceSpec {
     Emu(EmuConfig),
     Null(NullConfig),
+    Uring(UringConfig),
 }
 
 impl DeviceSpec {
@@ -57,6 +59,7 @@ impl DeviceSpec {
         Ok(match self {
             DeviceSpec::Emu(cfg) => Arc::new(EmuController::with_clock(cfg.clone(), clock)?),
             DeviceSpec::Null(cfg) => Arc::new(NullController::new(cfg)),
+            DeviceSpec::Uring(cfg) => Arc::new(UringController::open(cfg)?),
         })
     }
 }
@@ -90,6 +93,20 @@ impl FromStr for DeviceSpec {
                 name: String::new(),
                 accepted: profile_names().join(", "),
             })
+        } else if let Some(path) = head.strip_prefix("uring:") {
+            if path.is_empty() {
+                return Err(SpecError::BadValue {
+                    key: "path".into(),
+                    value: String::new(),
+                    expected: "a file or block device, as in uring:/path/disk.img".into(),
+                });
+            }
+            let mut cfg = UringConfig::new(path);
+            for pair in pairs {
+                let (k, v) = pair?;
+                cfg.set(k, v)?;
+            }
+            Ok(DeviceSpec::Uring(cfg))
         } else if head == "null" {
             let mut cfg = NullConfig::default();
             for pair in pairs {
@@ -164,6 +181,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Emu(cfg) => write!(f, "{cfg}"),
             DeviceSpec::Null(cfg) => write!(f, "{cfg}"),
+            DeviceSpec::Uring(cfg) => write!(f, "{cfg}"),
         }
     }
 }

@@ -24,10 +24,12 @@ pub mod clock;
 pub mod device;
 pub mod emu;
 pub mod null;
+mod pool;
 pub mod qpair;
 pub mod spec;
 pub mod sync;
 pub mod sys;
+pub mod uring;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
@@ -40,3 +42,4 @@ pub use qpair::{
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
+pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};

@@ -1,0 +1,138 @@
+//! The few raw system calls the io_uring device needs that the io-uring crate does not wrap:
+//! creating a ring with `IORING_SETUP_HYBRID_IOPOLL` (Linux 6.13), and the block-device
+//! ioctls that give a device's size and logical block size. Everything `unsafe` in the
+//! `uring` device lives here.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+
+use io_uring::IoUring;
+
+/// `IORING_SETUP_IOPOLL`: completions are found by polling the device, not by interrupt.
+const SETUP_IOPOLL: u32 = 1 << 0;
+/// `IORING_SETUP_HYBRID_IOPOLL`: the kernel sleeps before it polls (needs IOPOLL).
+const SETUP_HYBRID_IOPOLL: u32 = 1 << 17;
+
+/// `struct io_sqring_offsets` from `<linux/io_uring.h>`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SqRingOffsets {
+    head: u32,
+    tail: u32,
+    ring_mask: u32,
+    ring_entries: u32,
+    flags: u32,
+    dropped: u32,
+    array: u32,
+    resv1: u32,
+    user_addr: u64,
+}
+
+/// `struct io_cqring_offsets` from `<linux/io_uring.h>`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CqRingOffsets {
+    head: u32,
+    tail: u32,
+    ring_mask: u32,
+    ring_entries: u32,
+    overflow: u32,
+    cqes: u32,
+    flags: u32,
+    resv1: u32,
+    user_addr: u64,
+}
+
+/// `struct io_uring_params` from `<linux/io_uring.h>`: the kernel's ABI, 120 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Params {
+    sq_entries: u32,
+    cq_entries: u32,
+    flags: u32,
+    sq_thread_cpu: u32,
+    sq_thread_idle: u32,
+    features: u32,
+    wq_fd: u32,
+    resv: [u32; 3],
+    sq_off: SqRingOffsets,
+    cq_off: CqRingOffsets,
+}
+
+const _: () = assert!(std::mem::size_of::<Params>() == 120);
+const _: () = assert!(std::mem::size_of::<Params>() == std::mem::size_of::<io_uring::Parameters>());
+
+/// Creates a ring whose completions the kernel finds by hybrid polling: it sleeps for about
+/// half of the device's observed runtime, then polls. Fails with `EINVAL` on kernels older
+/// than 6.13.
+pub fn hybrid_iopoll_ring(entries: u32) -> io::Result<IoUring> {
+    let mut params = Params {
+        flags: SETUP_IOPOLL | SETUP_HYBRID_IOPOLL,
+        ..Params::default()
+    };
+    // SAFETY: io_uring_setup reads and fills `params`, a valid, exclusively borrowed
+    // `struct io_uring_params` (layout checked above) for the duration of the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_setup,
+            entries,
+            std::ptr::from_mut(&mut params),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a successful io_uring_setup returns a new file descriptor that nothing else
+    // owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(ret as i32) };
+    // SAFETY: `io_uring::Parameters` is a transparent wrapper of the kernel's
+    // `io_uring_params`, whose layout `Params` reproduces field for field (same size,
+    // asserted above); `params` is what the kernel filled in for this very ring, as
+    // `IoUring::from_fd` requires, and `fd` is an owned ring descriptor handed over to it.
+    unsafe {
+        let parameters: io_uring::Parameters = std::mem::transmute(params);
+        IoUring::from_fd(fd.into_raw_fd(), parameters)
+    }
+}
+
+/// `BLKGETSIZE64`: `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// `BLKSSZGET`: `_IO(0x12, 104)`.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+
+/// Size in bytes of the block device open as `file`.
+pub fn block_device_size_bytes(file: &File) -> io::Result<u64> {
+    let mut size_bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid and
+    // exclusively borrowed for the call.
+    let ret = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKGETSIZE64,
+            std::ptr::from_mut(&mut size_bytes),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size_bytes)
+}
+
+/// Logical block size in bytes of the block device open as `file`.
+pub fn block_device_lba_bytes(file: &File) -> io::Result<u32> {
+    let mut lba_bytes: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which is valid and exclusively
+    // borrowed for the call.
+    let ret = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKSSZGET,
+            std::ptr::from_mut(&mut lba_bytes),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(lba_bytes).map_err(|_| io::Error::other("BLKSSZGET returned a negative size"))
+}
