@@ -1060,7 +1060,10 @@ impl Shard {
         if req.op == Op::Write {
             let payload = &conn.inbuf[at + req.payload.start..at + req.payload.end];
             for chunk in payload.chunks(ex.rw_piece_bytes as usize) {
-                write_bufs.push_back(IoBuf::from_slice(chunk));
+                // From the pinned pool: a uring device then skips per-I/O page pinning.
+                let mut buf = IoBuf::pinned(chunk.len());
+                buf.copy_from_slice(chunk);
+                write_bufs.push_back(buf);
             }
         }
         let read_pieces = if req.op == Op::Read {
@@ -1112,7 +1115,7 @@ impl Shard {
                         Op::Read | Op::Write => {
                             let n = data_left.min(u64::from(ex.rw_piece_bytes));
                             let (op, buf) = if p.op == Op::Read {
-                                (IoOp::Read, IoBuf::zeroed(n as usize))
+                                (IoOp::Read, IoBuf::pinned(n as usize))
                             } else {
                                 let buf = p.write_bufs.pop_front().expect("one buffer a piece");
                                 (IoOp::Write, buf)
