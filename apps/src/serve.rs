@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use hypoll_nbd::server::{CONNECTIONS_MAX_DEFAULT, QUEUE_DEPTH_DEFAULT};
+use hypoll_nbd::server::{CONNECTIONS_MAX_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT};
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig};
 use hypoll_nvme::parse_size_bytes;
@@ -41,6 +41,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     queue_depth: u16,
+    /// Microseconds a reactor with nothing to do keeps polling its sockets before it parks
+    /// (parked, a client's next request costs a wake-up; polling costs CPU).
+    #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
+    idle_spin_us: f64,
+}
+
+fn parse_idle_spin_us(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1_000_000.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: expected microseconds from 0 to 1000000")),
+    }
 }
 
 fn parse_export(s: &str) -> Result<(String, String), String> {
@@ -90,6 +101,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         connections_max: args.max_connections,
         request_bytes_max,
         queue_depth: usize::from(args.queue_depth),
+        idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         ..ServerConfig::new(args.exports, args.listen)
     };
     let server = match Server::start(cfg) {

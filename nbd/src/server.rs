@@ -39,6 +39,8 @@ use crate::sys::{Epoll, Interest, HANGUP_BITS, READ_BITS, WRITE_BITS};
 pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
 /// Default queue depth of each reactor's queue pair per export (`--queue-depth`).
 pub const QUEUE_DEPTH_DEFAULT: usize = 128;
+/// Default idle spin of a serving reactor (`--idle-spin-us`).
+pub const IDLE_SPIN_NS_DEFAULT: u64 = 50_000;
 /// Requests one connection may have in flight; beyond this its socket is not read.
 pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 /// Reply bytes queued on one connection beyond which its socket is not read.
@@ -104,6 +106,9 @@ pub struct ServerConfig {
     pub connections_max: usize,
     pub request_bytes_max: u32,
     pub queue_depth: usize,
+    /// How long a reactor with nothing to do spins before it parks in epoll (and a client's
+    /// next request then costs a wake-up).
+    pub idle_spin_ns: u64,
 }
 
 impl ServerConfig {
@@ -117,6 +122,7 @@ impl ServerConfig {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             request_bytes_max: crate::session::REQUEST_BYTES_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
+            idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
         }
     }
 }
@@ -287,6 +293,10 @@ impl Server {
             ReactorConfig {
                 cores: cfg.cores.clone(),
                 policy: cfg.policy.clone(),
+                tuning: hypoll_reactor::ReactorTuning {
+                    idle_spin_ns: cfg.idle_spin_ns,
+                    ..hypoll_reactor::ReactorTuning::default()
+                },
                 ..ReactorConfig::default()
             },
             move |reactor| {
@@ -754,8 +764,13 @@ impl Conn {
                     break;
                 }
                 Ok(n) => {
+                    let asked = self.inbuf.len() - self.in_end;
                     self.in_end += n;
                     total += n;
+                    if n < asked {
+                        // The socket is drained: another read would only say EAGAIN.
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
