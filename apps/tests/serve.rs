@@ -861,3 +861,43 @@ fn linger_zero(c: &TcpStream) {
     };
     assert_eq!(rc, 0);
 }
+
+#[test]
+fn a_unix_socket_serves_and_is_removed_on_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+        .args(["serve", "--export", "mem=emu:dram,size=8M", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let mut child = Kill(child);
+    assert_eq!(
+        first.trim(),
+        format!("listening on unix:{}", sock.display())
+    );
+    let uri = format!("nbd+unix:///mem?socket={}", sock.display());
+    let out = run("nbdinfo", &["--size", &uri]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8388608");
+    // SAFETY: kill on our own child's pid, not reaped yet.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!sock.exists(), "the socket file is removed");
+}
