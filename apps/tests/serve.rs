@@ -435,6 +435,13 @@ fn metrics_count_requests_bytes_errors_and_connections() {
         0.0
     );
     assert_eq!(
+        metric(
+            &m,
+            "hypoll_nbd_export_connections_total{reactor=\"0\",export=\"mem\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
         metric(&m, "hypoll_nbd_requests_refused_total{reactor=\"0\"}"),
         1.0
     );

@@ -41,6 +41,12 @@ pub struct IoLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExportLabels {
+    pub reactor: String,
+    pub export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReactorLabels {
     pub reactor: String,
 }
@@ -65,6 +71,7 @@ pub struct Metrics {
     errors: Family<IoLabels, Counter>,
     latency: Family<IoLabels, Histogram, LatencyHistogram>,
     connections: Family<ReactorLabels, Counter>,
+    export_connections: Family<ExportLabels, Counter>,
     connections_open: Family<ReactorLabels, Gauge>,
     closed_on_error: Family<ReactorLabels, Counter>,
     refused: Family<ReactorLabels, Counter>,
@@ -73,6 +80,16 @@ pub struct Metrics {
     reactor_cpu: Family<ReactorLabels, Gauge<f64, AtomicU64>>,
     reactor_busy: Family<ReactorLabels, Gauge<f64, AtomicU64>>,
     registry: Registry,
+}
+
+/// One reactor's handle counting the connections that chose an export.
+pub fn export_connections(m: &Metrics, reactor: usize, export: &str) -> Counter {
+    m.export_connections
+        .get_or_create(&ExportLabels {
+            reactor: reactor.to_string(),
+            export: export.to_string(),
+        })
+        .clone()
 }
 
 /// One reactor's handles for one export and op.
@@ -102,6 +119,7 @@ impl Metrics {
             errors: Family::default(),
             latency: Family::new_with_constructor(LatencyHistogram),
             connections: Family::default(),
+            export_connections: Family::default(),
             connections_open: Family::default(),
             closed_on_error: Family::default(),
             refused: Family::default(),
@@ -125,6 +143,11 @@ impl Metrics {
             m.latency.clone(),
         );
         r.register("connections", "Connections accepted", m.connections.clone());
+        r.register(
+            "export_connections",
+            "Connections that chose this export",
+            m.export_connections.clone(),
+        );
         r.register(
             "connections_open",
             "Connections open now",

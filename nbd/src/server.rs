@@ -305,12 +305,18 @@ impl Server {
                     let dev = reactor.attach(device, depth)?;
                     let ns = reactor.namespace(dev).expect("just attached");
                     let io = Op::ALL.map(|op| shard_metrics.io(reactor.index(), &info.name, op));
+                    let connections = crate::metrics::export_connections(
+                        &shard_metrics,
+                        reactor.index(),
+                        &info.name,
+                    );
                     exports.push(ShardExport {
                         dev,
                         lba_bytes: ns.lba_size_bytes,
                         rw_piece_bytes: ns.max_transfer_bytes.max(ns.lba_size_bytes),
                         zero_piece_blocks: hypoll_nvme::spec::MAX_NLB,
                         io,
+                        connections,
                         backlog: VecDeque::new(),
                     });
                 }
@@ -582,6 +588,8 @@ struct ShardExport {
     /// Most blocks per write zeroes or deallocate command.
     zero_piece_blocks: u32,
     io: [IoMetrics; 5],
+    /// Connections that chose this export.
+    connections: prometheus_client::metrics::counter::Counter,
     /// Requests with pieces waiting for room in the queue pair: (connection, request).
     backlog: VecDeque<(usize, usize)>,
 }
@@ -1030,7 +1038,10 @@ impl Shard {
             }
             match step {
                 Step::NeedMore => break,
-                Step::Negotiating | Step::Ready { .. } => {}
+                Step::Negotiating => {}
+                Step::Ready { export } => {
+                    self.exports[export].connections.inc();
+                }
                 Step::Request(req) => {
                     let export = conn
                         .session

@@ -33,7 +33,13 @@ fn cases() -> u32 {
         .unwrap_or(CASES_DEFAULT)
 }
 
-fn corpus() -> Vec<Vec<u8>> {
+/// The seed corpus, read once per test process.
+fn corpus() -> &'static [Vec<u8>] {
+    static CORPUS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    CORPUS.get_or_init(read_corpus)
+}
+
+fn read_corpus() -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
@@ -322,8 +328,7 @@ proptest! {
         mutations in prop::collection::vec(mutation(), 0..8),
         cuts in prop::collection::vec(1usize..600, 1..8),
     ) {
-        let seeds = corpus();
-        let stream = mutate(&seeds, seed, &mutations);
+        let stream = mutate(corpus(), seed, &mutations);
         let pieces = drive(&stream, &cuts);
         // Whole or in pieces, the session says the same.
         let whole = drive(&stream, &[stream.len().max(1)]);
