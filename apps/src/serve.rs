@@ -41,8 +41,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     queue_depth: u16,
-    /// Microseconds a reactor with nothing to do keeps polling its sockets before it parks
-    /// (parked, a client's next request costs a wake-up; polling costs CPU).
+    /// Microseconds a reactor with nothing in flight keeps watching its sockets before it
+    /// parks, while its clients send one request at a time (parked, their next request costs
+    /// a wake-up; watching costs CPU). Under load it parks at once. 0: always park.
     #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
     idle_spin_us: f64,
 }

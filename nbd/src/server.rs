@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hypoll_nvme::{IoBuf, SubmitError};
+use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
     ReactorSet, RejectReason,
@@ -39,8 +39,14 @@ use crate::sys::{Epoll, Interest, HANGUP_BITS, READ_BITS, WRITE_BITS};
 pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
 /// Default queue depth of each reactor's queue pair per export (`--queue-depth`).
 pub const QUEUE_DEPTH_DEFAULT: usize = 128;
-/// Default idle spin of a serving reactor (`--idle-spin-us`).
-pub const IDLE_SPIN_NS_DEFAULT: u64 = 50_000;
+/// Default time an idle reactor watches its sockets for a queue-depth-1 client's next
+/// request before it parks (`--idle-spin-us`): a few loopback round trips on a busy machine.
+pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
+/// Below this many requests per busy poll on average, clients wait on each reply and an
+/// idle reactor watches its sockets before parking; above, it parks at once.
+const SPIN_BATCH_MAX: f64 = 2.0;
+/// Weight of the newest batch in the average: 1/8.
+const BATCH_EWMA_WEIGHT: f64 = 8.0;
 /// Requests one connection may have in flight; beyond this its socket is not read.
 pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 /// Reply bytes queued on one connection beyond which its socket is not read.
@@ -106,8 +112,8 @@ pub struct ServerConfig {
     pub connections_max: usize,
     pub request_bytes_max: u32,
     pub queue_depth: usize,
-    /// How long a reactor with nothing to do spins before it parks in epoll (and a client's
-    /// next request then costs a wake-up).
+    /// How long a reactor with nothing in flight watches its sockets before it parks, while
+    /// its clients send one request at a time (parked, their next request costs a wake-up).
     pub idle_spin_ns: u64,
 }
 
@@ -289,12 +295,15 @@ impl Server {
         let shard_metrics = metrics.clone();
         let shard_open = open.clone();
         let depth = cfg.queue_depth;
+        let idle_spin_ns = cfg.idle_spin_ns;
         let set = ReactorSet::start(
             ReactorConfig {
                 cores: cfg.cores.clone(),
                 policy: cfg.policy.clone(),
+                // The NBD poller decides when waiting for sockets pays (below); otherwise an
+                // idle reactor parks at once.
                 tuning: hypoll_reactor::ReactorTuning {
-                    idle_spin_ns: cfg.idle_spin_ns,
+                    idle_spin_ns: 0,
                     ..hypoll_reactor::ReactorTuning::default()
                 },
                 ..ReactorConfig::default()
@@ -334,6 +343,9 @@ impl Server {
                     open: shard_open.clone(),
                     conn_metrics: shard_metrics.conns(reactor.index()),
                     scratch: Vec::new(),
+                    idle_spin_ns,
+                    requests_started: 0,
+                    batch_ewma: 0.0,
                 }));
                 SHARD.with(|s| *s.borrow_mut() = Some(shard.clone()));
                 reactor
@@ -609,6 +621,11 @@ struct Shard {
     open: Arc<AtomicUsize>,
     conn_metrics: ConnMetrics,
     scratch: Vec<u8>,
+    /// How long an idle poll watches the sockets for a queue-depth-1 client's next request.
+    idle_spin_ns: u64,
+    /// Requests parsed so far, and per busy poll on average (weight 1/BATCH_EWMA_WEIGHT).
+    requests_started: u64,
+    batch_ewma: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -823,6 +840,41 @@ impl Shard {
         for e in 0..self.exports.len() {
             work += self.retry_backlog(r, e);
         }
+        let started_before = self.requests_started;
+        work += self.service_ready(r);
+        if work == 0 && self.should_wait_for_next_request(r) {
+            // Clients wait on each reply: the next request comes within a round trip, and
+            // parking now would add a wake-up to it. Watch the sockets for a while first.
+            let until_ns = monotonic_ns() + self.idle_spin_ns;
+            while work == 0 && monotonic_ns() < until_ns {
+                std::hint::spin_loop();
+                work += self.service_ready(r);
+            }
+        }
+        let batch = self.requests_started - started_before;
+        if batch > 0 {
+            self.batch_ewma += (batch as f64 - self.batch_ewma) / BATCH_EWMA_WEIGHT;
+        }
+        work
+    }
+
+    /// Whether an idle poll should keep watching the sockets instead of letting the reactor
+    /// park: only with nothing at all in flight on this reactor, and only while requests
+    /// arrive one or two at a time (a client at queue depth 1, whose latency a wake-up would
+    /// add to). Under load, batches are larger and parking costs nothing that matters.
+    fn should_wait_for_next_request(&self, r: &Reactor) -> bool {
+        self.idle_spin_ns > 0
+            && !self.conns.is_empty()
+            && !self.draining
+            && r.outstanding() == 0
+            && self.dirty.is_empty()
+            && self.batch_ewma < SPIN_BATCH_MAX
+            && self.conns.iter().all(|(_, c)| c.inflight.is_empty())
+    }
+
+    /// Reads ready sockets, parses, submits, writes replies. Returns the work done.
+    fn service_ready(&mut self, r: &mut Reactor) -> usize {
+        let mut work = 0;
         let mut ready = std::mem::take(&mut self.ready);
         if let Err(e) = self.epoll.ready(&mut ready) {
             eprintln!(
@@ -1043,6 +1095,7 @@ impl Shard {
                     self.exports[export].connections.inc();
                 }
                 Step::Request(req) => {
+                    self.requests_started += 1;
                     let export = conn
                         .session
                         .export()
