@@ -840,6 +840,16 @@ fn sixty_four_clients_verify_their_patterns_while_one_is_killed_mid_write() {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum();
     assert_eq!(open, 0.0, "every connection closed");
+    if cores.contains(',') {
+        // Round-robin: both reactors carried about half the connections.
+        for reactor in ["0", "1"] {
+            let n = metric(
+                &m,
+                &format!("hypoll_nbd_connections_total{{reactor=\"{reactor}\"}}"),
+            );
+            assert!(n >= 32.0, "reactor {reactor} adopted {n} connections");
+        }
+    }
     let log = s.stderr_text();
     assert!(!log.contains("panicked"), "{log}");
     assert!(
