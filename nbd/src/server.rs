@@ -53,6 +53,9 @@ pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 pub const OUT_BYTES_MAX: usize = 64 << 20;
 /// Bytes read from one socket per poll, so one busy client cannot starve the others.
 pub const READ_BYTES_PER_POLL: usize = 1 << 20;
+/// Input buffer a connection keeps between requests; a larger write grows it only while it
+/// is being received.
+const INBUF_KEEP_BYTES: usize = 1 << 20;
 /// Bytes asked of the kernel per read.
 const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Most buffers one writev hands the kernel.
@@ -766,6 +769,11 @@ impl Conn {
             if self.in_start == self.in_end {
                 self.in_start = 0;
                 self.in_end = 0;
+                if self.inbuf.len() > INBUF_KEEP_BYTES {
+                    // A large write passed: give its room back.
+                    self.inbuf.truncate(INBUF_KEEP_BYTES);
+                    self.inbuf.shrink_to(INBUF_KEEP_BYTES);
+                }
             } else if self.in_start > 0 && self.inbuf.len() - self.in_end < READ_CHUNK_BYTES {
                 self.inbuf.copy_within(self.in_start..self.in_end, 0);
                 self.in_end -= self.in_start;
