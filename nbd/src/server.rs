@@ -1350,3 +1350,84 @@ impl Shard {
         self.mark_dirty(ck);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!(
+            "127.0.0.1:10809".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("127.0.0.1:10809".parse().unwrap()))
+        );
+        assert_eq!(
+            "unix:/tmp/x.sock".parse::<ListenAddr>(),
+            Ok(ListenAddr::Unix("/tmp/x.sock".into()))
+        );
+        assert!("unix:".parse::<ListenAddr>().is_err());
+        assert!("localhost".parse::<ListenAddr>().is_err());
+        assert_eq!(
+            ListenAddr::Unix("/a".into()).to_string(),
+            "unix:/a".to_string()
+        );
+    }
+
+    #[test]
+    fn a_piece_identity_survives_the_user_word() {
+        for (c, r, p) in [(0, 0, 0), (65535, 65535, u32::MAX), (7, 300, 8191)] {
+            assert_eq!(unpack(pack(c, r, p)), (c, r, p));
+        }
+    }
+
+    #[test]
+    fn exports_advertise_what_every_device_does() {
+        let device = Device::open("emu:dram,size=64M,lba=4096").unwrap();
+        let info = export_info("mem", &device);
+        assert_eq!(info.size_bytes, 64 << 20);
+        assert_eq!((info.block_bytes, info.preferred_bytes), (4096, 4096));
+        for flag in [
+            proto::TFLAG_HAS_FLAGS,
+            proto::TFLAG_SEND_FLUSH,
+            proto::TFLAG_SEND_FUA,
+            proto::TFLAG_SEND_TRIM,
+            proto::TFLAG_SEND_WRITE_ZEROES,
+            proto::TFLAG_CAN_MULTI_CONN,
+        ] {
+            assert_ne!(info.flags & flag, 0, "{flag:#x}");
+        }
+        assert_eq!(info.flags & proto::TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_anything_starts() {
+        let listen: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let cfg = |exports: Vec<(&str, &str)>| {
+            ServerConfig::new(
+                exports
+                    .into_iter()
+                    .map(|(n, s)| (n.to_string(), s.to_string()))
+                    .collect(),
+                listen.clone(),
+            )
+        };
+        assert!(matches!(
+            Server::start(cfg(vec![])),
+            Err(ServeError::NoExports)
+        ));
+        assert!(matches!(
+            Server::start(cfg(vec![("a", "null"), ("a", "null")])),
+            Err(ServeError::DuplicateExport(_))
+        ));
+        assert!(matches!(
+            Server::start(cfg(vec![("a", "nonsense")])),
+            Err(ServeError::Device { .. })
+        ));
+        let mut c = cfg(vec![("a", "null")]);
+        c.request_bytes_max = 1000;
+        assert!(matches!(
+            Server::start(c),
+            Err(ServeError::RequestBytes(1000))
+        ));
+    }
+}
