@@ -1,6 +1,6 @@
 //! Device spec strings, parsed in one place: `emu:optane`,
 //! `emu:nand,read_us=23,jitter=0.3,seed=7`, `emu:optane,backing=file:/path,size=8G`, `null`,
-//! `null,size=1T,lba=4096`.
+//! `null,size=1T,lba=4096`, `vfio:0000:00:04.0`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,9 +12,10 @@ use crate::emu::{EmuConfig, EmuController};
 use crate::null::{NullConfig, NullController, NULL_KEYS};
 use crate::qpair::Controller;
 use crate::uring::{UringConfig, UringController};
+use crate::vfio::{VfioConfig, VfioController};
 
 /// Device kinds a spec may name.
-pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "uring:/path"];
+pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "uring:/path", "vfio:<pci address>"];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
@@ -46,6 +47,8 @@ pub enum DeviceSpec {
     Emu(EmuConfig),
     Null(NullConfig),
     Uring(UringConfig),
+    /// A PCI NVMe function bound to vfio-pci, driven from user space.
+    Vfio(VfioConfig),
 }
 
 impl DeviceSpec {
@@ -60,6 +63,7 @@ impl DeviceSpec {
             DeviceSpec::Emu(cfg) => Arc::new(EmuController::with_clock(cfg.clone(), clock)?),
             DeviceSpec::Null(cfg) => Arc::new(NullController::new(cfg)),
             DeviceSpec::Uring(cfg) => Arc::new(UringController::open(cfg)?),
+            DeviceSpec::Vfio(cfg) => Arc::new(VfioController::open(cfg)?),
         })
     }
 }
@@ -73,7 +77,7 @@ impl FromStr for DeviceSpec {
         if head.is_empty() {
             return Err(SpecError::Empty);
         }
-        let pairs = items.map(|item| {
+        let mut pairs = items.map(|item| {
             item.split_once('=')
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| SpecError::NotKeyValue {
@@ -107,6 +111,21 @@ impl FromStr for DeviceSpec {
                 cfg.set(k, v)?;
             }
             Ok(DeviceSpec::Uring(cfg))
+        } else if let Some(addr) = head.strip_prefix("vfio:") {
+            let cfg = VfioConfig::parse(addr).map_err(|expected| SpecError::BadValue {
+                key: "vfio".into(),
+                value: addr.to_string(),
+                expected,
+            })?;
+            if let Some(pair) = pairs.next() {
+                let (k, _) = pair?;
+                return Err(SpecError::UnknownKey {
+                    device: "vfio".into(),
+                    key: k.into(),
+                    accepted: "(none: vfio takes only a PCI address)".into(),
+                });
+            }
+            Ok(DeviceSpec::Vfio(cfg))
         } else if head == "null" {
             let mut cfg = NullConfig::default();
             for pair in pairs {
@@ -182,6 +201,7 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Emu(cfg) => write!(f, "{cfg}"),
             DeviceSpec::Null(cfg) => write!(f, "{cfg}"),
             DeviceSpec::Uring(cfg) => write!(f, "{cfg}"),
+            DeviceSpec::Vfio(cfg) => write!(f, "{cfg}"),
         }
     }
 }
@@ -322,6 +342,23 @@ mod tests {
         let e = err("emu:optane,seed");
         assert!(e.contains("key=value"), "{e}");
         assert_eq!(err(""), SpecError::Empty.to_string());
+    }
+
+    #[test]
+    fn vfio_specs_parse_and_print() {
+        let spec: DeviceSpec = "vfio:0000:00:04.0".parse().unwrap();
+        let DeviceSpec::Vfio(cfg) = &spec else {
+            panic!("vfio")
+        };
+        assert_eq!(cfg.bdf, "0000:00:04.0");
+        assert_eq!(spec.to_string(), "vfio:0000:00:04.0");
+        assert_eq!("vfio:00:04.0".parse::<DeviceSpec>().unwrap(), spec);
+        let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err().to_string();
+        let e = err("vfio:nvme0");
+        assert!(e.contains("nvme0") && e.contains("PCI address"), "{e}");
+        let e = err("vfio:0000:00:04.0,depth=4");
+        assert!(e.contains("depth") && e.contains("vfio"), "{e}");
+        assert!(err("nvme0n1").contains("vfio:<pci address>"));
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod spec;
 pub mod sync;
 pub mod sys;
 pub mod uring;
+pub mod vfio;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
@@ -37,9 +38,11 @@ pub use device::{parse_size_bytes, DeviceSpec, SpecError};
 pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
+    MAX_QUEUE_DEPTH,
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
 pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};
+pub use vfio::{VfioConfig, VfioController, VfioQueuePair};

@@ -247,6 +247,53 @@ pub trait QueuePair {
     fn oracle_next_deadline_ns(&self) -> Option<u64> {
         None
     }
+
+    /// Asks the device to abort the outstanding command submitted with `tag`, as NVMe's
+    /// Abort admin command does: the first step a host takes when a command times out.
+    ///
+    /// Best effort and asynchronous. `Ok` means the request reached the device, nothing
+    /// more: the command's one completion still arrives through
+    /// [`QueuePair::process_completions`], with [`Status::ABORT_REQUESTED`] if the device
+    /// aborted it, or with its own status if it finished first. A tag that is not
+    /// outstanding (it completed meanwhile) is `Ok` and does nothing. When the completion
+    /// does not arrive in time the caller escalates to [`QueuePair::reset`].
+    ///
+    /// The default is [`RecoveryError::Unsupported`]: a reactor then goes straight to a
+    /// reset. Never blocks for long; never allocates.
+    fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
+        let _ = tag;
+        Err(RecoveryError::Unsupported)
+    }
+
+    /// Resets this queue pair, as deleting and recreating its I/O queues does (or a
+    /// controller reset, if that is all the device can do): the second step after a
+    /// timeout.
+    ///
+    /// `Ok` promises that every command outstanding when `reset` was called has its one
+    /// completion delivered by [`QueuePair::process_completions`] within a bounded time
+    /// (at once on the emulated controller): its own status if the device finished it, or
+    /// [`Status::ABORTED_SQ_DELETION`]; and that the device touches none of their buffers
+    /// once that completion is delivered. The queue pair stays usable for new commands.
+    ///
+    /// The default is [`RecoveryError::Unsupported`]: a reactor then fails the timed-out
+    /// command locally and quarantines it (its slot and buffer stay reserved until a late
+    /// completion arrives or the queue pair is dropped, since the device may still use the
+    /// buffer). Implementations must not call this from `process_completions`' callback.
+    fn reset(&mut self) -> Result<(), RecoveryError> {
+        Err(RecoveryError::Unsupported)
+    }
+}
+
+/// Why a queue pair could not carry out [`QueuePair::abort`] or [`QueuePair::reset`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecoveryError {
+    /// The device (or this implementation) cannot do it: the caller escalates.
+    #[error("not supported by this device")]
+    Unsupported,
+    /// The device was asked and failed (an admin command error, a controller that does not
+    /// come back): the caller escalates.
+    #[error("the device failed: {0}")]
+    Failed(&'static str),
 }
 
 /// Why a controller could not hand out a queue pair.

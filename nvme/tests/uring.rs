@@ -496,3 +496,41 @@ fn pinned_buffers_go_through_the_registered_fixed_buffer() {
     assert_eq!(qp.fixed_ios(), 2);
     assert!(heap.iter().all(|&b| b == 0x42));
 }
+
+#[test]
+fn abort_completes_each_command_exactly_once_and_reset_is_left_to_the_kernel() {
+    let file = data_file(64, 10);
+    let ctrl = open(&format!("uring:{}", file.path.display())).expect("open");
+    let mut qp = ctrl.create_queue_pair(8).expect("queue pair");
+    // Nothing outstanding under that tag: nothing to do.
+    assert_eq!(qp.abort(42), Ok(()));
+    let mut bufs: Vec<IoBuf> = (0..4).map(|_| IoBuf::zeroed(LBA)).collect();
+    for (i, buf) in bufs.iter_mut().enumerate() {
+        // SAFETY: every buffer outlives the loop below, which reaps every command.
+        unsafe { qp.submit(&Command::read(i as u64, 1, buf), i as u64) }.expect("submit");
+    }
+    // SAFETY: no buffer.
+    unsafe { qp.submit(&Command::flush(), 4) }.expect("flush");
+    for tag in 0..5 {
+        assert_eq!(qp.abort(tag), Ok(()), "abort {tag}");
+    }
+    let mut seen = [0u32; 5];
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while qp.outstanding() > 0 {
+        qp.process_completions(8, &mut |c| {
+            assert!(
+                c.status == Status::SUCCESS || c.status == Status::ABORT_REQUESTED,
+                "tag {}: {:?}",
+                c.tag,
+                c.status
+            );
+            seen[c.tag as usize] += 1;
+        });
+        assert!(std::time::Instant::now() < deadline, "completions missing");
+    }
+    // The cancel requests' own completions never surface as commands' completions.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(qp.process_completions(8, &mut |c| panic!("extra {c:?}")), 0);
+    assert_eq!(seen, [1; 5]);
+    assert_eq!(qp.reset(), Err(hypoll_nvme::RecoveryError::Unsupported));
+}

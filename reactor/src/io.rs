@@ -1,6 +1,7 @@
 //! The I/O API's types: requests, completions, rejections and attached devices.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hypoll_nvme::{Controller, DeviceSpec, IoBuf, Status, SubmitError};
 use hypoll_policy::{DeviceStats, StatsConfigError};
@@ -46,6 +47,71 @@ pub enum DeviceError {
     Spec(String),
     #[error("opening {0}: {1}")]
     Open(String, String),
+}
+
+/// Default [`DeviceOptions::io_timeout`]: 30 s, as Linux's NVMe driver (`io_timeout`).
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`DeviceOptions::abort_timeout`].
+pub const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default [`DeviceOptions::reset_timeout`].
+pub const DEFAULT_RESET_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most I/Os [`DeviceOptions::wait_queue`] lets wait for a slot, per device and reactor.
+pub const WAIT_QUEUE_MAX: usize = 4096;
+
+/// How a reactor attaches a device: the queue depth, and how long an I/O may take before
+/// the reactor recovers it (see docs/reactor.md, "Timeouts").
+///
+/// An I/O outstanding for `io_timeout` is aborted ([`hypoll_nvme::QueuePair::abort`]); if
+/// its completion has not arrived `abort_timeout` later (or the device cannot abort), the
+/// queue pair is reset ([`hypoll_nvme::QueuePair::reset`]), which completes every command
+/// on it; whatever has still not completed `reset_timeout` after that (or if the device
+/// cannot reset) is failed locally with [`IoFailure::Abandoned`]. So every I/O's callback
+/// runs within `io_timeout + abort_timeout + reset_timeout` (plus one loop turn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Queue depth of the reactor's queue pair on the device.
+    pub depth: usize,
+    /// `None`: never time out (only for devices that cannot lose a command).
+    pub io_timeout: Option<Duration>,
+    pub abort_timeout: Duration,
+    pub reset_timeout: Duration,
+    /// How many I/Os may wait, in order, for a slot when the queue pair is full, instead of
+    /// being refused with `QueueFull` (0, the default: refuse at once). Their timeout runs
+    /// from the moment they were accepted; at most [`WAIT_QUEUE_MAX`].
+    pub wait_queue: usize,
+}
+
+impl DeviceOptions {
+    /// `depth`, with the default timeouts.
+    pub fn new(depth: usize) -> DeviceOptions {
+        DeviceOptions {
+            depth,
+            io_timeout: Some(DEFAULT_IO_TIMEOUT),
+            abort_timeout: DEFAULT_ABORT_TIMEOUT,
+            reset_timeout: DEFAULT_RESET_TIMEOUT,
+            wait_queue: 0,
+        }
+    }
+
+    pub fn with_wait_queue(mut self, wait_queue: usize) -> DeviceOptions {
+        self.wait_queue = wait_queue;
+        self
+    }
+
+    pub fn with_io_timeout(mut self, io_timeout: Option<Duration>) -> DeviceOptions {
+        self.io_timeout = io_timeout;
+        self
+    }
+
+    pub fn with_abort_timeout(mut self, abort_timeout: Duration) -> DeviceOptions {
+        self.abort_timeout = abort_timeout;
+        self
+    }
+
+    pub fn with_reset_timeout(mut self, reset_timeout: Duration) -> DeviceOptions {
+        self.reset_timeout = reset_timeout;
+        self
+    }
 }
 
 /// A device attached to one reactor: its position in the order of `Reactor::attach` calls.
@@ -119,6 +185,22 @@ pub enum IoFailure {
     /// The reactor shut down before the device completed it; the queue pair was deleted.
     #[error("not completed before the reactor shut down")]
     Shutdown,
+    /// The device did not complete it within the I/O timeout; the reactor aborted it (or
+    /// reset the queue pair) and the device confirmed it is done with it. A write may or
+    /// may not have reached the media. The buffer comes back.
+    #[error("timed out: the device did not complete it in time and it was aborted")]
+    TimedOut,
+    /// Timed out, and the device could neither abort it nor reset its queue pair in time:
+    /// the reactor gave up on it. The device may still carry it out until the queue pair is
+    /// deleted (at shutdown), so the buffer is kept in quarantine until then (or until a
+    /// late completion arrives) and `IoDone::buf` is `None`.
+    #[error("timed out, and the device could not abort it or reset: abandoned")]
+    Abandoned,
+    /// It waited for a slot (see [`DeviceOptions::wait_queue`]) and the queue pair then
+    /// refused it (for example because it was disabled); a warning in the log says why.
+    /// (No payload: `IoDone` stays small, and it is copied for every I/O.)
+    #[error("the queue pair refused it after it waited for a slot (see the log)")]
+    Refused,
 }
 
 /// A completed I/O, handed to its callback.
@@ -126,10 +208,12 @@ pub enum IoFailure {
 pub struct IoDone {
     pub device: DeviceId,
     pub result: Result<(), IoFailure>,
-    /// The buffer given at submission, back to its owner.
+    /// The buffer given at submission, back to its owner (`None` for an I/O without one,
+    /// and for [`IoFailure::Abandoned`]: the device may still use it).
     pub buf: Option<IoBuf>,
     pub user: u64,
-    /// Completion seen by the reactor minus submission.
+    /// Completion seen by the reactor minus acceptance (`Reactor::submit`), time waiting
+    /// for a queue slot included.
     pub latency_ns: u64,
 }
 
@@ -152,6 +236,13 @@ pub enum RejectReason {
     Buffer,
     #[error("the reactor is shutting down")]
     ShuttingDown,
+    /// Every slot of the queue pair holds an abandoned command (see
+    /// [`IoFailure::Abandoned`]): the device stopped completing commands and could not be
+    /// reset. Retrying helps only once it completes them (or after a restart).
+    #[error(
+        "all {abandoned} queue slots hold abandoned commands: the device is not completing          commands; retry after it recovers"
+    )]
+    Quarantined { abandoned: usize },
 }
 
 impl std::fmt::Display for Rejected {

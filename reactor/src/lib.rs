@@ -26,14 +26,15 @@ pub mod cores;
 pub mod io;
 mod reactor;
 mod set;
+pub mod sim;
 pub mod stats;
 mod sys;
 mod timer;
 
 pub use cores::{CoreError, CoreList};
 pub use io::{
-    Device, DeviceError, DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason,
-    Rejected,
+    Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp, IoRequest,
+    RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_RESET_TIMEOUT,
 };
 pub use reactor::{
     ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning, SendError,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use hypoll_nvme::sys::{monotonic_ns, EventFd, TimerFd};
-use hypoll_nvme::{Command, Completion, QueuePair};
+use hypoll_nvme::{Clock, Command, Completion, QueuePair, Status, SubmitError};
 use hypoll_policy::{
     Bucket, Decision, Direction, InFlight, Observation, PollContext, PollPolicy, Slept,
     StatsRecorder,
@@ -17,7 +17,8 @@ use hypoll_policy::{
 use slab::Slab;
 
 use crate::io::{
-    Device, DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason, Rejected,
+    Device, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason,
+    Rejected,
 };
 use crate::stats::{Counters, ReactorStats, SharedStats, STATS_PUBLISH_NS};
 use crate::sys::Epoll;
@@ -105,6 +106,35 @@ impl ReactorHandle {
         Ok(())
     }
 
+    /// Queues `f` to run on the reactor, waiting up to `timeout` for room in a full mailbox:
+    /// back-pressure that slows the sender down instead of failing it at once. Never waits
+    /// longer than `timeout` (then [`SendError::Full`]), never grows the mailbox. Meant for
+    /// threads outside the reactors: a reactor sending to a full mailbox (its own included)
+    /// should use [`ReactorHandle::send`] and retry from a timer, since while it waits it
+    /// runs nothing else.
+    pub fn send_timeout(
+        &self,
+        f: impl FnOnce(&mut Reactor) + Send + 'static,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        if self.wake.stop.load(Ordering::Acquire) {
+            return Err(SendError::Stopped);
+        }
+        match self.tx.send_timeout(Box::new(f), timeout) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => return Err(SendError::Full),
+            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                return Err(SendError::Stopped)
+            }
+        }
+        // As in `send`: wake a parked reactor.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.wake.parked.load(Ordering::SeqCst) {
+            let _ = self.wake.eventfd.signal();
+        }
+        Ok(())
+    }
+
     /// Asks the reactor to stop: it finishes what is queued, drains or fails its I/O and
     /// exits. Idempotent.
     pub(crate) fn stop(&self) {
@@ -165,20 +195,81 @@ struct Attached {
     recorder: StatsRecorder,
     lba_bytes: u32,
     has_irq: bool,
+    /// `DeviceOptions`' timeouts, in ns.
+    io_timeout_ns: Option<u64>,
+    abort_timeout_ns: u64,
+    reset_timeout_ns: u64,
+    /// I/Os accepted while the queue pair was full, oldest first, at most `wait_capacity`.
+    waiting: VecDeque<Waiter>,
+    wait_capacity: usize,
+    /// Abandoned I/Os of this device still holding a queue-pair slot.
+    abandoned: usize,
+}
+
+/// An accepted I/O waiting for a free queue-pair slot.
+struct Waiter {
+    req: IoRequest,
+    buf: Option<hypoll_nvme::IoBuf>,
+    callback: IoCallback,
+    accepted_ns: u64,
+}
+
+/// Why `Reactor::issue` did not put an I/O on its queue pair: the error, with what the
+/// caller gave back.
+type NotIssued = (
+    hypoll_nvme::SubmitError,
+    Option<hypoll_nvme::IoBuf>,
+    IoCallback,
+);
+
+/// Where an outstanding I/O stands in timeout recovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recovery {
+    /// Within its timeout.
+    InTime,
+    /// Timed out; an abort was sent (or the device cannot abort): escalate at the deadline.
+    Aborting { deadline_ns: u64 },
+    /// Its queue pair was reset: the device owes its completion by the deadline.
+    /// `timed_out`: it had reached its own timeout (the reset was for it or another).
+    Resetting { deadline_ns: u64, timed_out: bool },
+    /// Failed locally with `IoFailure::Abandoned`; its buffer stays here (quarantined)
+    /// until a late completion or the queue pair's deletion.
+    Abandoned,
+}
+
+impl Recovery {
+    /// Whether the I/O reached its timeout: an abort or reset status then becomes
+    /// `IoFailure::TimedOut`.
+    fn timed_out(self) -> bool {
+        matches!(
+            self,
+            Recovery::Aborting { .. }
+                | Recovery::Resetting {
+                    timed_out: true,
+                    ..
+                }
+        )
+    }
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
 struct IoSlot {
     device: u16,
     bucket: Option<Bucket>,
+    /// When it reached the queue pair (the device's latency counts from here).
     submit_ns: u64,
+    /// When the reactor accepted it (its timeout and `IoDone::latency_ns` count from here:
+    /// earlier than `submit_ns` if it waited for a slot).
+    accepted_ns: u64,
     /// Submission order, to find the oldest outstanding I/O.
     seq: u64,
     slept: Option<Slept>,
     idle_polls_at_submit: u64,
     user: u64,
     buf: Option<hypoll_nvme::IoBuf>,
-    callback: IoCallback,
+    /// `None` once it ran (an abandoned I/O).
+    callback: Option<IoCallback>,
+    recovery: Recovery,
 }
 
 /// Tunables of a reactor.
@@ -247,6 +338,20 @@ pub struct Reactor {
     woke_this_turn: bool,
     woke_pending: bool,
     stopping: bool,
+    /// Where `now_ns` comes from: CLOCK_MONOTONIC, or a simulation's virtual clock.
+    clock: Clock,
+    /// Slots of abandoned I/Os (still in `slots`, quarantined).
+    abandoned: usize,
+    /// Keys of I/Os to abandon, collected during a recovery scan (preallocated).
+    to_abandon: Vec<usize>,
+    /// Waiters past their timeout, with their device, collected during a recovery scan
+    /// (preallocated).
+    expired: Vec<(usize, Waiter)>,
+    /// When the next timeout or recovery step is due (ns); `u64::MAX`: none. Lowered by
+    /// every submission on a device with a timeout, set by each recovery scan.
+    recovery_due_ns: u64,
+    /// I/Os waiting for a slot, on every device.
+    waiters: usize,
 }
 
 impl Reactor {
@@ -293,7 +398,22 @@ impl Reactor {
             woke_this_turn: false,
             woke_pending: false,
             stopping: false,
+            clock: Clock::Monotonic,
+            abandoned: 0,
+            to_abandon: Vec::new(),
+            expired: Vec::new(),
+            recovery_due_ns: u64::MAX,
+            waiters: 0,
         })
+    }
+
+    /// Makes the reactor read `clock` instead of CLOCK_MONOTONIC (simulations step a
+    /// reactor by hand on a virtual clock; see `crate::sim`).
+    pub(crate) fn set_clock(&mut self, clock: Clock) {
+        self.now_ns = clock.now_ns();
+        self.start_ns = self.now_ns;
+        self.last_publish_ns = self.now_ns;
+        self.clock = clock;
     }
 
     fn me(&self) -> &ReactorHandle {
@@ -328,9 +448,20 @@ impl Reactor {
         self.policy.name()
     }
 
-    /// I/Os submitted on this reactor and not yet completed.
+    /// I/Os accepted by this reactor whose callback has not run yet: on a queue pair, or
+    /// waiting for a slot.
     pub fn outstanding(&self) -> usize {
-        self.slots.len()
+        self.live() + self.waiters
+    }
+
+    /// I/Os on a queue pair that the reactor still waits for (abandoned ones excluded).
+    fn live(&self) -> usize {
+        self.slots.len() - self.abandoned
+    }
+
+    /// Abandoned I/Os whose buffers are still quarantined (see [`IoFailure::Abandoned`]).
+    pub fn quarantined(&self) -> usize {
+        self.abandoned
     }
 
     /// The counters so far (the published copy lags by up to 10 ms).
@@ -338,8 +469,30 @@ impl Reactor {
         &self.counters
     }
 
-    /// Creates a queue pair of `depth` on `device` for this reactor.
+    /// Creates a queue pair of `depth` on `device` for this reactor, with the default
+    /// timeouts ([`DeviceOptions::new`]).
     pub fn attach(&mut self, device: &Device, depth: usize) -> Result<DeviceId, String> {
+        self.attach_with(device, DeviceOptions::new(depth))
+    }
+
+    /// Creates a queue pair on `device` for this reactor, as `options` say.
+    pub fn attach_with(
+        &mut self,
+        device: &Device,
+        options: DeviceOptions,
+    ) -> Result<DeviceId, String> {
+        let depth = options.depth;
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if options.io_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("io_timeout must be more than 0 (or None: never)".to_string());
+        }
+        if options.wait_queue > crate::io::WAIT_QUEUE_MAX {
+            return Err(format!(
+                "wait_queue {} is over the limit of {}",
+                options.wait_queue,
+                crate::io::WAIT_QUEUE_MAX
+            ));
+        }
         if self.devices.len() >= DEVICES_MAX {
             return Err(format!("a reactor attaches at most {DEVICES_MAX} devices"));
         }
@@ -364,11 +517,20 @@ impl Reactor {
             .reserve(2 * self.io_capacity - self.order.len().min(2 * self.io_capacity));
         self.completions
             .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
+        self.to_abandon
+            .reserve(self.io_capacity - self.to_abandon.len());
+        self.expired.reserve(options.wait_queue);
         self.devices.push(Attached {
             lba_bytes: qp.namespace().lba_size_bytes,
             qp,
             recorder: device.stats.recorder(self.now_ns),
             has_irq,
+            io_timeout_ns: options.io_timeout.map(ns),
+            abort_timeout_ns: ns(options.abort_timeout),
+            reset_timeout_ns: ns(options.reset_timeout),
+            waiting: VecDeque::with_capacity(options.wait_queue),
+            wait_capacity: options.wait_queue,
+            abandoned: 0,
         });
         Ok(DeviceId(id))
     }
@@ -393,32 +555,140 @@ impl Reactor {
         if self.stopping {
             return reject(RejectReason::ShuttingDown, buf);
         }
-        let Some(dev) = self.devices.get_mut(device.0 as usize) else {
+        let d = device.0 as usize;
+        let Some(dev) = self.devices.get(d) else {
             return reject(RejectReason::UnknownDevice, buf);
         };
-        let mut buf = buf;
         let data_op = matches!(req.op, IoOp::Read | IoOp::Write);
         if data_op != buf.is_some() {
             return reject(RejectReason::Buffer, buf);
         }
+        let callback: IoCallback = Box::new(callback);
+        if !dev.waiting.is_empty() {
+            return self.wait_behind(d, req, buf, callback);
+        }
+        match self.issue(d, req, buf, callback, self.now_ns) {
+            Ok(()) => Ok(()),
+            Err(not_issued) => self.not_issued(d, req, not_issued),
+        }
+    }
+
+    /// A queue pair refused an I/O: it waits for a slot if the device has a wait queue
+    /// with room, or is refused.
+    #[cold]
+    #[inline(never)]
+    fn not_issued(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        (error, buf, callback): NotIssued,
+    ) -> Result<(), Rejected> {
+        let SubmitError::QueueFull { depth } = error else {
+            return Err(Rejected {
+                reason: RejectReason::Submit(error),
+                buf,
+            });
+        };
+        let reason = self.full(d, depth);
+        let dev = &self.devices[d];
+        if dev.waiting.len() >= dev.wait_capacity
+            || matches!(reason, RejectReason::Quarantined { .. })
+        {
+            return Err(Rejected { reason, buf });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    /// Others already wait for a slot on device `d`: first come, first served, a new I/O
+    /// waits behind them, or is refused if the wait queue is full (or no slot will ever
+    /// free: every one holds an abandoned command).
+    #[cold]
+    #[inline(never)]
+    fn wait_behind(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) -> Result<(), Rejected> {
+        let dev = &self.devices[d];
+        let has_room = dev.waiting.len() < dev.wait_capacity;
+        let lba_bytes = dev.lba_bytes;
+        let reason = self.full(d, dev.qp.depth());
+        if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
+            return Err(Rejected { reason, buf });
+        }
+        let mut buf = buf;
+        if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
+            return Err(Rejected {
+                reason: RejectReason::Submit(e),
+                buf,
+            });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    fn push_waiter(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) {
+        let dev = &mut self.devices[d];
+        dev.waiting.push_back(Waiter {
+            req,
+            buf,
+            callback,
+            accepted_ns: self.now_ns,
+        });
+        self.waiters += 1;
+        if let Some(timeout_ns) = dev.io_timeout_ns {
+            self.recovery_due_ns = self
+                .recovery_due_ns
+                .min(self.now_ns.saturating_add(timeout_ns));
+        }
+    }
+
+    /// Why a full queue pair refuses an I/O: back-pressure, or a device whose every slot
+    /// holds an abandoned command (retrying will not help until it recovers).
+    fn full(&self, d: usize, depth: usize) -> RejectReason {
+        let dev = &self.devices[d];
+        if dev.abandoned > 0 && dev.abandoned >= dev.qp.depth() {
+            RejectReason::Quarantined {
+                abandoned: dev.abandoned,
+            }
+        } else {
+            RejectReason::Submit(SubmitError::QueueFull { depth })
+        }
+    }
+
+    /// Puts an I/O on device `d`'s queue pair and records it in a slot. Inlined: it is the
+    /// body of every submission.
+    #[inline(always)]
+    fn issue(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+        accepted_ns: u64,
+    ) -> Result<(), NotIssued> {
+        let dev = &mut self.devices[d];
+        let mut buf = buf;
         let key = self.slots.vacant_key();
         let submitted = {
-            let cmd = match (req.op, buf.as_mut()) {
-                (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
-                (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
-                (IoOp::Flush, None) => Command::flush(),
-                (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
-                (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
-                _ => unreachable!("checked above"),
-            }
-            .with_fua(req.fua);
+            let cmd = command(&req, buf.as_mut());
             // SAFETY: the buffer moves into the slot below (moving an IoBuf does not move
             // its memory) and stays there until the completion for `key` is reaped, or
-            // until the queue pair is dropped (shutdown drops queue pairs before slots).
+            // until the queue pair is dropped (shutdown drops queue pairs before slots);
+            // an abandoned I/O's buffer stays in its slot too (quarantine).
             unsafe { dev.qp.submit(&cmd, key as u64) }
         };
         if let Err(e) = submitted {
-            return reject(RejectReason::Submit(e), buf);
+            return Err((e, buf, callback));
         }
         let bucket = match req.op {
             IoOp::Read => Bucket::new(
@@ -434,25 +704,96 @@ impl Reactor {
         let seq = self.next_seq;
         self.next_seq += 1;
         let inserted = self.slots.insert(IoSlot {
-            device: device.0,
+            device: d as u16,
             bucket,
             submit_ns: self.now_ns,
+            accepted_ns,
             seq,
             slept: None,
             idle_polls_at_submit: self.counters.idle_polls,
             user: req.user,
             buf,
-            callback: Box::new(callback),
+            callback: Some(callback),
+            recovery: Recovery::InTime,
         });
         debug_assert_eq!(inserted, key);
+        if let Some(timeout_ns) = self.devices[d].io_timeout_ns {
+            self.recovery_due_ns = self
+                .recovery_due_ns
+                .min(accepted_ns.saturating_add(timeout_ns));
+        }
+        // Drop completed I/Os from the front of the order (amortized O(1): in-order
+        // completions never let it grow); compact it when a slow I/O holds the front.
+        let slots = &self.slots;
+        let live = |&(k, s): &(usize, u64)| slots.get(k).is_some_and(|slot| slot.seq == s);
+        while self.order.front().is_some_and(|e| !live(e)) {
+            self.order.pop_front();
+        }
         if self.order.len() == self.order.capacity() {
-            // Completed entries pile up behind a slow oldest I/O: drop them in one pass.
-            let slots = &self.slots;
-            self.order
-                .retain(|&(k, s)| slots.get(k).is_some_and(|slot| slot.seq == s));
+            self.order.retain(live);
         }
         self.order.push_back((key, seq));
         Ok(())
+    }
+
+    /// Puts waiting I/Os on their queue pairs while there is room, oldest first. Returns
+    /// how many it started (or failed: a queue pair that refuses one for another reason
+    /// than being full fails it with `IoFailure::Refused`).
+    fn start_waiters(&mut self) -> usize {
+        if self.waiters == 0 {
+            return 0;
+        }
+        let mut started = 0;
+        for d in 0..self.devices.len() {
+            while let Some(w) = self.devices[d].waiting.pop_front() {
+                self.waiters -= 1;
+                let (req, accepted_ns) = (w.req, w.accepted_ns);
+                match self.issue(d, req, w.buf, w.callback, accepted_ns) {
+                    Ok(()) => started += 1,
+                    Err((SubmitError::QueueFull { .. }, buf, callback)) => {
+                        self.devices[d].waiting.push_front(Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        });
+                        self.waiters += 1;
+                        break;
+                    }
+                    Err((e, buf, callback)) => {
+                        started += 1;
+                        let waiter = Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        };
+                        tracing::warn!(
+                            core = self.core,
+                            device = d,
+                            error = %e,
+                            "the queue pair refused an I/O that waited for a slot"
+                        );
+                        self.fail_waiter(d, waiter, IoFailure::Refused);
+                    }
+                }
+            }
+        }
+        started
+    }
+
+    /// Runs the callback of an I/O that never reached its queue pair, buffer handed back.
+    fn fail_waiter(&mut self, d: usize, w: Waiter, failure: IoFailure) {
+        self.counters.ios += 1;
+        self.counters.io_errors += 1;
+        let done = IoDone {
+            device: DeviceId(d as u16),
+            result: Err(failure),
+            buf: w.buf,
+            user: w.req.user,
+            latency_ns: self.now_ns.saturating_sub(w.accepted_ns),
+        };
+        (w.callback)(self, done);
     }
 
     /// Runs `f` on this reactor after `delay`.
@@ -532,13 +873,23 @@ impl Reactor {
         self.shut_down()
     }
 
-    /// One loop turn: messages, timers, pollers, completions. Returns the work done.
+    /// One loop turn at the clock's current time, for a simulation that steps reactors by
+    /// hand (it never spins, sleeps or parks). Returns the work done.
+    pub(crate) fn sim_turn(&mut self) -> usize {
+        self.now_ns = self.clock.now_ns();
+        self.turn()
+    }
+
+    /// One loop turn: messages, timers, pollers, completions, timeouts. Returns the work
+    /// done.
     fn turn(&mut self) -> usize {
         self.counters.polls += 1;
         let mut work = self.run_messages(MESSAGE_BATCH);
         work += self.run_timers();
         work += self.run_pollers();
         work += self.reap();
+        work += self.start_waiters();
+        work += self.check_timeouts();
         for dev in &mut self.devices {
             dev.recorder.tick(self.now_ns);
         }
@@ -591,7 +942,7 @@ impl Reactor {
             if did > 0 {
                 work += did;
                 // Submissions after this poller's work are stamped with a fresh time.
-                self.now_ns = monotonic_ns();
+                self.now_ns = self.clock.now_ns();
             }
         }
         // Pollers added during the turn were pushed onto the (taken) list: keep them.
@@ -621,7 +972,7 @@ impl Reactor {
             return 0;
         }
         // One timestamp for the whole batch.
-        self.now_ns = monotonic_ns();
+        self.now_ns = self.clock.now_ns();
         let mut batch = std::mem::take(&mut self.completions);
         for (dev, completion) in batch.drain(..) {
             self.complete(dev, completion);
@@ -645,6 +996,21 @@ impl Reactor {
             "reactor {}: device {dev} completed tag {} of device {}",
             self.core, completion.tag, slot.device
         );
+        if slot.recovery == Recovery::Abandoned {
+            // Its callback ran when it was abandoned: the device is done with the buffer
+            // now, so it leaves quarantine (dropped with `slot`).
+            self.abandoned -= 1;
+            self.devices[dev as usize].abandoned -= 1;
+            self.counters.late_completions += 1;
+            tracing::info!(
+                core = self.core,
+                device = dev,
+                tag = completion.tag,
+                status = %completion.status,
+                "late completion of an abandoned I/O: its buffer leaves quarantine"
+            );
+            return;
+        }
         let latency_ns = self.now_ns.saturating_sub(slot.submit_ns);
         let ok = completion.status.is_success();
         if ok {
@@ -664,24 +1030,267 @@ impl Reactor {
             idle_polls: self.counters.idle_polls - slot.idle_polls_at_submit,
             censored: self.woke_this_turn && slot.submit_ns <= self.slept_from_ns,
         });
+        let result = if ok {
+            Ok(())
+        } else if slot.recovery.timed_out()
+            && matches!(
+                completion.status,
+                Status::ABORT_REQUESTED | Status::ABORTED_SQ_DELETION
+            )
+        {
+            Err(IoFailure::TimedOut)
+        } else {
+            Err(IoFailure::Device(completion.status))
+        };
         let done = IoDone {
             device: DeviceId(dev),
-            result: if ok {
-                Ok(())
-            } else {
-                Err(IoFailure::Device(completion.status))
-            },
+            result,
             buf: slot.buf,
             user: slot.user,
-            latency_ns,
+            latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
         };
-        (slot.callback)(self, done);
+        let callback = slot
+            .callback
+            .expect("only abandoned I/Os have run their callback");
+        callback(self, done);
+    }
+
+    /// Runs timeout recovery if a step is due (one comparison when none is). Returns the
+    /// steps taken.
+    fn check_timeouts(&mut self) -> usize {
+        if self.now_ns < self.recovery_due_ns {
+            return 0;
+        }
+        self.recover()
+    }
+
+    /// One recovery scan, oldest I/O first (the reactor's submission order, which is
+    /// timeout order on each device): fails waiters past their timeout, aborts I/Os past
+    /// theirs, resets a queue pair when an abort did not complete its I/O in time (or the
+    /// device cannot abort), and abandons what a reset did not complete in time (or what
+    /// timed out on a device that cannot reset). Sets when the next step is due.
+    fn recover(&mut self) -> usize {
+        let now_ns = self.now_ns;
+        let core = self.core;
+        let Reactor {
+            devices,
+            slots,
+            order,
+            counters,
+            to_abandon,
+            expired,
+            ..
+        } = self;
+        let bit = |d: usize| 1u64 << d;
+        let mut next_due_ns = u64::MAX;
+        let mut steps = 0;
+        // Devices whose first I/O within its timeout has been seen (the rest of theirs are
+        // younger), and devices to reset. `DEVICES_MAX` is 64: one bit each.
+        let mut settled = 0u64;
+        let mut escalate = 0u64;
+        to_abandon.clear();
+        for (d, dev) in devices.iter_mut().enumerate() {
+            let Some(timeout_ns) = dev.io_timeout_ns else {
+                settled |= bit(d);
+                continue;
+            };
+            // Waiters past their timeout never reached the device: they fail as timed out.
+            while let Some(w) = dev.waiting.front() {
+                let due_ns = w.accepted_ns.saturating_add(timeout_ns);
+                if now_ns < due_ns {
+                    next_due_ns = next_due_ns.min(due_ns);
+                    break;
+                }
+                expired.extend(dev.waiting.pop_front().map(|w| (d, w)));
+            }
+        }
+        let all = if devices.len() == 64 {
+            u64::MAX
+        } else {
+            bit(devices.len()) - 1
+        };
+        let mut i = 0;
+        while i < order.len() && settled != all {
+            let (key, seq) = order[i];
+            let live = slots
+                .get_mut(key)
+                .filter(|s| s.seq == seq && s.recovery != Recovery::Abandoned);
+            let Some(slot) = live else {
+                if i == 0 {
+                    order.pop_front();
+                } else {
+                    i += 1;
+                }
+                continue;
+            };
+            i += 1;
+            let d = slot.device as usize;
+            if settled & bit(d) != 0 {
+                continue;
+            }
+            let dev = &mut devices[d];
+            match slot.recovery {
+                Recovery::InTime => {
+                    let timeout_ns = dev.io_timeout_ns.expect("unsettled devices time out");
+                    let due_ns = slot.accepted_ns.saturating_add(timeout_ns);
+                    if now_ns < due_ns {
+                        // This device's later I/Os are younger.
+                        settled |= bit(d);
+                        next_due_ns = next_due_ns.min(due_ns);
+                        continue;
+                    }
+                    counters.io_timeouts += 1;
+                    steps += 1;
+                    let abort = dev.qp.abort(key as u64);
+                    tracing::warn!(
+                        core,
+                        device = d,
+                        tag = key,
+                        waited_ns = now_ns.saturating_sub(slot.accepted_ns),
+                        abort = ?abort,
+                        "I/O timed out; aborting it"
+                    );
+                    match abort {
+                        Ok(()) => {
+                            counters.aborts += 1;
+                            let deadline_ns = now_ns.saturating_add(dev.abort_timeout_ns);
+                            slot.recovery = Recovery::Aborting { deadline_ns };
+                            next_due_ns = next_due_ns.min(deadline_ns);
+                        }
+                        Err(_) => {
+                            slot.recovery = Recovery::Aborting {
+                                deadline_ns: now_ns,
+                            };
+                            escalate |= bit(d);
+                        }
+                    }
+                }
+                Recovery::Aborting { deadline_ns } => {
+                    if now_ns >= deadline_ns {
+                        escalate |= bit(d);
+                    } else {
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                }
+                Recovery::Resetting { deadline_ns, .. } => {
+                    if now_ns >= deadline_ns {
+                        to_abandon.push(key);
+                    } else {
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                }
+                Recovery::Abandoned => unreachable!("filtered above"),
+            }
+        }
+        for (d, dev) in devices.iter_mut().enumerate() {
+            if escalate & bit(d) == 0 {
+                continue;
+            }
+            steps += 1;
+            counters.resets += 1;
+            let reset = dev.qp.reset();
+            if reset.is_err() {
+                counters.reset_failures += 1;
+            }
+            tracing::warn!(
+                core,
+                device = d,
+                outstanding = dev.qp.outstanding(),
+                reset = ?reset,
+                "an abort did not complete a timed-out I/O in time; resetting the queue pair"
+            );
+            let deadline_ns = now_ns.saturating_add(dev.reset_timeout_ns);
+            for &(key, seq) in order.iter() {
+                let Some(slot) = slots.get_mut(key).filter(|s| {
+                    s.seq == seq && s.device as usize == d && s.recovery != Recovery::Abandoned
+                }) else {
+                    continue;
+                };
+                match (&reset, slot.recovery) {
+                    // The device owes every outstanding command a completion.
+                    (Ok(()), Recovery::InTime | Recovery::Aborting { .. }) => {
+                        let timed_out = slot.recovery.timed_out();
+                        slot.recovery = Recovery::Resetting {
+                            deadline_ns,
+                            timed_out,
+                        };
+                        next_due_ns = next_due_ns.min(deadline_ns);
+                    }
+                    // No reset: give up on the timed-out I/Os whose abort is overdue (or
+                    // could not be sent); leave the others be.
+                    (Err(_), Recovery::Aborting { deadline_ns }) if deadline_ns <= now_ns => {
+                        to_abandon.push(key)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.recovery_due_ns = next_due_ns;
+        // Callbacks last: they may submit (which only lowers `recovery_due_ns`).
+        let mut expired = std::mem::take(&mut self.expired);
+        self.waiters -= expired.len();
+        self.counters.io_timeouts += expired.len() as u64;
+        for (d, w) in expired.drain(..) {
+            steps += 1;
+            self.fail_waiter(d, w, IoFailure::TimedOut);
+        }
+        self.expired = expired;
+        let mut abandon = std::mem::take(&mut self.to_abandon);
+        for &key in &abandon {
+            self.abandon(key);
+            steps += 1;
+        }
+        abandon.clear();
+        self.to_abandon = abandon;
+        steps
+    }
+
+    /// Fails one I/O locally with `IoFailure::Abandoned`, keeping its slot (and buffer) in
+    /// quarantine: the device may still use the buffer until it completes the command or
+    /// the queue pair is deleted.
+    fn abandon(&mut self, key: usize) {
+        let slot = &mut self.slots[key];
+        if slot.recovery == Recovery::Abandoned {
+            return;
+        }
+        slot.recovery = Recovery::Abandoned;
+        let callback = slot.callback.take().expect("not abandoned before");
+        let done = IoDone {
+            device: DeviceId(slot.device),
+            result: Err(IoFailure::Abandoned),
+            buf: None,
+            user: slot.user,
+            latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
+        };
+        tracing::error!(
+            core = self.core,
+            device = slot.device,
+            tag = key,
+            waited_ns = done.latency_ns,
+            "I/O abandoned: the device neither completed, aborted nor reset it in time; its \
+             buffer stays quarantined until the device completes it or shutdown"
+        );
+        self.devices[slot.device as usize].abandoned += 1;
+        self.abandoned += 1;
+        self.counters.abandoned_ios += 1;
+        self.counters.ios += 1;
+        self.counters.io_errors += 1;
+        callback(self, done);
+    }
+
+    /// When the next timeout recovery step of any device is due.
+    fn recovery_due_ns(&self) -> Option<u64> {
+        Some(self.recovery_due_ns).filter(|&t| t != u64::MAX)
     }
 
     /// The oldest outstanding I/O's slot key.
     fn oldest(&mut self) -> Option<usize> {
         while let Some(&(key, seq)) = self.order.front() {
-            if self.slots.get(key).is_some_and(|s| s.seq == seq) {
+            if self
+                .slots
+                .get(key)
+                .is_some_and(|s| s.seq == seq && s.recovery != Recovery::Abandoned)
+            {
                 return Some(key);
             }
             self.order.pop_front();
@@ -691,7 +1300,10 @@ impl Reactor {
 
     /// Nothing had work this turn.
     fn when_idle(&mut self) {
-        if self.slots.is_empty() {
+        // Abandoned I/Os are not waited for: their completions may never come. (Nor are
+        // I/Os waiting for a slot when nothing live is outstanding: every slot is
+        // quarantined; their timeout wakes a parked reactor.)
+        if self.live() == 0 {
             let since = *self.idle_since_ns.get_or_insert(self.now_ns);
             if self.now_ns - since >= self.tuning.idle_spin_ns {
                 self.park(false);
@@ -706,7 +1318,7 @@ impl Reactor {
         let dev = &self.devices[slot.device as usize];
         let ctx = PollContext {
             now_ns: self.now_ns,
-            outstanding: self.slots.len(),
+            outstanding: self.live(),
             oldest: InFlight {
                 bucket: slot.bucket,
                 submit_ns: slot.submit_ns,
@@ -778,7 +1390,12 @@ impl Reactor {
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts.
     fn park(&mut self, for_io: bool) {
-        let next_timer_ns = self.timers.next_deadline_ns();
+        let mut next_timer_ns = self.timers.next_deadline_ns();
+        // A lost command never interrupts, and an I/O waiting behind quarantined slots has
+        // nothing to wake it: wake for the next timeout.
+        if let Some(due_ns) = self.recovery_due_ns() {
+            next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
+        }
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
                 Some(deadline_ns) => self.timer_fd.arm_at(deadline_ns),
@@ -826,7 +1443,7 @@ impl Reactor {
             &self.counters,
             self.start_ns,
             self.now_ns,
-            self.slots.len() as u64,
+            self.outstanding() as u64,
             false,
         );
     }
@@ -840,7 +1457,7 @@ impl Reactor {
             &self.counters,
             self.start_ns,
             now_ns,
-            self.slots.len() as u64,
+            self.outstanding() as u64,
             parked,
         );
     }
@@ -852,11 +1469,21 @@ impl Reactor {
         while self.run_messages(MESSAGE_BATCH) > 0 {}
         self.pollers.clear();
         self.timers = Timers::default();
+        // I/Os still waiting for a slot never reached a device: they fail now.
+        self.now_ns = monotonic_ns();
+        let mut waiting_failed = 0;
+        for d in 0..self.devices.len() {
+            while let Some(w) = self.devices[d].waiting.pop_front() {
+                self.waiters -= 1;
+                waiting_failed += 1;
+                self.fail_waiter(d, w, IoFailure::Shutdown);
+            }
+        }
         let ios_before = self.counters.ios;
         let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
-        while !self.slots.is_empty() && monotonic_ns() < deadline_ns {
+        while self.live() > 0 && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
-            if self.reap() == 0 {
+            if self.reap() + self.check_timeouts() == 0 {
                 // Stopping is not latency-critical: poll every 50 us rather than spin.
                 std::thread::sleep(SHUTDOWN_POLL);
             }
@@ -864,20 +1491,35 @@ impl Reactor {
         let drained_ios = self.counters.ios - ios_before;
         // Delete the queue pairs first: after this no device touches an I/O buffer.
         self.devices.clear();
-        let failed: Vec<IoSlot> = self.slots.drain().collect();
-        let failed_ios = failed.len() as u64;
+        // Abandoned I/Os already ran their callbacks: their buffers leave quarantine here.
+        let failed: Vec<IoSlot> = self
+            .slots
+            .drain()
+            .filter(|s| s.recovery != Recovery::Abandoned)
+            .collect();
+        self.abandoned = 0;
+        let failed_ios = failed.len() as u64 + waiting_failed;
+        if failed_ios > 0 {
+            tracing::warn!(
+                core = self.core,
+                failed_ios,
+                shutdown_timeout_ms = self.tuning.shutdown_timeout.as_millis() as u64,
+                "reactor stopping: I/O still outstanding fails with Shutdown"
+            );
+        }
         self.now_ns = monotonic_ns();
         for slot in failed {
+            let callback = slot.callback.expect("not abandoned");
             let done = IoDone {
                 device: DeviceId(slot.device),
                 result: Err(IoFailure::Shutdown),
                 buf: slot.buf,
                 user: slot.user,
-                latency_ns: self.now_ns.saturating_sub(slot.submit_ns),
+                latency_ns: self.now_ns.saturating_sub(slot.accepted_ns),
             };
             self.counters.ios += 1;
             self.counters.io_errors += 1;
-            (slot.callback)(&mut self, done);
+            callback(&mut self, done);
         }
         self.publish();
         ExitReport {
@@ -887,6 +1529,21 @@ impl Reactor {
             stats: self.me().stats(),
         }
     }
+}
+
+/// The command for `req`, on `buf` (which `Reactor::submit` checked is there exactly for
+/// reads and writes).
+#[inline]
+fn command<'b>(req: &IoRequest, buf: Option<&'b mut hypoll_nvme::IoBuf>) -> Command<'b> {
+    match (req.op, buf) {
+        (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
+        (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
+        (IoOp::Flush, None) => Command::flush(),
+        (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
+        (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
+        _ => unreachable!("Reactor::submit checks the buffer against the operation"),
+    }
+    .with_fua(req.fua)
 }
 
 /// Convenience wrappers over [`Reactor::submit`].

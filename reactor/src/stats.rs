@@ -37,6 +37,18 @@ pub struct Counters {
     /// Sum of requested sleeps and of their overshoot (actual minus requested).
     pub slept_ns: u64,
     pub overshoot_ns: u64,
+    /// I/Os that reached their device's I/O timeout.
+    pub io_timeouts: u64,
+    /// Aborts sent for timed-out I/Os (devices that cannot abort are not counted).
+    pub aborts: u64,
+    /// Queue-pair resets asked for (after an abort did not complete an I/O in time).
+    pub resets: u64,
+    /// Resets the device could not carry out.
+    pub reset_failures: u64,
+    /// I/Os failed locally with `IoFailure::Abandoned` (their buffers quarantined).
+    pub abandoned_ios: u64,
+    /// Completions that arrived for abandoned I/Os, and were dropped.
+    pub late_completions: u64,
 }
 
 /// What [`crate::ReactorHandle::stats`] returns: the counters as last published, the
@@ -97,6 +109,12 @@ impl ReactorStats {
                 idle_ns: a.idle_ns.saturating_sub(b.idle_ns),
                 slept_ns: a.slept_ns.saturating_sub(b.slept_ns),
                 overshoot_ns: a.overshoot_ns.saturating_sub(b.overshoot_ns),
+                io_timeouts: a.io_timeouts.saturating_sub(b.io_timeouts),
+                aborts: a.aborts.saturating_sub(b.aborts),
+                resets: a.resets.saturating_sub(b.resets),
+                reset_failures: a.reset_failures.saturating_sub(b.reset_failures),
+                abandoned_ios: a.abandoned_ios.saturating_sub(b.abandoned_ios),
+                late_completions: a.late_completions.saturating_sub(b.late_completions),
             },
             wall_ns: self.wall_ns.saturating_sub(earlier.wall_ns),
             cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),

@@ -57,6 +57,10 @@ pub struct EmuConfig {
     pub err_pct: f64,
     /// Percent of commands that never complete (until a reset aborts them).
     pub lost_pct: f64,
+    /// Percent of lost commands that an Abort cannot reach either (a hung command): only a
+    /// reset completes them. The other lost commands are completed by an Abort with "Command
+    /// Abort Requested".
+    pub stuck_pct: f64,
     /// Percent of commands whose submission triggers a reset of the queue pair, aborting
     /// every command outstanding on it.
     pub reset_pct: f64,
@@ -169,6 +173,7 @@ pub const EMU_KEYS: &[&str] = &[
     "reset_pct",
     "queues",
     "drift_pct",
+    "stuck_pct",
 ];
 
 /// Largest `drift_pct`: latencies may grow by up to 10x per second.
@@ -211,10 +216,11 @@ enum Key {
     ResetPct,
     Queues,
     DriftPct,
+    StuckPct,
 }
 
 /// Every key, in [`EMU_KEYS`] order.
-const KEYS: [Key; 17] = [
+const KEYS: [Key; 18] = [
     Key::ReadUs,
     Key::WriteUs,
     Key::Jitter,
@@ -232,6 +238,7 @@ const KEYS: [Key; 17] = [
     Key::ResetPct,
     Key::Queues,
     Key::DriftPct,
+    Key::StuckPct,
 ];
 
 impl Key {
@@ -253,7 +260,7 @@ impl Key {
                 "a number of microseconds from 0 to 10000000 (10 s)"
             }
             Key::Jitter => "a coefficient of variation from 0 to 10",
-            Key::TailPct | Key::ErrPct | Key::LostPct | Key::ResetPct => {
+            Key::TailPct | Key::ErrPct | Key::LostPct | Key::ResetPct | Key::StuckPct => {
                 "a percentage from 0 to 100"
             }
             Key::Parallel => "an integer from 1 to 4096",
@@ -298,6 +305,7 @@ impl EmuConfig {
             err_pct: 0.0,
             lost_pct: 0.0,
             reset_pct: 0.0,
+            stuck_pct: 0.0,
             drift_pct: 0.0,
             max_queues: 64,
         })
@@ -376,6 +384,7 @@ impl EmuConfig {
             Key::ResetPct => self.reset_pct = float()?,
             Key::Queues => self.max_queues = value.parse().ok()?,
             Key::DriftPct => self.drift_pct = float()?,
+            Key::StuckPct => self.stuck_pct = float()?,
         }
         Some(())
     }
@@ -392,6 +401,7 @@ impl EmuConfig {
             Key::ErrPct => percent(self.err_pct),
             Key::LostPct => percent(self.lost_pct),
             Key::ResetPct => percent(self.reset_pct),
+            Key::StuckPct => percent(self.stuck_pct),
             Key::Parallel => (1..=MAX_PARALLEL).contains(&self.parallel),
             Key::Mbps => (MIN_RATE_MBPS..=MAX_RATE_MBPS).contains(&self.mbps),
             Key::Seed => true,
@@ -434,6 +444,7 @@ impl EmuConfig {
             Key::ResetPct => self.reset_pct.to_string(),
             Key::Queues => self.max_queues.to_string(),
             Key::DriftPct => self.drift_pct.to_string(),
+            Key::StuckPct => self.stuck_pct.to_string(),
         }
     }
 
@@ -572,6 +583,7 @@ mod tests {
             parse("emu:nand,read_us=23,jitter=0.3,seed=7"),
             parse("emu:p5800x,size=1G,lba=4096,mdts=2M,backing=ram,queues=3,parallel=1"),
             parse("emu:dram,err_pct=1.5,lost_pct=0.25,reset_pct=0.001,tail_us=7.75"),
+            parse("emu:optane,lost_pct=5,stuck_pct=50"),
             parse("emu:optane,backing=file:/tmp/ns.img,size=8G"),
             odd,
         ] {
@@ -625,6 +637,7 @@ mod tests {
             ("err_pct", "-0.5", |c| c.err_pct = -0.5),
             ("lost_pct", "NaN", |c| c.lost_pct = f64::NAN),
             ("reset_pct", "200", |c| c.reset_pct = 200.0),
+            ("stuck_pct", "100.5", |c| c.stuck_pct = 100.5),
             ("parallel", "0", |c| c.parallel = 0),
             ("parallel", "4097", |c| c.parallel = 4097),
             ("mbps", "0", |c| c.mbps = 0.0),

@@ -16,6 +16,9 @@
 //! Interrupts: a CLOCK_MONOTONIC timerfd armed at the earliest pending deadline, so a
 //! thread can block on it as a driver blocks on an MSI-X eventfd.
 //!
+//! Aborts: [`EmuQueuePair::abort_command`] (NVMe Abort) completes one pending or lost command
+//! with "Command Abort Requested"; `stuck_pct` makes some lost commands ignore it.
+//!
 //! Resets: [`EmuController::reset`] resets the whole controller, [`EmuQueuePair::reset`] one
 //! queue pair. Either way every command outstanding on an affected queue pair completes with
 //! "Command Aborted due to SQ Deletion". A controller reset reaches the queue pairs, which
@@ -43,7 +46,8 @@ use store::Store;
 
 use crate::clock::Clock;
 use crate::qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
+    MAX_QUEUE_DEPTH,
 };
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_FUA,
@@ -223,8 +227,10 @@ enum SlotState {
     Free,
     /// Fetched, waiting for its deadline.
     Pending,
-    /// Fetched and dropped by fault injection: only a reset completes it.
+    /// Fetched and dropped by fault injection: an Abort or a reset completes it.
     Lost,
+    /// Lost, and deaf to Aborts as well (`stuck_pct`): only a reset completes it.
+    Stuck,
 }
 
 /// The controller's record of one fetched command, indexed by command id.
@@ -297,6 +303,9 @@ pub struct EmuQueuePair {
     irq_armed_at_ns: Option<u64>,
     /// Resets of this queue pair, of either kind.
     resets: u64,
+    /// Aborts asked for, and aborts that completed a command.
+    aborts_requested: u64,
+    aborts_done: u64,
     /// The controller's reset generation as this queue pair last saw it.
     reset_generation_seen: u64,
     /// The clock as this queue pair last read it (ns).
@@ -341,6 +350,8 @@ impl EmuQueuePair {
             irq,
             irq_armed_at_ns: None,
             resets: 0,
+            aborts_requested: 0,
+            aborts_done: 0,
             reset_generation_seen,
             last_clock_ns: 0,
             _not_send: PhantomData,
@@ -431,6 +442,41 @@ impl EmuQueuePair {
             self.set_irq_deadline(1);
         }
         aborted
+    }
+
+    /// Carries out an Abort of the command submitted with `tag`, as the controller would on
+    /// receiving NVMe's Abort admin command for this queue's id and that command's id: a
+    /// command still inside the device (pending, or lost but not stuck) completes at once
+    /// with "Command Abort Requested", without moving data; a stuck one ignores it; one
+    /// already completed (or an unknown tag) is left alone. Returns whether it aborted one.
+    /// The completion entry is visible to the next poll; an armed interrupt fires.
+    pub fn abort_command(&mut self, tag: u64) -> bool {
+        self.catch_up_with_controller_resets(Ordering::Relaxed);
+        self.aborts_requested += 1;
+        let Some(cid) = (0..self.depth).find(|&cid| self.in_use[cid] && self.tags[cid] == tag)
+        else {
+            return false;
+        };
+        match self.slots[cid].state {
+            SlotState::Free | SlotState::Stuck => return false,
+            SlotState::Pending => {
+                // Within the heap's capacity: nothing is allocated.
+                self.pending.retain(|&Reverse((_, c))| c as usize != cid);
+            }
+            SlotState::Lost => {}
+        }
+        self.slots[cid].state = SlotState::Free;
+        self.post(cid as u16, Status::ABORT_REQUESTED);
+        self.aborts_done += 1;
+        if self.irq_armed_at_ns.is_some() {
+            self.set_irq_deadline(1);
+        }
+        true
+    }
+
+    /// Aborts asked for on this queue pair, and how many of them aborted a command.
+    pub fn aborts(&self) -> (u64, u64) {
+        (self.aborts_requested, self.aborts_done)
     }
 
     /// Resets of this queue pair so far: its own, and controller resets it has carried out.
@@ -532,7 +578,11 @@ impl EmuQueuePair {
                 let (err_pct, lost_pct) = (cfg.err_pct, cfg.lost_pct);
                 let opcode = opcode.expect("validated");
                 if self.model.chance(lost_pct) {
-                    slot.state = SlotState::Lost;
+                    slot.state = if self.model.chance(cfg.stuck_pct) {
+                        SlotState::Stuck
+                    } else {
+                        SlotState::Lost
+                    };
                 } else if self.model.chance(err_pct) {
                     slot.status = match opcode {
                         Opcode::Read => Status::UNRECOVERED_READ_ERROR,
@@ -829,6 +879,20 @@ impl QueuePair for EmuQueuePair {
         self.pending
             .peek()
             .map(|&Reverse((deadline_ns, _))| deadline_ns)
+    }
+
+    /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion
+    /// is reaped by the next poll.
+    fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
+        self.abort_command(tag);
+        Ok(())
+    }
+
+    /// See [`EmuQueuePair::reset`]: every outstanding command's completion is posted at once.
+    fn reset(&mut self) -> Result<(), RecoveryError> {
+        self.catch_up_with_controller_resets(Ordering::Relaxed);
+        EmuQueuePair::reset(self);
+        Ok(())
     }
 }
 

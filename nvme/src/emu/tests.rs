@@ -1234,3 +1234,74 @@ fn drift_makes_every_latency_grow_with_the_controllers_age() {
     assert_eq!(latency_at(1_000_000_000), 15_000);
     assert_eq!(latency_at(2_000_000_000), 20_000);
 }
+
+/// An Abort completes a pending or lost command at once with "Command Abort Requested" and
+/// moves no data; a stuck command ignores it and only a reset completes it; aborting a
+/// command that already completed does nothing.
+#[test]
+fn aborts_reach_pending_and_lost_commands_but_not_stuck_ones() {
+    // Pending: a write aborted before its deadline never reaches the store.
+    let (ctrl, clock) = virtual_controller("emu:optane,size=1M");
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let data = IoBuf::from_slice(&[0x5a; 512]);
+    // SAFETY: `data` outlives the queue pair's use of it: the command is aborted and reaped
+    // below before `data` is dropped.
+    unsafe { qp.submit(&Command::write(3, 1, &data), 1) }.unwrap();
+    submit_nodata(&mut qp, Command::flush(), 2).unwrap();
+    assert!(qp.abort_command(1));
+    assert!(
+        QueuePair::abort(&mut qp, 99).is_ok(),
+        "unknown tag: nothing to do"
+    );
+    clock.advance_by(1_000_000_000);
+    let mut done = reap(&mut qp);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(
+        done,
+        vec![
+            Completion {
+                tag: 1,
+                status: Status::ABORT_REQUESTED
+            },
+            Completion {
+                tag: 2,
+                status: Status::SUCCESS
+            }
+        ]
+    );
+    assert!(!qp.abort_command(2), "already completed");
+    assert_eq!(qp.aborts(), (3, 1));
+    let mut back = IoBuf::from_slice(&[0xff; 512]);
+    // SAFETY: `back` is reaped below before it is read or dropped.
+    unsafe { qp.submit(&Command::read(3, 1, &mut back), 3) }.unwrap();
+    clock.advance_by(1_000_000_000);
+    assert_eq!(reap(&mut qp).len(), 1);
+    assert_eq!(&back[..], &[0u8; 512][..], "no data moved");
+
+    // Lost: an abort completes it; stuck: only a reset does.
+    let (ctrl, _clock) = virtual_controller("emu:optane,size=1M,lost_pct=100,stuck_pct=50");
+    let mut qp = ctrl.queue_pair(64).unwrap();
+    for tag in 0..64 {
+        submit_nodata(&mut qp, Command::write_zeroes(tag, 1), tag).unwrap();
+    }
+    let stuck = qp
+        .slots
+        .iter()
+        .filter(|s| s.state == SlotState::Stuck)
+        .count();
+    assert!((10..=54).contains(&stuck), "about half stuck: {stuck}");
+    for tag in 0..64 {
+        QueuePair::abort(&mut qp, tag).unwrap();
+    }
+    let aborted = reap(&mut qp);
+    assert_eq!(aborted.len(), 64 - stuck);
+    assert!(aborted.iter().all(|c| c.status == Status::ABORT_REQUESTED));
+    assert_eq!(qp.outstanding(), stuck);
+    QueuePair::reset(&mut qp).unwrap();
+    let reset = reap(&mut qp);
+    assert_eq!(reset.len(), stuck);
+    assert!(reset
+        .iter()
+        .all(|c| c.status == Status::ABORTED_SQ_DELETION));
+    assert_eq!(qp.outstanding(), 0);
+}

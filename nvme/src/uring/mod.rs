@@ -40,7 +40,8 @@ use io_uring::{opcode, squeue, types, IoUring};
 use crate::buf::IoBuf;
 use crate::device::{parse_size_bytes, size_text, SpecError};
 use crate::qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
+    MAX_QUEUE_DEPTH,
 };
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
@@ -55,6 +56,9 @@ pub const URING_MAX_TRANSFER_BYTES: u32 = 1 << 20;
 /// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
 /// on every common file system and disk.
 pub const URING_FILE_LBA_BYTES: u32 = 4096;
+
+/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// How long opening waits for the IOPOLL probe read before it gives up on polled mode.
 const IOPOLL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -570,6 +574,8 @@ pub struct UringQueuePair {
     fixed_region: Option<(usize, usize)>,
     /// Reads and writes that went through the fixed buffer.
     fixed_ios: u64,
+    /// Abort (`ASYNC_CANCEL`) requests in the kernel; each posts one completion of its own.
+    cancels_in_kernel: usize,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -633,6 +639,7 @@ impl UringQueuePair {
             event_fd,
             fixed_region,
             fixed_ios: 0,
+            cancels_in_kernel: 0,
             _not_send: PhantomData,
         })
     }
@@ -832,13 +839,18 @@ impl QueuePair for UringQueuePair {
             out(c);
             done += 1;
         }
-        if done == max || self.in_kernel == 0 {
+        if done == max || self.in_kernel + self.cancels_in_kernel == 0 {
             return done;
         }
         self.poll_kernel();
         let zero_range_unsupported = &mut self.zero_range_unsupported;
         let retry_zeroes = &mut self.retry_zeroes;
         for cqe in self.ring.completion().take(max - done) {
+            if cqe.user_data() == CANCEL_USER_DATA {
+                // An abort's own completion; the aborted command completes by itself.
+                self.cancels_in_kernel -= 1;
+                continue;
+            }
             let slot = cqe.user_data() as u32;
             let flight = self.slots[slot as usize]
                 .take()
@@ -902,6 +914,41 @@ impl QueuePair for UringQueuePair {
     fn namespace(&self) -> NamespaceInfo {
         self.ns
     }
+
+    /// Asks the kernel to cancel the command (`IORING_OP_ASYNC_CANCEL`). A request still
+    /// queued in the kernel (an `fsync` or `fallocate` waiting for a worker) completes with
+    /// Abort Requested; one already at the device cannot be pulled back and completes with
+    /// its own status when the device (or the block layer's own timeout) finishes it.
+    fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
+        let Some(slot) = self
+            .slots
+            .iter()
+            .position(|f| f.is_some_and(|f| f.tag == tag))
+        else {
+            return Ok(()); // completed meanwhile, or completed locally
+        };
+        if self.cancels_in_kernel >= self.depth {
+            return Err(RecoveryError::Failed("too many aborts in flight"));
+        }
+        let cancel = opcode::AsyncCancel::new(slot as u64)
+            .build()
+            .user_data(CANCEL_USER_DATA);
+        if self.ring.submission().is_full() {
+            self.flush();
+        }
+        // SAFETY: a cancel request carries no buffer.
+        unsafe { self.ring.submission().push(&cancel) }
+            .map_err(|_| RecoveryError::Failed("submission queue full"))?;
+        self.cancels_in_kernel += 1;
+        self.unsubmitted += 1;
+        self.flush();
+        Ok(())
+    }
+
+    // `reset` keeps the default (Unsupported): io_uring cannot take back a command the
+    // device holds, so no reset could promise that its buffer is left alone. The reactor
+    // quarantines such a command until its completion arrives; the kernel's own block-layer
+    // timeout (30 s for NVMe and SCSI) guarantees that it does.
 }
 
 impl Drop for UringQueuePair {
@@ -909,7 +956,7 @@ impl Drop for UringQueuePair {
     /// must not be written after the queue pair is gone. Block I/O always completes (the
     /// kernel's own timeouts fail it), so this ends.
     fn drop(&mut self) {
-        while self.in_kernel > 0 {
+        while self.in_kernel + self.cancels_in_kernel > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e)
@@ -927,8 +974,9 @@ impl Drop for UringQueuePair {
                 }
             }
             for cqe in self.ring.completion() {
-                let slot = cqe.user_data() as usize;
-                if self.slots[slot].take().is_some() {
+                if cqe.user_data() == CANCEL_USER_DATA {
+                    self.cancels_in_kernel -= 1;
+                } else if self.slots[cqe.user_data() as usize].take().is_some() {
                     self.in_kernel -= 1;
                 }
             }
