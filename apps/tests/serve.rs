@@ -358,6 +358,8 @@ fn fio_nbd_engine_verifies_crc32c() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
         ],
     );
     let text = String::from_utf8_lossy(&out.stdout);
