@@ -4,10 +4,12 @@
 //!   `cargo run --release -- bench` runs it on the emulated Optane-class device).
 //! - `hypoll policies`: every policy with a one-line description.
 //! - `hypoll devices`: the emulated device profiles.
+//! - `hypoll serve`: exports devices over NBD on per-core reactors (docs/serve.md).
 //! - `hypoll sim`: the seeded fault simulation (`--seeds 10000` runs many, `--seed N` one).
 
 mod bench;
 mod report;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -53,6 +55,8 @@ enum Cmd {
     Policies,
     /// List the emulated device profiles.
     Devices,
+    /// Serve devices over NBD (network block device) until SIGINT or SIGTERM.
+    Serve(Box<serve::ServeArgs>),
     /// Run the seeded fault simulation: several reactors, faults on, checked against a
     /// shadow model. Exit status 1 and the failing seed on the first failure.
     Sim(SimArgs),
@@ -187,6 +191,7 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Cmd::Bench(args) => bench_command(*args),
+        Cmd::Serve(args) => serve::serve_command(*args),
         Cmd::Policies => {
             for info in hypoll_policy::list() {
                 println!("{:<26} {}", info.syntax, info.description);

@@ -1,0 +1,922 @@
+//! `hypoll serve` driven by NBD clients nobody here wrote (qemu-io, qemu-img, nbdinfo,
+//! nbdcopy, fio's nbd engine; `scripts/test` installs them), by a raw client that misbehaves
+//! on purpose, and by signals. Every server runs on a free port and is killed if a test
+//! fails.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use hypoll_nbd::client;
+use hypoll_nbd::proto::*;
+
+/// How long a server may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long any one client command may run.
+const CLIENT_TIMEOUT_S: &str = "120";
+
+/// A running `hypoll serve`, killed when dropped.
+struct Serve {
+    child: Child,
+    port: u16,
+    metrics_port: u16,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Serve {
+    fn start(exports: &[&str]) -> Serve {
+        Serve::start_with(exports, &[])
+    }
+
+    fn start_with(exports: &[&str], extra: &[&str]) -> Serve {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hypoll"));
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ]);
+        for e in exports {
+            cmd.args(["--export", e]);
+        }
+        cmd.args(extra);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("hypoll starts");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let (etx, erx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = etx.send(line);
+            }
+        });
+        let mut serve = Serve {
+            child,
+            port: 0,
+            metrics_port: 0,
+            stderr: erx,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while serve.port == 0 || serve.metrics_port == 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+                panic!(
+                    "hypoll serve did not start listening; stderr:\n{}",
+                    serve.stderr_text()
+                )
+            });
+            let port = |l: &str| -> u16 {
+                l.rsplit(':')
+                    .next()
+                    .unwrap()
+                    .trim_end_matches("/metrics")
+                    .parse()
+                    .unwrap()
+            };
+            if let Some(addr) = line.strip_prefix("listening on ") {
+                serve.port = port(addr);
+            } else if let Some(addr) = line.strip_prefix("metrics on ") {
+                serve.metrics_port = port(addr);
+            }
+        }
+        serve
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{export}", self.port)
+    }
+
+    fn stderr_text(&self) -> String {
+        let mut s = String::new();
+        while let Ok(line) = self.stderr.try_recv() {
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s
+    }
+
+    fn metrics(&self) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        text
+    }
+
+    /// Sends `signal` and waits (bounded) for the exit; returns the status and stderr.
+    fn signal_and_wait(mut self, signal: libc::c_int) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill on our own child's pid, which has not been reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100));
+                return (status, self.stderr_text());
+            }
+            assert!(Instant::now() < deadline, "hypoll serve did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a client tool under a timeout; panics with its output unless it succeeds.
+fn run(tool: &str, args: &[&str]) -> Output {
+    let which = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap();
+    assert!(
+        which.status.success(),
+        "{tool} is not installed: scripts/test installs it (apt: qemu-utils, libnbd-bin, fio)"
+    );
+    let out = Command::new("timeout")
+        .arg(CLIENT_TIMEOUT_S)
+        .arg(tool)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{tool} {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn random_file(path: &Path, bytes: usize, seed: u64) {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+/// The value of one metric line, as a number.
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn qemu_io_writes_patterns_and_reads_them_back() {
+    let s = Serve::start(&["mem=emu:dram,size=64M"]);
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xa5 0 1M",
+            "-c",
+            "write -P 0x5a 1M 3M",
+            "-c",
+            "write -f -P 0x3c 8M 64k",
+            "-c",
+            "write -z 1M 512k",
+            "-c",
+            "discard 4M 1M",
+            "-c",
+            "flush",
+            "-c",
+            "read -P 0xa5 0 1M",
+            "-c",
+            "read -P 0 1M 512k",
+            "-c",
+            "read -P 0x5a 1536k 2560k",
+            "-c",
+            "read -P 0x3c 8M 64k",
+            "-c",
+            "read -P 0 4M 1M",
+            "-c",
+            "read -P 0 63M 1M",
+            &s.uri("mem"),
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!text.contains("failed"), "{text}");
+    assert_eq!(text.matches("read ").count(), 6, "{text}");
+    // Past the end: qemu-io refuses or the server answers with an error, never data.
+    let past = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "read 64M 4k", &s.uri("mem")])
+        .output()
+        .unwrap();
+    let past =
+        String::from_utf8_lossy(&past.stdout).to_string() + &String::from_utf8_lossy(&past.stderr);
+    assert!(!past.contains("read 4096/4096"), "{past}");
+}
+
+#[test]
+fn qemu_img_convert_and_compare_round_trip_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("in.img");
+    let back = dir.path().join("back.img");
+    random_file(&img, 16 << 20, 7);
+    // An io_uring export on a file (through the page cache: the test's file system may not
+    // take O_DIRECT).
+    let disk = dir.path().join("disk.bin");
+    random_file(&disk, 16 << 20, 3);
+    let spec = format!("disk=uring:{},direct=0", disk.display());
+    let s = Serve::start(&[&spec]);
+    let img_s = img.to_str().unwrap();
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            img_s,
+            &s.uri("disk"),
+        ],
+    );
+    run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", img_s, &s.uri("disk")],
+    );
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.uri("disk"),
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(std::fs::read(&img).unwrap() == std::fs::read(&back).unwrap());
+    // A different image must not compare equal: compare really reads.
+    random_file(&img, 16 << 20, 8);
+    let differ = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw", img_s, &s.uri("disk")])
+        .output()
+        .unwrap();
+    assert_eq!(differ.status.code(), Some(1), "{differ:?}");
+}
+
+#[test]
+fn nbdinfo_lists_exports_and_sizes() {
+    let s = Serve::start(&["a=emu:dram,size=64M", "b=null,size=1G,lba=4096"]);
+    let out = run("nbdinfo", &["--list", &s.uri("")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("export=\"a\""), "{text}");
+    assert!(text.contains("export=\"b\""), "{text}");
+    let size = |export: &str| {
+        let out = run("nbdinfo", &["--size", &s.uri(export)]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(size("a"), (64u64 << 20).to_string());
+    assert_eq!(size("b"), (1u64 << 30).to_string());
+    // The default export (empty name) is the first.
+    assert_eq!(size(""), (64u64 << 20).to_string());
+    let out = run("nbdinfo", &[&s.uri("b")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("block_size_minimum: 4096"), "{text}");
+    assert!(text.contains("can_multi_conn: true"), "{text}");
+    let missing = Command::new("nbdinfo").arg(s.uri("nope")).output().unwrap();
+    assert!(!missing.status.success());
+}
+
+#[test]
+fn nbdcopy_copies_random_data_in_and_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.img");
+    let dst = dir.path().join("dst.img");
+    random_file(&src, 32 << 20, 11);
+    // Two reactors when the machine has two cores, and several connections: the copy
+    // spreads over both.
+    let cores = hypoll_reactor::allowed_cores().unwrap();
+    let cores = if cores.len() >= 2 {
+        format!("{},{}", cores[0], cores[1])
+    } else {
+        cores[0].to_string()
+    };
+    let s = Serve::start_with(&["mem=emu:dram,size=32M"], &["--cores", &cores]);
+    run(
+        "nbdcopy",
+        &["--connections=4", src.to_str().unwrap(), &s.uri("mem")],
+    );
+    run(
+        "nbdcopy",
+        &["--connections=4", &s.uri("mem"), dst.to_str().unwrap()],
+    );
+    run("cmp", &[src.to_str().unwrap(), dst.to_str().unwrap()]);
+}
+
+#[test]
+fn fio_nbd_engine_verifies_crc32c() {
+    let s = Serve::start(&["mem=emu:dram,size=64M"]);
+    let out = run(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("mem")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("err= 0"), "{text}");
+    let m = s.metrics();
+    // fio wrote 32 MiB and read it all back to verify.
+    let written = metric(
+        &m,
+        "hypoll_nbd_bytes_total{reactor=\"0\",export=\"mem\",op=\"write\"}",
+    );
+    let read = metric(
+        &m,
+        "hypoll_nbd_bytes_total{reactor=\"0\",export=\"mem\",op=\"read\"}",
+    );
+    assert_eq!(written, (32u64 << 20) as f64);
+    assert_eq!(read, (32u64 << 20) as f64);
+}
+
+#[test]
+fn metrics_count_requests_bytes_errors_and_connections() {
+    let s = Serve::start(&["mem=emu:dram,size=8M"]);
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write 0 4k",
+            "-c",
+            "write 8k 4k",
+            "-c",
+            "write 1M 8k",
+            "-c",
+            "read 0 64k",
+            &s.uri("mem"),
+        ],
+    );
+    // A raw client asks for a read past the end: refused, counted.
+    let mut c = handshake(s.port, "mem");
+    c.write_all(&client::request(CMD_READ, 0, 1, 8 << 20, 4096))
+        .unwrap();
+    assert_eq!(reply(&mut c), (1, EINVAL));
+    drop(c);
+    std::thread::sleep(Duration::from_millis(200));
+    let m = s.metrics();
+    let labels = |op: &str| format!("{{reactor=\"0\",export=\"mem\",op=\"{op}\"}}");
+    assert_eq!(
+        metric(&m, &format!("hypoll_nbd_bytes_total{}", labels("write"))),
+        16384.0
+    );
+    assert_eq!(
+        metric(&m, &format!("hypoll_nbd_requests_total{}", labels("write"))),
+        3.0
+    );
+    assert_eq!(
+        metric(&m, &format!("hypoll_nbd_bytes_total{}", labels("read"))),
+        65536.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!(
+                "hypoll_nbd_request_latency_seconds_count{}",
+                labels("write")
+            )
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(&m, "hypoll_nbd_connections_total{reactor=\"0\"}"),
+        2.0
+    );
+    assert_eq!(
+        metric(&m, "hypoll_nbd_connections_open{reactor=\"0\"}"),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "hypoll_nbd_export_connections_total{reactor=\"0\",export=\"mem\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(&m, "hypoll_nbd_requests_refused_total{reactor=\"0\"}"),
+        1.0
+    );
+    assert!(metric(&m, "hypoll_nbd_reactor_ios{reactor=\"0\"}") >= 4.0);
+    assert!(m.contains("hypoll_nbd_reactor_cpu_seconds{reactor=\"0\"}"));
+}
+
+/// Connects and negotiates `export` with NBD_OPT_GO; returns the socket in transmission.
+fn handshake(port: u16, export: &str) -> TcpStream {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; GREETING_BYTES];
+    c.read_exact(&mut greeting).unwrap();
+    c.write_all(&client::handshake_go(export)).unwrap();
+    // Option replies until the ACK of GO.
+    loop {
+        let mut h = [0u8; 20];
+        c.read_exact(&mut h).unwrap();
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        c.read_exact(&mut data).unwrap();
+        assert!(kind & (1 << 31) == 0, "option error {kind:#x}");
+        if kind == REP_ACK {
+            return c;
+        }
+    }
+}
+
+/// Reads one simple reply header: (cookie, error).
+fn reply(c: &mut TcpStream) -> (u64, u32) {
+    let mut h = [0u8; REPLY_HEADER_BYTES];
+    c.read_exact(&mut h).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(h[0..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
+    (
+        u64::from_be_bytes(h[8..16].try_into().unwrap()),
+        u32::from_be_bytes(h[4..8].try_into().unwrap()),
+    )
+}
+
+/// True once the server closed the connection (end of stream or reset).
+fn closed(c: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(c.read(&mut b), Ok(0) | Err(_))
+}
+
+#[test]
+fn bad_input_gets_an_error_reply_or_a_clean_close_and_changes_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(&["mem=emu:dram,size=1M"]);
+    // Known contents everywhere first.
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x77 0 1M", &s.uri("mem")],
+    );
+
+    // Garbage instead of a handshake: closed.
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; GREETING_BYTES];
+    c.read_exact(&mut greeting).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(closed(&mut c));
+
+    // An unknown option: NBD_REP_ERR_UNSUP, and the handshake goes on.
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.read_exact(&mut greeting).unwrap();
+    let mut m = client::client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    m.extend(client::option(0x4242, b"junk"));
+    c.write_all(&m).unwrap();
+    let mut h = [0u8; 20];
+    c.read_exact(&mut h).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(h[12..16].try_into().unwrap()),
+        REP_ERR_UNSUP
+    );
+    drop(c);
+
+    // Requests out of range, unaligned, unknown: error replies; the connection lives on.
+    let mut c = handshake(s.port, "mem");
+    let mut m = client::request(CMD_WRITE, 0, 1, (1 << 20) - 512, 1024);
+    m.extend([0xee; 1024]);
+    m.extend(client::request(CMD_READ, 0, 2, 100, 512));
+    m.extend(client::request(CMD_TRIM, 0, 3, u64::MAX - 511, 512));
+    m.extend(client::request(77, 0, 4, 0, 512));
+    m.extend(client::request(CMD_READ, 0, 5, 0, 64 << 20));
+    c.write_all(&m).unwrap();
+    let mut replies: Vec<(u64, u32)> = (0..5).map(|_| reply(&mut c)).collect();
+    replies.sort();
+    assert_eq!(
+        replies,
+        [
+            (1, ENOSPC),
+            (2, EINVAL),
+            (3, ENOSPC),
+            (4, EINVAL),
+            (5, EINVAL)
+        ]
+    );
+    // Still usable.
+    c.write_all(&client::request(CMD_FLUSH, 0, 6, 0, 0))
+        .unwrap();
+    assert_eq!(reply(&mut c), (6, 0));
+
+    // A write over the request limit: the stream cannot be followed; closed.
+    c.write_all(&client::request(CMD_WRITE, 0, 7, 0, 64 << 20))
+        .unwrap();
+    assert!(closed(&mut c));
+
+    // A client that disconnects in the middle of a write's payload.
+    let mut c = handshake(s.port, "mem");
+    let mut m = client::request(CMD_WRITE, 0, 8, 4096, 8192);
+    m.extend([0x11; 3000]);
+    c.write_all(&m).unwrap();
+    drop(c);
+
+    // Nothing changed: every byte still reads 0x77.
+    std::thread::sleep(Duration::from_millis(200));
+    let out = run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x77 0 1M", &s.uri("mem")],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("failed"), "{text}");
+    let log = s.stderr_text();
+    assert!(log.contains("protocol error"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let m = s.metrics();
+    assert!(
+        metric(
+            &m,
+            "hypoll_nbd_connections_closed_on_error_total{reactor=\"0\"}"
+        ) >= 2.0
+    );
+    // Each failure is one line: no line is a multi-line dump.
+    for line in log.lines() {
+        assert!(line.starts_with("hypoll serve: "), "{line}");
+    }
+    drop(dir);
+}
+
+#[test]
+fn too_many_connections_are_refused_and_the_rest_still_work() {
+    let s = Serve::start_with(&["mem=emu:dram,size=1M"], &["--max-connections", "2"]);
+    let a = handshake(s.port, "mem");
+    let b = handshake(s.port, "mem");
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(closed(&mut c), "a third connection is closed at once");
+    drop((a, b));
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = handshake(s.port, "mem");
+    assert!(s.stderr_text().contains("--max-connections"));
+}
+
+#[test]
+fn sigterm_finishes_in_flight_writes_flushes_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.bin");
+    // Writes take 300 ms on this device: they are surely in flight when the signal lands.
+    let spec = format!(
+        "mem=emu:dram,backing=file:{},size=1M,write_us=300000,jitter=0",
+        disk.display()
+    );
+    let s = Serve::start(&[&spec]);
+    let mut c = handshake(s.port, "mem");
+    let mut m = Vec::new();
+    for i in 0..4u64 {
+        m.extend(client::request(CMD_WRITE, 0, i, i * 4096, 4096));
+        m.extend([0x40 + i as u8; 4096]);
+    }
+    c.write_all(&m).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let port = s.port;
+    let reader = std::thread::spawn(move || {
+        let mut got: Vec<(u64, u32)> = (0..4).map(|_| reply(&mut c)).collect();
+        got.sort();
+        (got, closed(&mut c))
+    });
+    let (status, log) = s.signal_and_wait(libc::SIGTERM);
+    let (got, was_closed) = reader.join().unwrap();
+    assert_eq!(got, [(0, 0), (1, 0), (2, 0), (3, 0)], "{log}");
+    assert!(was_closed);
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    let data = std::fs::read(&disk).unwrap();
+    for i in 0..4usize {
+        assert!(data[i * 4096..(i + 1) * 4096]
+            .iter()
+            .all(|&b| b == 0x40 + i as u8));
+    }
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "not accepting"
+    );
+}
+
+#[test]
+fn sigint_stops_an_idle_server() {
+    let s = Serve::start(&["mem=null"]);
+    let (status, log) = s.signal_and_wait(libc::SIGINT);
+    assert!(status.success(), "{log}");
+    assert!(log.contains("signal 2"), "{log}");
+}
+
+/// Clients of the load test, each on its own region of the export.
+const LOAD_CLIENTS: usize = 64;
+/// Bytes of each client's region.
+const LOAD_REGION_BYTES: u64 = 256 << 10;
+/// Rounds each client runs: write its region in pieces (pipelined), read it back, verify.
+const LOAD_ROUNDS: u64 = 8;
+/// Bytes per request.
+const LOAD_IO_BYTES: u64 = 16 << 10;
+
+fn pattern(client: usize, round: u64, at: u64) -> u8 {
+    (client as u64 * 31 + round * 7 + at / 512) as u8 | 1
+}
+
+/// Writes its region with every piece in flight at once, reads it back, checks it.
+fn load_client(port: u16, client: usize) -> Result<(), String> {
+    let base = client as u64 * LOAD_REGION_BYTES;
+    let mut c = handshake(port, "mem");
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let pieces = LOAD_REGION_BYTES / LOAD_IO_BYTES;
+    for round in 0..LOAD_ROUNDS {
+        let mut m = Vec::new();
+        for p in 0..pieces {
+            let at = base + p * LOAD_IO_BYTES;
+            let fua = if p == 0 { CMD_FLAG_FUA } else { 0 };
+            m.extend(client::request(CMD_WRITE, fua, p, at, LOAD_IO_BYTES as u32));
+            m.extend((0..LOAD_IO_BYTES).map(|i| pattern(client, round, at + i)));
+        }
+        c.write_all(&m)
+            .map_err(|e| format!("client {client}: {e}"))?;
+        for _ in 0..pieces {
+            let (cookie, error) = reply(&mut c);
+            if error != 0 || cookie >= pieces {
+                return Err(format!("client {client}: write {cookie} error {error}"));
+            }
+        }
+        let mut m = Vec::new();
+        for p in 0..pieces {
+            m.extend(client::request(
+                CMD_READ,
+                0,
+                p,
+                base + p * LOAD_IO_BYTES,
+                LOAD_IO_BYTES as u32,
+            ));
+        }
+        c.write_all(&m)
+            .map_err(|e| format!("client {client}: {e}"))?;
+        for _ in 0..pieces {
+            let (cookie, error) = reply(&mut c);
+            if error != 0 {
+                return Err(format!("client {client}: read {cookie} error {error}"));
+            }
+            let mut data = vec![0u8; LOAD_IO_BYTES as usize];
+            c.read_exact(&mut data).unwrap();
+            let at = base + cookie * LOAD_IO_BYTES;
+            if let Some(i) =
+                (0..LOAD_IO_BYTES).find(|&i| data[i as usize] != pattern(client, round, at + i))
+            {
+                return Err(format!(
+                    "client {client}: round {round}: byte {} differs",
+                    at + i
+                ));
+            }
+        }
+    }
+    c.write_all(&client::request(CMD_DISC, 0, 0, 0, 0)).unwrap();
+    Ok(())
+}
+
+#[test]
+fn sixty_four_clients_verify_their_patterns_while_one_is_killed_mid_write() {
+    let region_end = LOAD_CLIENTS as u64 * LOAD_REGION_BYTES;
+    let victim_base = region_end;
+    let victim_bytes: u64 = 16 << 20;
+    let cores = hypoll_reactor::allowed_cores().unwrap();
+    let cores = if cores.len() >= 2 {
+        format!("{},{}", cores[0], cores[1])
+    } else {
+        cores[0].to_string()
+    };
+    let s = Serve::start_with(&["mem=emu:dram,size=48M"], &["--cores", &cores]);
+    let started = Instant::now();
+
+    // A victim process: qemu-io writing 64 KiB at a time, killed while it writes.
+    let mut victim_cmd = Command::new("qemu-io");
+    victim_cmd.args(["-f", "raw"]);
+    for i in 0..victim_bytes / (64 << 10) {
+        victim_cmd.args([
+            "-c",
+            &format!("write -P 0xee {} 64k", victim_base + i * (64 << 10)),
+        ]);
+    }
+    let mut victim = victim_cmd
+        .arg(s.uri("mem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-io runs");
+
+    let port = s.port;
+    let clients: Vec<_> = (0..LOAD_CLIENTS)
+        .map(|i| std::thread::spawn(move || load_client(port, i)))
+        .collect();
+
+    // A raw client torn down with a reset in the middle of a write's payload.
+    let torn_at = victim_base + victim_bytes;
+    {
+        let c = handshake(port, "mem");
+        let mut m = client::request(CMD_WRITE, 0, 1, torn_at, 65536);
+        m.extend([0xdd; 30000]);
+        (&c).write_all(&m).unwrap();
+        linger_zero(&c);
+        drop(c);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the victim finished before it could be killed: give it more to write"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+
+    let failures: Vec<String> = clients
+        .into_iter()
+        .filter_map(|t| t.join().unwrap().err())
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}\n{}", s.stderr_text());
+
+    // The export is consistent: every client's region holds its last round; the victim's
+    // blocks hold the old or the new value, nothing else; the torn write changed nothing.
+    let mut c = handshake(port, "mem");
+    for client in 0..LOAD_CLIENTS {
+        let base = client as u64 * LOAD_REGION_BYTES;
+        c.write_all(&client::request(
+            CMD_READ,
+            0,
+            9,
+            base,
+            LOAD_REGION_BYTES as u32,
+        ))
+        .unwrap();
+        assert_eq!(reply(&mut c), (9, 0));
+        let mut data = vec![0u8; LOAD_REGION_BYTES as usize];
+        c.read_exact(&mut data).unwrap();
+        for (i, &b) in data.iter().enumerate() {
+            assert_eq!(
+                b,
+                pattern(client, LOAD_ROUNDS - 1, base + i as u64),
+                "client {client}"
+            );
+        }
+    }
+    c.write_all(&client::request(
+        CMD_READ,
+        0,
+        10,
+        victim_base,
+        (victim_bytes + 65536) as u32,
+    ))
+    .unwrap();
+    assert_eq!(reply(&mut c), (10, 0));
+    let mut data = vec![0u8; (victim_bytes + 65536) as usize];
+    c.read_exact(&mut data).unwrap();
+    for block in data[..victim_bytes as usize].chunks(512) {
+        assert!(
+            block.iter().all(|&b| b == 0) || block.iter().all(|&b| b == 0xee),
+            "a victim block holds a mix"
+        );
+    }
+    assert!(
+        data[victim_bytes as usize..].iter().all(|&b| b == 0),
+        "the torn write landed"
+    );
+    drop(c);
+
+    std::thread::sleep(Duration::from_millis(300));
+    let m = s.metrics();
+    let errors: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("hypoll_nbd_errors_total"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(errors, 0.0, "no request failed at the device");
+    let open: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("hypoll_nbd_connections_open"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(open, 0.0, "every connection closed");
+    if cores.contains(',') {
+        // Round-robin: both reactors carried about half the connections.
+        for reactor in ["0", "1"] {
+            let n = metric(
+                &m,
+                &format!("hypoll_nbd_connections_total{{reactor=\"{reactor}\"}}"),
+            );
+            assert!(n >= 32.0, "reactor {reactor} adopted {n} connections");
+        }
+    }
+    let log = s.stderr_text();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the load test is bounded"
+    );
+}
+
+/// Makes closing `c` send a reset (SO_LINGER 0), as a killed process's socket with unread
+/// data does.
+fn linger_zero(c: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a linger struct of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+}
+
+#[test]
+fn a_unix_socket_serves_and_is_removed_on_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+        .args(["serve", "--export", "mem=emu:dram,size=8M", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let mut child = Kill(child);
+    assert_eq!(
+        first.trim(),
+        format!("listening on unix:{}", sock.display())
+    );
+    let uri = format!("nbd+unix:///mem?socket={}", sock.display());
+    let out = run("nbdinfo", &["--size", &uri]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8388608");
+    // SAFETY: kill on our own child's pid, not reaped yet.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!sock.exists(), "the socket file is removed");
+}

@@ -1,0 +1,349 @@
+//! The Prometheus endpoint (`--metrics ADDR`): per-reactor and per-export counters of
+//! requests, bytes, errors and connections, request latency histograms, and each reactor's
+//! own counters (I/Os, CPU time) read at scrape time.
+//!
+//! Each reactor takes its metric handles once, when it starts (one per export and op), so
+//! a request costs a few uncontended atomic adds and one histogram observation, never a map
+//! lookup.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hypoll_reactor::ReactorHandle;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::session::Op;
+
+/// Latency buckets: 1 us doubling up to about 8 s.
+const LATENCY_BUCKET_FIRST_S: f64 = 1e-6;
+const LATENCY_BUCKETS: u16 = 24;
+/// Longest HTTP request head the endpoint reads.
+const HTTP_REQUEST_BYTES_MAX: usize = 8192;
+/// How long a scraper may take to send its request.
+const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the endpoint's thread checks whether it should stop.
+const STOP_CHECK_MS: i32 = 100;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IoLabels {
+    pub reactor: String,
+    pub export: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExportLabels {
+    pub reactor: String,
+    pub export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReactorLabels {
+    pub reactor: String,
+}
+
+#[derive(Clone)]
+struct LatencyHistogram;
+
+impl MetricConstructor<Histogram> for LatencyHistogram {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(
+            LATENCY_BUCKET_FIRST_S,
+            2.0,
+            LATENCY_BUCKETS,
+        ))
+    }
+}
+
+/// Every metric the server exports.
+pub struct Metrics {
+    requests: Family<IoLabels, Counter>,
+    bytes: Family<IoLabels, Counter>,
+    errors: Family<IoLabels, Counter>,
+    latency: Family<IoLabels, Histogram, LatencyHistogram>,
+    connections: Family<ReactorLabels, Counter>,
+    export_connections: Family<ExportLabels, Counter>,
+    connections_open: Family<ReactorLabels, Gauge>,
+    closed_on_error: Family<ReactorLabels, Counter>,
+    refused: Family<ReactorLabels, Counter>,
+    reactor_ios: Family<ReactorLabels, Gauge>,
+    reactor_io_errors: Family<ReactorLabels, Gauge>,
+    reactor_cpu: Family<ReactorLabels, Gauge<f64, AtomicU64>>,
+    reactor_busy: Family<ReactorLabels, Gauge<f64, AtomicU64>>,
+    registry: Registry,
+}
+
+/// One reactor's handle counting the connections that chose an export.
+pub fn export_connections(m: &Metrics, reactor: usize, export: &str) -> Counter {
+    m.export_connections
+        .get_or_create(&ExportLabels {
+            reactor: reactor.to_string(),
+            export: export.to_string(),
+        })
+        .clone()
+}
+
+/// One reactor's handles for one export and op.
+#[derive(Clone)]
+pub struct IoMetrics {
+    pub requests: Counter,
+    pub bytes: Counter,
+    pub errors: Counter,
+    pub latency: Histogram,
+}
+
+/// One reactor's connection metrics.
+#[derive(Clone)]
+pub struct ConnMetrics {
+    pub accepted: Counter,
+    pub open: Gauge,
+    pub closed_on_error: Counter,
+    /// Requests refused with an error reply (bad range, alignment, flags).
+    pub refused: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            requests: Family::default(),
+            bytes: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(LatencyHistogram),
+            connections: Family::default(),
+            export_connections: Family::default(),
+            connections_open: Family::default(),
+            closed_on_error: Family::default(),
+            refused: Family::default(),
+            reactor_ios: Family::default(),
+            reactor_io_errors: Family::default(),
+            reactor_cpu: Family::default(),
+            reactor_busy: Family::default(),
+            registry: Registry::with_prefix("hypoll_nbd"),
+        };
+        let r = &mut m.registry;
+        r.register("requests", "NBD requests completed", m.requests.clone());
+        r.register("bytes", "Bytes read or written", m.bytes.clone());
+        r.register(
+            "errors",
+            "Requests answered with an error after the device failed them",
+            m.errors.clone(),
+        );
+        r.register(
+            "request_latency_seconds",
+            "Request parsed to reply queued, seconds",
+            m.latency.clone(),
+        );
+        r.register("connections", "Connections accepted", m.connections.clone());
+        r.register(
+            "export_connections",
+            "Connections that chose this export",
+            m.export_connections.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Connections open now",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_closed_on_error",
+            "Connections closed for a protocol error or a socket error",
+            m.closed_on_error.clone(),
+        );
+        r.register(
+            "requests_refused",
+            "Requests refused with an error reply before reaching the device",
+            m.refused.clone(),
+        );
+        r.register(
+            "reactor_ios",
+            "I/Os the reactor completed",
+            m.reactor_ios.clone(),
+        );
+        r.register(
+            "reactor_io_errors",
+            "I/Os the reactor completed with an error",
+            m.reactor_io_errors.clone(),
+        );
+        r.register(
+            "reactor_cpu_seconds",
+            "CPU time of the reactor thread, from the OS",
+            m.reactor_cpu.clone(),
+        );
+        r.register(
+            "reactor_busy_ratio",
+            "Share of wall time in loop turns that did work",
+            m.reactor_busy.clone(),
+        );
+        m
+    }
+
+    pub fn io(&self, reactor: usize, export: &str, op: Op) -> IoMetrics {
+        let labels = IoLabels {
+            reactor: reactor.to_string(),
+            export: export.to_string(),
+            op: op.name().to_string(),
+        };
+        IoMetrics {
+            requests: self.requests.get_or_create(&labels).clone(),
+            bytes: self.bytes.get_or_create(&labels).clone(),
+            errors: self.errors.get_or_create(&labels).clone(),
+            latency: self.latency.get_or_create(&labels).clone(),
+        }
+    }
+
+    pub fn conns(&self, reactor: usize) -> ConnMetrics {
+        let labels = ReactorLabels {
+            reactor: reactor.to_string(),
+        };
+        ConnMetrics {
+            accepted: self.connections.get_or_create(&labels).clone(),
+            open: self.connections_open.get_or_create(&labels).clone(),
+            closed_on_error: self.closed_on_error.get_or_create(&labels).clone(),
+            refused: self.refused.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// The text a scrape returns, with the reactors' own counters read now.
+    pub fn encode(&self, reactors: &[ReactorHandle]) -> String {
+        for h in reactors {
+            let labels = ReactorLabels {
+                reactor: h.index().to_string(),
+            };
+            let s = h.stats();
+            self.reactor_ios
+                .get_or_create(&labels)
+                .set(s.counters.ios as i64);
+            self.reactor_io_errors
+                .get_or_create(&labels)
+                .set(s.counters.io_errors as i64);
+            self.reactor_cpu
+                .get_or_create(&labels)
+                .set(s.cpu_ns as f64 / 1e9);
+            self.reactor_busy
+                .get_or_create(&labels)
+                .set(s.busy_pct() / 100.0);
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// The HTTP endpoint's thread; stops when dropped.
+pub struct Endpoint {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Endpoint {
+    /// Serves `GET /metrics` (and `/`) on `addr`, one scrape at a time.
+    pub fn start(
+        addr: SocketAddr,
+        metrics: Arc<Metrics>,
+        reactors: Arc<[ReactorHandle]>,
+    ) -> std::io::Result<Endpoint> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("hypoll-metrics".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Acquire) {
+                    use std::os::fd::AsFd;
+                    match hypoll_nvme::wait_readable(listener.as_fd(), STOP_CHECK_MS) {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(e) => {
+                            eprintln!("hypoll serve: metrics endpoint: {e}; it stops");
+                            return;
+                        }
+                    }
+                    let Ok((stream, _)) = listener.accept() else {
+                        continue;
+                    };
+                    if let Err(e) = answer(stream, &metrics, &reactors) {
+                        eprintln!("hypoll serve: metrics scrape failed: {e}");
+                    }
+                }
+            })?;
+        Ok(Endpoint {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (the real port when 0 was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer(
+    mut stream: TcpStream,
+    metrics: &Metrics,
+    reactors: &[ReactorHandle],
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(HTTP_READ_TIMEOUT))?;
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if head.len() > HTTP_REQUEST_BYTES_MAX {
+            return respond(&mut stream, "431 Request Header Fields Too Large", "");
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next(), parts.next());
+    if method != Some("GET") {
+        return respond(&mut stream, "405 Method Not Allowed", "");
+    }
+    if !matches!(path, Some("/metrics") | Some("/")) {
+        return respond(&mut stream, "404 Not Found", "try /metrics\n");
+    }
+    let body = metrics.encode(reactors);
+    respond(&mut stream, "200 OK", &body)
+}
+
+fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; \
+         charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
+}

@@ -1,0 +1,510 @@
+//! The NBD protocol as a pure state machine over byte buffers: the fixed newstyle handshake
+//! and the transmission-request parser. No sockets, no clocks, no devices: the server feeds
+//! it what it read and sends what it appends to `out`, and tests (and the fuzz targets) drive
+//! it with any byte stream.
+//!
+//! [`Session::step`] looks at the unconsumed input and returns how many bytes it consumed and
+//! what happened ([`Step`]). It consumes a message only once the whole of it is there
+//! (a write's payload included), so a caller keeps unconsumed bytes and calls again after the
+//! next read. Every reply the protocol itself decides (option replies, error replies to bad
+//! requests) is appended to `out`; replies to valid requests are the caller's, once the
+//! device has done the work.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::proto::*;
+
+/// What a client can see of one export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+    pub size_bytes: u64,
+    /// Transmission flags (`TFLAG_*`), `TFLAG_HAS_FLAGS` included.
+    pub flags: u16,
+    /// Requests must be aligned to this (offset and length): the device's block size.
+    pub block_bytes: u32,
+    /// Preferred request size.
+    pub preferred_bytes: u32,
+}
+
+/// Limits a session enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest read or write payload (`--max-request-bytes`, 32 MiB by default like qemu).
+    pub request_bytes_max: u32,
+    /// Largest option payload; a longer one closes the connection.
+    pub option_bytes_max: u32,
+    /// Most options before a client must pick an export.
+    pub options_max: u32,
+}
+
+/// Default largest read or write, as qemu's NBD server.
+pub const REQUEST_BYTES_MAX_DEFAULT: u32 = 32 << 20;
+/// Default largest option payload: a name and description of the longest allowed, and room.
+pub const OPTION_BYTES_MAX_DEFAULT: u32 = 3 * STRING_BYTES_MAX as u32;
+/// Default most options per handshake.
+pub const OPTIONS_MAX_DEFAULT: u32 = 256;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            option_bytes_max: OPTION_BYTES_MAX_DEFAULT,
+            options_max: OPTIONS_MAX_DEFAULT,
+        }
+    }
+}
+
+/// What a valid request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Trim => "trim",
+            Op::WriteZeroes => "write_zeroes",
+        }
+    }
+
+    pub const ALL: [Op; 5] = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::WriteZeroes];
+}
+
+/// A request that passed every check: in range, aligned, within the limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub cookie: u64,
+    pub offset: u64,
+    pub length: u32,
+    pub fua: bool,
+    /// For a write: where its payload lies in the input given to `step`.
+    pub payload: Range<usize>,
+}
+
+/// Why a session ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// The client sent `NBD_OPT_ABORT`.
+    Abort,
+    /// The client sent `NBD_CMD_DISC`: finish what is in flight, then close.
+    Disconnect,
+    /// The client broke the protocol; the reason is one log line.
+    Protocol(String),
+}
+
+/// The outcome of one [`Session::step`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do until more input arrives.
+    NeedMore,
+    /// Handshake progress: replies (if any) were appended to `out`.
+    Negotiating,
+    /// The handshake ended: transmission on this export (an index into the exports).
+    Ready { export: usize },
+    /// A valid request, for the caller to run and answer.
+    Request(Request),
+    /// A request was refused: its error reply was appended to `out`; the reason is for logs.
+    Refused {
+        cookie: u64,
+        error: u32,
+        why: &'static str,
+    },
+    /// Close the connection (after the replies in `out`, and for a disconnect after the
+    /// requests in flight).
+    Close(Close),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    ClientFlags,
+    Options,
+    Transmission { export: usize },
+    Closed,
+}
+
+/// One connection's protocol state.
+#[derive(Clone, Debug)]
+pub struct Session {
+    exports: Arc<[ExportInfo]>,
+    limits: Limits,
+    phase: Phase,
+    no_zeroes: bool,
+    options_seen: u32,
+}
+
+fn be_u16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+fn be_u32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+fn option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
+    out.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&reply.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+impl Session {
+    /// A session for a new connection; appends the server's greeting to `out`.
+    pub fn new(exports: Arc<[ExportInfo]>, limits: Limits, out: &mut Vec<u8>) -> Session {
+        out.extend_from_slice(&NBD_MAGIC.to_be_bytes());
+        out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        Session {
+            exports,
+            limits,
+            phase: Phase::ClientFlags,
+            no_zeroes: false,
+            options_seen: 0,
+        }
+    }
+
+    /// The export being served, once the handshake has ended.
+    pub fn export(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Transmission { export } => Some(export),
+            _ => None,
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// Consumes at most one message from the front of `input`; returns the bytes consumed
+    /// and what happened. After `Step::Close` every later call returns `(0, Close)` again.
+    pub fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> (usize, Step) {
+        match self.phase {
+            Phase::ClientFlags => self.client_flags(input),
+            Phase::Options => self.option(input, out),
+            Phase::Transmission { export } => self.request(export, input, out),
+            Phase::Closed => (
+                0,
+                Step::Close(Close::Protocol("the session is closed".into())),
+            ),
+        }
+    }
+
+    fn close(&mut self, consumed: usize, why: Close) -> (usize, Step) {
+        self.phase = Phase::Closed;
+        (consumed, Step::Close(why))
+    }
+
+    fn protocol_error(&mut self, consumed: usize, why: String) -> (usize, Step) {
+        self.close(consumed, Close::Protocol(why))
+    }
+
+    fn client_flags(&mut self, input: &[u8]) -> (usize, Step) {
+        if input.len() < 4 {
+            return (0, Step::NeedMore);
+        }
+        let flags = be_u32(input);
+        let known = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+        if flags & !known != 0 {
+            return self.protocol_error(4, format!("unknown client flags {flags:#x}"));
+        }
+        if flags & FLAG_C_FIXED_NEWSTYLE == 0 {
+            return self.protocol_error(
+                4,
+                "the client does not speak fixed newstyle negotiation".into(),
+            );
+        }
+        self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
+        self.phase = Phase::Options;
+        (4, Step::Negotiating)
+    }
+
+    fn find_export(&self, name: &[u8]) -> Option<usize> {
+        if name.is_empty() {
+            // The default export: the first one.
+            return (!self.exports.is_empty()).then_some(0);
+        }
+        self.exports.iter().position(|e| e.name.as_bytes() == name)
+    }
+
+    fn option(&mut self, input: &[u8], out: &mut Vec<u8>) -> (usize, Step) {
+        if input.len() < OPTION_HEADER_BYTES {
+            return (0, Step::NeedMore);
+        }
+        let magic = be_u64(input);
+        if magic != IHAVEOPT {
+            return self.protocol_error(
+                OPTION_HEADER_BYTES,
+                format!("option magic {magic:#x}, expected IHAVEOPT"),
+            );
+        }
+        let option = be_u32(&input[8..]);
+        let len = be_u32(&input[12..]);
+        if len > self.limits.option_bytes_max {
+            return self.protocol_error(
+                OPTION_HEADER_BYTES,
+                format!(
+                    "option {} carries {len} bytes, more than the {} allowed",
+                    option_name(option),
+                    self.limits.option_bytes_max
+                ),
+            );
+        }
+        let total = OPTION_HEADER_BYTES + len as usize;
+        if input.len() < total {
+            return (0, Step::NeedMore);
+        }
+        self.options_seen += 1;
+        if self.options_seen > self.limits.options_max {
+            return self.protocol_error(
+                total,
+                format!(
+                    "more than {} options without choosing an export",
+                    self.limits.options_max
+                ),
+            );
+        }
+        let data = &input[OPTION_HEADER_BYTES..total];
+        match option {
+            OPT_EXPORT_NAME => {
+                let Some(export) = self.find_export(data) else {
+                    // This option has no error reply: closing is the only answer.
+                    return self.protocol_error(
+                        total,
+                        format!(
+                            "EXPORT_NAME for unknown export {:?}",
+                            String::from_utf8_lossy(data)
+                        ),
+                    );
+                };
+                let e = &self.exports[export];
+                out.extend_from_slice(&e.size_bytes.to_be_bytes());
+                out.extend_from_slice(&e.flags.to_be_bytes());
+                if !self.no_zeroes {
+                    out.extend_from_slice(&[0u8; EXPORT_NAME_PAD_BYTES]);
+                }
+                self.phase = Phase::Transmission { export };
+                (total, Step::Ready { export })
+            }
+            OPT_ABORT => {
+                option_reply(out, option, REP_ACK, &[]);
+                self.close(total, Close::Abort)
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    option_reply(out, option, REP_ERR_INVALID, b"LIST takes no data");
+                    return (total, Step::Negotiating);
+                }
+                for e in self.exports.iter() {
+                    let mut d = Vec::with_capacity(4 + e.name.len() + e.description.len());
+                    d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(e.name.as_bytes());
+                    d.extend_from_slice(e.description.as_bytes());
+                    option_reply(out, option, REP_SERVER, &d);
+                }
+                option_reply(out, option, REP_ACK, &[]);
+                (total, Step::Negotiating)
+            }
+            OPT_INFO | OPT_GO => self.info_or_go(option, data, total, out),
+            _ => {
+                // STARTTLS, STRUCTURED_REPLY, meta contexts, extended headers and anything
+                // unknown: simple replies and plain TCP are all this server speaks.
+                let msg = format!("option {} is not supported", option_name(option));
+                option_reply(out, option, REP_ERR_UNSUP, msg.as_bytes());
+                (total, Step::Negotiating)
+            }
+        }
+    }
+
+    fn info_or_go(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        total: usize,
+        out: &mut Vec<u8>,
+    ) -> (usize, Step) {
+        let invalid = |out: &mut Vec<u8>, msg: &str| {
+            option_reply(out, option, REP_ERR_INVALID, msg.as_bytes());
+            (total, Step::Negotiating)
+        };
+        if data.len() < 4 {
+            return invalid(out, "the option is too short for a name length");
+        }
+        let name_len = be_u32(data) as usize;
+        if name_len > STRING_BYTES_MAX || data.len() < 4 + name_len + 2 {
+            return invalid(out, "the name length does not fit the option");
+        }
+        let name = &data[4..4 + name_len];
+        let rest = &data[4 + name_len..];
+        let requests = be_u16(rest) as usize;
+        if rest.len() != 2 + 2 * requests {
+            return invalid(out, "the information request count does not fit the option");
+        }
+        let Some(export) = self.find_export(name) else {
+            let msg = format!("no export named {:?}", String::from_utf8_lossy(name));
+            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+            return (total, Step::Negotiating);
+        };
+        let e = &self.exports[export];
+        let mut sent = [false; 4];
+        for i in 0..requests {
+            let kind = be_u16(&rest[2 + 2 * i..]);
+            if (kind as usize) < sent.len() && std::mem::replace(&mut sent[kind as usize], true) {
+                continue;
+            }
+            let mut d = Vec::new();
+            d.extend_from_slice(&kind.to_be_bytes());
+            match kind {
+                INFO_NAME => d.extend_from_slice(e.name.as_bytes()),
+                INFO_DESCRIPTION => d.extend_from_slice(e.description.as_bytes()),
+                INFO_BLOCK_SIZE => {
+                    d.extend_from_slice(&e.block_bytes.to_be_bytes());
+                    d.extend_from_slice(&e.preferred_bytes.to_be_bytes());
+                    d.extend_from_slice(&self.limits.request_bytes_max.to_be_bytes());
+                }
+                // INFO_EXPORT goes last, always; unknown kinds are ignored, as the
+                // protocol asks.
+                _ => continue,
+            }
+            option_reply(out, option, REP_INFO, &d);
+        }
+        let mut d = Vec::with_capacity(12);
+        d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        d.extend_from_slice(&e.size_bytes.to_be_bytes());
+        d.extend_from_slice(&e.flags.to_be_bytes());
+        option_reply(out, option, REP_INFO, &d);
+        option_reply(out, option, REP_ACK, &[]);
+        if option == OPT_GO {
+            self.phase = Phase::Transmission { export };
+            (total, Step::Ready { export })
+        } else {
+            (total, Step::Negotiating)
+        }
+    }
+
+    fn request(&mut self, export: usize, input: &[u8], out: &mut Vec<u8>) -> (usize, Step) {
+        if input.len() < REQUEST_HEADER_BYTES {
+            return (0, Step::NeedMore);
+        }
+        let magic = be_u32(input);
+        if magic != REQUEST_MAGIC {
+            return self.protocol_error(
+                REQUEST_HEADER_BYTES,
+                format!("request magic {magic:#x}, expected {REQUEST_MAGIC:#x}"),
+            );
+        }
+        let flags = be_u16(&input[4..]);
+        let kind = be_u16(&input[6..]);
+        let cookie = be_u64(&input[8..]);
+        let offset = be_u64(&input[16..]);
+        let length = be_u32(&input[24..]);
+        let mut consumed = REQUEST_HEADER_BYTES;
+        if kind == CMD_WRITE {
+            if length > self.limits.request_bytes_max {
+                // Its payload cannot be buffered: the stream cannot be followed any more.
+                return self.protocol_error(
+                    REQUEST_HEADER_BYTES,
+                    format!(
+                        "write of {length} bytes, more than the {} allowed",
+                        self.limits.request_bytes_max
+                    ),
+                );
+            }
+            consumed += length as usize;
+            if input.len() < consumed {
+                return (0, Step::NeedMore);
+            }
+        }
+        let refuse = |out: &mut Vec<u8>, error: u32, why: &'static str| {
+            out.extend_from_slice(&simple_reply(cookie, error));
+            (consumed, Step::Refused { cookie, error, why })
+        };
+        let e = &self.exports[export];
+        let op = match kind {
+            CMD_READ => Op::Read,
+            CMD_WRITE => Op::Write,
+            CMD_FLUSH => Op::Flush,
+            CMD_TRIM => Op::Trim,
+            CMD_WRITE_ZEROES => Op::WriteZeroes,
+            CMD_DISC => return self.close(consumed, Close::Disconnect),
+            _ => return refuse(out, EINVAL, "unsupported command"),
+        };
+        let allowed_flags = match op {
+            Op::Read | Op::Flush => 0,
+            Op::Write | Op::Trim => CMD_FLAG_FUA,
+            Op::WriteZeroes => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        };
+        if flags & !allowed_flags != 0 {
+            return refuse(out, EINVAL, "command flags not allowed for this command");
+        }
+        let advertised = match op {
+            Op::Read | Op::Write => true,
+            Op::Flush => e.flags & TFLAG_SEND_FLUSH != 0,
+            Op::Trim => e.flags & TFLAG_SEND_TRIM != 0,
+            Op::WriteZeroes => e.flags & TFLAG_SEND_WRITE_ZEROES != 0,
+        };
+        if !advertised {
+            return refuse(out, EINVAL, "command not advertised for this export");
+        }
+        if flags & CMD_FLAG_FUA != 0 && e.flags & TFLAG_SEND_FUA == 0 {
+            return refuse(out, EINVAL, "FUA not advertised for this export");
+        }
+        if op != Op::Flush {
+            if length == 0 {
+                return refuse(out, EINVAL, "zero-length request");
+            }
+            if op == Op::Read && length > self.limits.request_bytes_max {
+                return refuse(out, EINVAL, "read longer than the request limit");
+            }
+            let end = offset.checked_add(u64::from(length));
+            if end.is_none_or(|end| end > e.size_bytes) {
+                let error = if op == Op::Read { EINVAL } else { ENOSPC };
+                return refuse(out, error, "request past the end of the export");
+            }
+            let block = u64::from(e.block_bytes.max(1));
+            if !offset.is_multiple_of(block) || !u64::from(length).is_multiple_of(block) {
+                return refuse(
+                    out,
+                    EINVAL,
+                    "request not aligned to the export's block size",
+                );
+            }
+        }
+        let payload = if op == Op::Write {
+            REQUEST_HEADER_BYTES..consumed
+        } else {
+            0..0
+        };
+        (
+            consumed,
+            Step::Request(Request {
+                op,
+                cookie,
+                offset: if op == Op::Flush { 0 } else { offset },
+                length: if op == Op::Flush { 0 } else { length },
+                fua: flags & CMD_FLAG_FUA != 0,
+                payload,
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

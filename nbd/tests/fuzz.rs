@@ -1,0 +1,404 @@
+//! Fuzzing the NBD handshake and request parser: proptest mutates the seed streams of
+//! `nbd/fuzz-corpus/` (and makes up streams of its own) and feeds them to a [`Session`] in
+//! random chunks. Whatever the bytes, the session must not panic, must consume only what it
+//! was given and at least one byte per event, must say the same things whether the stream
+//! comes whole or in pieces, and must only ever hand out requests that are in range,
+//! aligned and within the limits, and well-formed replies.
+//!
+//! The suite runs `HYPOLL_FUZZ_CASES` cases per property (default 2000). A long run:
+//!
+//! ```sh
+//! HYPOLL_FUZZ_CASES=2000000 cargo test --release -p hypoll-nbd --test fuzz
+//! ```
+//!
+//! A failure is shrunk and saved in `tests/fuzz.proptest-regressions`, which replays it first
+//! on every later run; commit that file with the fix.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hypoll_nbd::proto::*;
+use hypoll_nbd::session::{Close, ExportInfo, Limits, Op, Session, Step};
+use proptest::prelude::*;
+
+/// Cases per property when `HYPOLL_FUZZ_CASES` is not set.
+const CASES_DEFAULT: u32 = 2000;
+/// Longest stream a case feeds.
+const STREAM_BYTES_MAX: usize = 16 << 10;
+
+fn cases() -> u32 {
+    std::env::var("HYPOLL_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CASES_DEFAULT)
+}
+
+/// The seed corpus, read once per test process.
+fn corpus() -> &'static [Vec<u8>] {
+    static CORPUS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    CORPUS.get_or_init(read_corpus)
+}
+
+fn read_corpus() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "the corpus is checked in");
+    files.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// Small limits, so the fuzzer reaches them.
+fn limits() -> Limits {
+    Limits {
+        request_bytes_max: 8192,
+        option_bytes_max: 512,
+        options_max: 16,
+    }
+}
+
+fn exports() -> Arc<[ExportInfo]> {
+    let all = TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_CAN_MULTI_CONN;
+    vec![
+        ExportInfo {
+            name: "mem".into(),
+            description: "fuzz".into(),
+            size_bytes: 1 << 20,
+            flags: all,
+            block_bytes: 512,
+            preferred_bytes: 4096,
+        },
+        ExportInfo {
+            name: "big".into(),
+            description: String::new(),
+            size_bytes: u64::MAX - 4095,
+            flags: TFLAG_HAS_FLAGS,
+            block_bytes: 4096,
+            preferred_bytes: 4096,
+        },
+    ]
+    .into()
+}
+
+#[derive(Clone, Debug)]
+enum Mutation {
+    Flip {
+        at: usize,
+        bit: u8,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Delete {
+        at: usize,
+        len: usize,
+    },
+    /// Overwrites 4 bytes with a value that sits on a boundary.
+    Boundary {
+        at: usize,
+        value: u32,
+    },
+    /// Appends (part of) another seed.
+    Splice {
+        seed: usize,
+        from: usize,
+    },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let boundary = prop_oneof![
+        Just(0u32),
+        Just(1),
+        Just(511),
+        Just(512),
+        Just(4096),
+        Just(8192),
+        Just(8193),
+        Just(0x7fff_ffff),
+        Just(0x8000_0000),
+        Just(u32::MAX),
+        Just(REQUEST_MAGIC),
+        any::<u32>(),
+    ];
+    prop_oneof![
+        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..64))
+            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        (any::<usize>(), 1usize..64).prop_map(|(at, len)| Mutation::Delete { at, len }),
+        (any::<usize>(), boundary).prop_map(|(at, value)| Mutation::Boundary { at, value }),
+        (any::<usize>(), any::<usize>()).prop_map(|(seed, from)| Mutation::Splice { seed, from }),
+    ]
+}
+
+fn mutate(seeds: &[Vec<u8>], seed: usize, mutations: &[Mutation]) -> Vec<u8> {
+    let mut s = seeds[seed % seeds.len()].clone();
+    for m in mutations {
+        let len = s.len().max(1);
+        match m {
+            Mutation::Flip { at, bit } => {
+                if !s.is_empty() {
+                    let i = at % s.len();
+                    s[i] ^= 1 << bit;
+                }
+            }
+            Mutation::Insert { at, bytes } => {
+                let i = at % (s.len() + 1);
+                s.splice(i..i, bytes.iter().copied());
+            }
+            Mutation::Delete { at, len: n } => {
+                if !s.is_empty() {
+                    let i = at % s.len();
+                    let end = (i + n).min(s.len());
+                    s.drain(i..end);
+                }
+            }
+            Mutation::Boundary { at, value } => {
+                if s.len() >= 4 {
+                    let i = at % (len - 3);
+                    s[i..i + 4].copy_from_slice(&value.to_be_bytes());
+                }
+            }
+            Mutation::Splice { seed, from } => {
+                let other = &seeds[seed % seeds.len()];
+                if !other.is_empty() {
+                    s.extend_from_slice(&other[from % other.len()..]);
+                }
+            }
+        }
+    }
+    s.truncate(STREAM_BYTES_MAX);
+    s
+}
+
+/// Everything a session said, with the bytes it consumed for each event.
+#[derive(Debug, PartialEq)]
+struct Transcript {
+    events: Vec<(usize, Step)>,
+    out: Vec<u8>,
+    consumed: usize,
+}
+
+/// Feeds `stream` in pieces of the given sizes (cycled), as a server would after each read,
+/// and checks the invariants of every step.
+fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
+    let exports = exports();
+    let limits = limits();
+    let mut out = Vec::new();
+    let mut session = Session::new(exports.clone(), limits, &mut out);
+    assert_eq!(out.len(), GREETING_BYTES);
+    let mut t = Transcript {
+        events: Vec::new(),
+        out: Vec::new(),
+        consumed: 0,
+    };
+    let mut available = 0;
+    let mut cut = 0;
+    let mut closed = false;
+    while !closed && available < stream.len() {
+        let piece = cuts
+            .get(cut % cuts.len().max(1))
+            .copied()
+            .unwrap_or(7)
+            .max(1);
+        cut += 1;
+        available = (available + piece).min(stream.len());
+        // Run the session until it needs more of what has arrived.
+        loop {
+            let input = &stream[t.consumed..available];
+            let out_before = out.len();
+            let phase_export = session.export();
+            let (used, step) = session.step(input, &mut out);
+            assert!(used <= input.len(), "consumed {used} of {}", input.len());
+            match &step {
+                Step::NeedMore => {
+                    assert_eq!(used, 0);
+                    assert_eq!(out.len(), out_before, "no output without progress");
+                    break;
+                }
+                Step::Close(_) => {
+                    closed = true;
+                }
+                other => assert!(used > 0, "{other:?} consumed nothing"),
+            }
+            check_step(
+                &step,
+                &stream[t.consumed..t.consumed + used],
+                phase_export,
+                &exports,
+            );
+            check_output(&out[out_before..], &step, phase_export);
+            t.consumed += used;
+            t.events.push((used, step));
+            if closed {
+                break;
+            }
+            assert!(t.events.len() <= stream.len() + 1, "bounded work");
+        }
+    }
+    if closed {
+        // A closed session stays closed.
+        let (used, step) = session.step(&stream[t.consumed..], &mut out);
+        assert_eq!(used, 0);
+        assert!(matches!(step, Step::Close(_)));
+    }
+    t.out = out;
+    t
+}
+
+fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[ExportInfo]) {
+    match step {
+        Step::Request(r) => {
+            let e = &exports[export.expect("requests only in transmission")];
+            if r.op == Op::Flush {
+                assert_eq!((r.offset, r.length), (0, 0));
+                return;
+            }
+            assert!(r.length > 0);
+            assert!(r.offset + u64::from(r.length) <= e.size_bytes);
+            assert_eq!(r.offset % u64::from(e.block_bytes), 0);
+            assert_eq!(r.length % e.block_bytes, 0);
+            if matches!(r.op, Op::Read | Op::Write) {
+                assert!(r.length <= limits().request_bytes_max);
+            }
+            if r.op == Op::Write {
+                assert_eq!(r.payload.len(), r.length as usize);
+                assert_eq!(r.payload.end, bytes.len());
+            } else {
+                assert!(r.payload.is_empty());
+            }
+        }
+        Step::Ready { export } => assert!(*export < exports.len()),
+        Step::Refused { error, .. } => assert!([EINVAL, ENOSPC].contains(error)),
+        Step::Close(Close::Protocol(why)) => assert!(!why.contains('\n'), "one log line"),
+        _ => {}
+    }
+}
+
+/// The bytes a step appended must be whole, well-formed replies of its phase.
+fn check_output(mut out: &[u8], step: &Step, export_before: Option<usize>) {
+    if export_before.is_some() {
+        match step {
+            Step::Refused { cookie, error, .. } => {
+                assert_eq!(out, simple_reply(*cookie, *error));
+            }
+            _ => assert!(out.is_empty(), "{step:?} replied {out:?}"),
+        }
+        return;
+    }
+    if let Step::Ready { .. } = step {
+        if out.len() == 10 || out.len() == 10 + EXPORT_NAME_PAD_BYTES {
+            // EXPORT_NAME's reply: size, flags, maybe zeroes.
+            if out.len() > 10 {
+                assert!(out[10..].iter().all(|&b| b == 0));
+            }
+            return;
+        }
+    }
+    while !out.is_empty() {
+        assert!(out.len() >= 20, "a truncated option reply");
+        assert_eq!(
+            u64::from_be_bytes(out[..8].try_into().unwrap()),
+            OPT_REPLY_MAGIC
+        );
+        let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+        assert!(out.len() >= 20 + len, "a reply longer than what was sent");
+        out = &out[20 + len..];
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 4096,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn mutated_corpus_streams_keep_every_invariant(
+        seed in any::<usize>(),
+        mutations in prop::collection::vec(mutation(), 0..8),
+        cuts in prop::collection::vec(1usize..600, 1..8),
+    ) {
+        let stream = mutate(corpus(), seed, &mutations);
+        let pieces = drive(&stream, &cuts);
+        // Whole or in pieces, the session says the same.
+        let whole = drive(&stream, &[stream.len().max(1)]);
+        prop_assert_eq!(pieces, whole);
+    }
+
+    #[test]
+    fn random_streams_after_a_valid_handshake_keep_every_invariant(
+        export in prop_oneof![Just("mem"), Just("big"), Just("")],
+        body in prop::collection::vec(any::<u8>(), 0..4096),
+        headers in prop::collection::vec(
+            (0u16..10, any::<u16>(), any::<u64>(), any::<u64>(), any::<u32>()), 0..16),
+        cuts in prop::collection::vec(1usize..300, 1..6),
+    ) {
+        let mut stream = hypoll_nbd::client::handshake_go(export);
+        for (kind, flags, cookie, offset, length) in headers {
+            let length = length % 16384;
+            let offset = offset % (2 << 20);
+            stream.extend(hypoll_nbd::client::request(kind, flags & 0x1f, cookie, offset, length));
+            if kind == CMD_WRITE {
+                stream.extend(std::iter::repeat_n(0x5a, length as usize));
+            }
+        }
+        stream.extend(body);
+        let pieces = drive(&stream, &cuts);
+        let whole = drive(&stream, &[stream.len().max(1)]);
+        prop_assert_eq!(pieces, whole);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(
+        stream in prop::collection::vec(any::<u8>(), 0..2048),
+        cuts in prop::collection::vec(1usize..64, 1..4),
+    ) {
+        drive(&stream, &cuts);
+    }
+}
+
+#[test]
+fn every_seed_runs_to_its_intended_end() {
+    let seeds = corpus();
+    for (i, s) in seeds.iter().enumerate() {
+        let t = drive(s, &[s.len().max(1)]);
+        assert!(!t.events.is_empty(), "seed {i} does nothing");
+    }
+    // The I/O seed reaches every operation.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus");
+    let io = std::fs::read(dir.join("go_then_io.bin")).unwrap();
+    let t = drive(&io, &[io.len()]);
+    let ops: Vec<Op> = t
+        .events
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Step::Request(r) => Some(r.op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            Op::Write,
+            Op::Read,
+            Op::Flush,
+            Op::WriteZeroes,
+            Op::Trim,
+            Op::Write
+        ]
+    );
+    assert!(matches!(
+        t.events.last(),
+        Some((_, Step::Close(Close::Disconnect)))
+    ));
+}
