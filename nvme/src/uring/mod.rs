@@ -675,11 +675,7 @@ impl UringQueuePair {
         match self.ring.submit() {
             Ok(n) => self.unsubmitted -= n.min(self.unsubmitted),
             // Transient: the kernel is short of memory or completions; the next poll retries.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
-                ) => {}
+            Err(e) if transient(&e) => {}
             Err(e) => panic!("io_uring_enter failed on a valid ring: {e}"),
         }
     }
@@ -689,11 +685,7 @@ impl UringQueuePair {
         if self.mode != CompletionMode::Interrupt && self.in_kernel > self.unsubmitted {
             match self.ring.submit_and_wait(0) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
-                    ) => {}
+                Err(e) if transient(&e) => {}
                 Err(e) => panic!("io_uring_enter (getevents) failed on a valid ring: {e}"),
             }
         }
@@ -725,6 +717,15 @@ impl UringQueuePair {
     fn complete_locally(&mut self, tag: u64, status: Status) {
         self.local.push_back(Completion { tag, status });
     }
+}
+
+/// An `io_uring_enter` failure that the next call may not repeat: the kernel was short of
+/// memory or completion space, or a signal interrupted the call.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
+    )
 }
 
 /// The NVMe status an io_uring result stands for.
@@ -959,11 +960,7 @@ impl Drop for UringQueuePair {
         while self.in_kernel + self.cancels_in_kernel > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
-                    ) => {}
+                Err(e) if transient(&e) => {}
                 Err(e) => {
                     eprintln!(
                         "hypoll: io_uring queue pair cannot wait for its {} commands ({e}); \
