@@ -920,3 +920,48 @@ fn a_unix_socket_serves_and_is_removed_on_stop() {
     }
     assert!(!sock.exists(), "the socket file is removed");
 }
+
+/// The server's resident memory, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb * 1024
+}
+
+#[test]
+fn a_client_that_pipelines_large_reads_and_never_reads_holds_bounded_memory() {
+    let s = Serve::start(&["mem=emu:dram,size=64M"]);
+    let mut c = handshake(s.port, "mem");
+    let before = rss_bytes(s.child.id());
+    // 128 reads of 16 MiB: 2 GiB of replies if the server took them all in.
+    let mut burst = Vec::new();
+    for i in 0..128u64 {
+        burst.extend(client::request(
+            CMD_READ,
+            0,
+            i,
+            (i % 4) * (16 << 20),
+            16 << 20,
+        ));
+    }
+    c.write_all(&burst).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let grown = rss_bytes(s.child.id()).saturating_sub(before);
+    // 64 MiB of replies and in-flight reads, one more request, and the allocator's slack.
+    assert!(
+        grown < 160 << 20,
+        "the server grew by {} MiB for one client that does not read",
+        grown >> 20
+    );
+    // The client is served once it reads: every reply arrives, in full.
+    let mut data = vec![0u8; 16 << 20];
+    for _ in 0..128 {
+        let (_, error) = reply(&mut c);
+        assert_eq!(error, 0);
+        c.read_exact(&mut data).unwrap();
+    }
+}

@@ -51,6 +51,9 @@ const BATCH_EWMA_WEIGHT: f64 = 8.0;
 pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 /// Reply bytes queued on one connection beyond which its socket is not read.
 pub const OUT_BYTES_MAX: usize = 64 << 20;
+/// What one queued reply costs beyond its bytes (its allocation and queue entry), counted
+/// against [`OUT_BYTES_MAX`] so a flood of small refusals cannot hide behind their 16 bytes.
+const OUT_MSG_OVERHEAD_BYTES: usize = 128;
 /// Bytes read from one socket per poll, so one busy client cannot starve the others.
 pub const READ_BYTES_PER_POLL: usize = 1 << 20;
 /// Input buffer a connection keeps between requests; a larger write grows it only while it
@@ -685,6 +688,10 @@ struct Conn {
     /// Bytes of the front message already sent.
     out_sent: usize,
     out_bytes: usize,
+    /// Data held for requests in flight: write payloads and read lengths. With `out_bytes`
+    /// it is bounded by [`OUT_BYTES_MAX`] (plus one request), so a client that pipelines
+    /// large requests and never reads its socket cannot grow the server's memory.
+    inflight_bytes: usize,
     write_blocked: bool,
     inflight: Slab<Pending>,
     /// No more requests are read; the connection closes once its requests finish.
@@ -700,17 +707,25 @@ struct Conn {
     refusals: u32,
 }
 
+/// Bytes of data a request in flight holds: its write payload or its read's length.
+fn held_bytes(p: &Pending) -> usize {
+    match p.op {
+        Op::Read | Op::Write => p.length as usize,
+        _ => 0,
+    }
+}
+
 impl Conn {
     fn can_parse(&self, draining: bool) -> bool {
         self.closing.is_none()
             && !self.gone
             && !draining
             && self.inflight.len() < REQUESTS_INFLIGHT_MAX
-            && self.out_bytes < OUT_BYTES_MAX
+            && self.out_bytes + self.inflight_bytes < OUT_BYTES_MAX
     }
 
     fn push_out(&mut self, msg: OutMsg) {
-        self.out_bytes += msg.len();
+        self.out_bytes += msg.len() + OUT_MSG_OVERHEAD_BYTES;
         self.out.push_back(msg);
     }
 
@@ -755,6 +770,7 @@ impl Conn {
                 }
                 left -= len;
                 self.out.pop_front();
+                self.out_bytes -= OUT_MSG_OVERHEAD_BYTES;
             }
             self.out_sent = left;
         }
@@ -970,6 +986,7 @@ impl Shard {
             out: VecDeque::new(),
             out_sent: 0,
             out_bytes: 0,
+            inflight_bytes: 0,
             write_blocked: false,
             inflight: Slab::new(),
             closing: None,
@@ -1178,6 +1195,7 @@ impl Shard {
             read_bufs: (0..read_pieces).map(|_| None).collect(),
             start_ns: r.now_ns(),
         };
+        conn.inflight_bytes += held_bytes(&pending);
         let rk = conn.inflight.insert(pending);
         if self.exports[export].backlog.is_empty() && self.pump(r, key, rk) {
             self.maybe_finish(r, key, rk);
@@ -1324,6 +1342,7 @@ impl Shard {
         }
         let conn = &mut self.conns[ck];
         let p = conn.inflight.remove(rk);
+        conn.inflight_bytes -= held_bytes(&p);
         let m = &self.exports[p.export].io[p.op as usize];
         m.requests.inc();
         if p.error == 0 {

@@ -519,7 +519,9 @@ impl Reactor {
             .reserve(COMPLETION_BATCH * (self.devices.len() + 1) - self.completions.len());
         self.to_abandon
             .reserve(self.io_capacity - self.to_abandon.len());
-        self.expired.reserve(options.wait_queue);
+        // Room for every device's waiters at once: capacity grows by this device's share.
+        self.expired
+            .reserve(self.expired.capacity() - self.expired.len() + options.wait_queue);
         self.devices.push(Attached {
             lba_bytes: qp.namespace().lba_size_bytes,
             qp,

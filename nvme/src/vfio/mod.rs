@@ -475,8 +475,20 @@ impl Inner {
     fn reset(&self) -> Result<(), VfioError> {
         let mut admin = self.admin.lock();
         let result = self.enable(&mut admin);
-        // Bump even on failure: the old queues are gone either way.
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        // The old queues are gone only if the controller stopped: it came back (the disable
+        // before the enable took), or it reads as disabled (CSTS.RDY = 0). A controller that
+        // never stopped (RDY stuck, or all ones) may still write the commands' buffers, so
+        // the queue pairs must not make up their completions: no new generation, and the
+        // caller keeps those buffers quarantined.
+        let stopped = result.is_ok() || self.bar.read32(regs::CSTS) & regs::CSTS_RDY == 0;
+        if stopped {
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            // Queue pairs notice the reset when touched; wake the ones whose reactors block
+            // on their interrupt, so the aborted commands complete now, not at a timeout.
+            for irq in &self.irqs {
+                let _ = irq.signal();
+            }
+        }
         result
     }
 
