@@ -534,3 +534,30 @@ fn abort_completes_each_command_exactly_once_and_reset_is_left_to_the_kernel() {
     assert_eq!(seen, [1; 5]);
     assert_eq!(qp.reset(), Err(hypoll_nvme::RecoveryError::Unsupported));
 }
+
+#[test]
+fn write_zeroes_falls_back_to_punching_a_hole_where_zero_range_is_missing() {
+    // tmpfs has no FALLOC_FL_ZERO_RANGE; skip where /dev/shm is absent.
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    let path = dir.path().join("disk.img");
+    let data: Vec<u8> = (0..16 * LBA).map(|i| (i % 251) as u8 + 1).collect();
+    fs::write(&path, &data).unwrap();
+    let ctrl = open(&format!("uring:{},direct=0", path.display())).expect("open");
+    let mut qp = ctrl.create_queue_pair(4).expect("queue pair");
+    let mut io = SyncIo::new(&mut *qp, TIMEOUT);
+    for round in 0..2 {
+        // The first refusal switches the queue pair to punch-hole; both rounds zero.
+        let at = 2 + 4 * round;
+        io.write_zeroes(at, 2).expect("write zeroes");
+        assert!(
+            io.read(at, 2).unwrap().iter().all(|&b| b == 0),
+            "round {round}"
+        );
+        assert_eq!(
+            &io.read(at + 2, 1).unwrap()[..],
+            &data[(at as usize + 2) * LBA..(at as usize + 3) * LBA]
+        );
+    }
+}

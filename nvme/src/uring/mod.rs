@@ -714,6 +714,24 @@ impl UringQueuePair {
         entry.user_data(u64::from(slot))
     }
 
+    /// Resubmits the Write Zeroes whose zero-range was refused, as punch-hole. One that
+    /// finds the submission queue full waits for the next poll.
+    fn resubmit_zeroes(&mut self) {
+        while let Some(&slot) = self.retry_zeroes.last() {
+            let flight = self.slots[slot as usize].expect("retried slot is in flight");
+            let entry = self.sqe_for(slot, &flight);
+            if self.ring.submission().is_full() {
+                self.flush();
+            }
+            // SAFETY: fallocate carries no buffer.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                return;
+            }
+            self.retry_zeroes.pop();
+            self.unsubmitted += 1;
+        }
+    }
+
     fn complete_locally(&mut self, tag: u64, status: Status) {
         self.local.push_back(Completion { tag, status });
     }
@@ -831,6 +849,9 @@ impl QueuePair for UringQueuePair {
     }
 
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        if !self.retry_zeroes.is_empty() {
+            self.resubmit_zeroes();
+        }
         self.flush();
         let mut done = 0;
         while done < max {
@@ -871,17 +892,7 @@ impl QueuePair for UringQueuePair {
             });
             done += 1;
         }
-        while let Some(slot) = self.retry_zeroes.pop() {
-            let flight = self.slots[slot as usize].expect("retried slot is in flight");
-            let entry = self.sqe_for(slot, &flight);
-            if self.ring.submission().is_full() {
-                self.flush();
-            }
-            // SAFETY: fallocate carries no buffer.
-            unsafe { self.ring.submission().push(&entry) }
-                .expect("the submission queue holds every in-flight command");
-            self.unsubmitted += 1;
-        }
+        self.resubmit_zeroes();
         done
     }
 
@@ -957,6 +968,11 @@ impl Drop for UringQueuePair {
     /// must not be written after the queue pair is gone. Block I/O always completes (the
     /// kernel's own timeouts fail it), so this ends.
     fn drop(&mut self) {
+        // Write Zeroes waiting to be resubmitted are not in the kernel: nothing to wait for.
+        for slot in std::mem::take(&mut self.retry_zeroes) {
+            self.slots[slot as usize] = None;
+            self.in_kernel -= 1;
+        }
         while self.in_kernel + self.cancels_in_kernel > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
