@@ -4,9 +4,12 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use hypoll_nbd::server::{CONNECTIONS_MAX_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT};
+use hypoll_nbd::server::{
+    CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
+};
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig};
 use hypoll_nvme::parse_size_bytes;
@@ -46,6 +49,17 @@ pub struct ServeArgs {
     /// a wake-up; watching costs CPU). Under load it parks at once. 0: always park.
     #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
     idle_spin_us: f64,
+    /// Seconds a client may take to finish the handshake before its connection is closed
+    /// (clients that connect and say nothing would hold connection slots forever).
+    #[arg(long, default_value_t = HANDSHAKE_TIMEOUT_DEFAULT.as_secs_f64(), value_parser = parse_handshake_timeout_s)]
+    handshake_timeout_s: f64,
+}
+
+fn parse_handshake_timeout_s(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: expected seconds from 0.1 to 3600")),
+    }
 }
 
 fn parse_idle_spin_us(s: &str) -> Result<f64, String> {
@@ -104,6 +118,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         request_bytes_max,
         queue_depth: usize::from(args.queue_depth),
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
+        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
         ..ServerConfig::new(args.exports, args.listen)
     };
     let server = match Server::start(cfg) {

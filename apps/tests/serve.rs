@@ -965,3 +965,24 @@ fn a_client_that_pipelines_large_reads_and_never_reads_holds_bounded_memory() {
         c.read_exact(&mut data).unwrap();
     }
 }
+
+#[test]
+fn a_client_that_never_finishes_its_handshake_is_closed() {
+    let s = Serve::start_with(&["mem=emu:dram,size=1M"], &["--handshake-timeout-s", "0.5"]);
+    let mut silent = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut greeting = [0u8; GREETING_BYTES];
+    silent.read_exact(&mut greeting).unwrap();
+    let started = Instant::now();
+    // A client that did finish is left alone.
+    let mut ok = handshake(s.port, "mem");
+    assert!(closed(&mut silent), "the silent client is closed");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(800));
+    ok.write_all(&client::request(CMD_READ, 0, 9, 0, 4096))
+        .unwrap();
+    assert_eq!(reply(&mut ok), (9, 0));
+    assert!(s.stderr_text().contains("handshake not finished"));
+}

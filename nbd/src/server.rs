@@ -42,6 +42,11 @@ pub const QUEUE_DEPTH_DEFAULT: usize = 128;
 /// Default time an idle reactor watches its sockets for a queue-depth-1 client's next
 /// request before it parks (`--idle-spin-us`): a few loopback round trips on a busy machine.
 pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
+/// How long a connection may take to finish its handshake before it is closed, so clients
+/// that connect and say nothing cannot hold `--max-connections` slots forever.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// How often each reactor looks for handshakes past their time.
+const HANDSHAKE_SWEEP_PERIOD: Duration = Duration::from_millis(250);
 /// Below this many requests per busy poll on average, clients wait on each reply and an
 /// idle reactor watches its sockets before parking; above, it parks at once.
 const SPIN_BATCH_MAX: f64 = 2.0;
@@ -121,6 +126,8 @@ pub struct ServerConfig {
     /// How long a reactor with nothing in flight watches its sockets before it parks, while
     /// its clients send one request at a time (parked, their next request costs a wake-up).
     pub idle_spin_ns: u64,
+    /// A connection still negotiating after this long is closed.
+    pub handshake_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -135,6 +142,7 @@ impl ServerConfig {
             request_bytes_max: crate::session::REQUEST_BYTES_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -302,6 +310,7 @@ impl Server {
         let shard_open = open.clone();
         let depth = cfg.queue_depth;
         let idle_spin_ns = cfg.idle_spin_ns;
+        let handshake_timeout = cfg.handshake_timeout;
         let set = ReactorSet::start(
             ReactorConfig {
                 cores: cfg.cores.clone(),
@@ -352,11 +361,16 @@ impl Server {
                     idle_spin_ns,
                     requests_started: 0,
                     batch_ewma: 0.0,
+                    handshake_timeout_ns: u64::try_from(handshake_timeout.as_nanos())
+                        .unwrap_or(u64::MAX),
                 }));
                 SHARD.with(|s| *s.borrow_mut() = Some(shard.clone()));
                 reactor
                     .add_poller(Box::new(NbdPoller { epoll, shard }))
                     .map_err(|e| format!("adding the NBD poller: {e}"))?;
+                reactor.every(HANDSHAKE_SWEEP_PERIOD, |r| {
+                    with_shard(|s| s.expire_handshakes(r));
+                });
                 Ok(())
             },
         )?;
@@ -632,6 +646,8 @@ struct Shard {
     /// Requests parsed so far, and per busy poll on average (weight 1/BATCH_EWMA_WEIGHT).
     requests_started: u64,
     batch_ewma: f64,
+    /// A connection still negotiating after this long is closed.
+    handshake_timeout_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -705,6 +721,8 @@ struct Conn {
     registered: bool,
     dirty: bool,
     refusals: u32,
+    /// When the reactor adopted it: the handshake's clock starts here.
+    adopted_ns: u64,
 }
 
 /// Bytes of data a request in flight holds: its write payload or its read's length.
@@ -855,6 +873,30 @@ fn piece_done(r: &mut Reactor, done: IoDone) {
 }
 
 impl Shard {
+    /// Closes connections that have not finished their handshake in time.
+    fn expire_handshakes(&mut self, r: &mut Reactor) {
+        let now_ns = r.now_ns();
+        let late: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.session.export().is_none()
+                    && c.closing.is_none()
+                    && now_ns.saturating_sub(c.adopted_ns) > self.handshake_timeout_ns
+            })
+            .map(|(key, _)| key)
+            .collect();
+        for key in late {
+            let conn = &mut self.conns[key];
+            conn.failed = true;
+            conn.closing = Some(format!(
+                "handshake not finished within {} ms",
+                self.handshake_timeout_ns / 1_000_000
+            ));
+            self.progress(r, key);
+        }
+    }
+
     fn log(&self, peer: &str, message: &str) {
         eprintln!("hypoll serve: reactor {}: {peer}: {message}", self.index);
     }
@@ -954,7 +996,7 @@ impl Shard {
     }
 
     /// A new connection from the listener.
-    fn adopt(&mut self, _r: &mut Reactor, stream: Stream, peer: String) {
+    fn adopt(&mut self, r: &mut Reactor, stream: Stream, peer: String) {
         if self.draining || self.conns.len() >= CONNECTIONS_PER_REACTOR_MAX {
             self.open.fetch_sub(1, Ordering::AcqRel);
             self.log(
@@ -977,6 +1019,7 @@ impl Shard {
             return;
         }
         let mut conn = Conn {
+            adopted_ns: r.now_ns(),
             stream,
             peer,
             session,
