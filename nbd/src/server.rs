@@ -1255,6 +1255,14 @@ impl Shard {
         let lba = u64::from(ex.lba_bytes);
         loop {
             let data_left = u64::from(p.length) - p.submitted;
+            let more = match p.stage {
+                Stage::Data => data_left > 0,
+                Stage::Flush => !p.flush_submitted,
+            };
+            if more && !r.has_room(ex.dev) {
+                // Full: retried from the backlog, without building a buffer to be refused.
+                return false;
+            }
             let (req, buf, piece_bytes) = match p.stage {
                 Stage::Data if data_left > 0 => {
                     let at = p.offset + p.submitted;

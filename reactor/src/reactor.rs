@@ -544,6 +544,19 @@ impl Reactor {
             .map(|d| d.qp.namespace())
     }
 
+    /// Whether a submission to `device` now would not be refused for a full queue (it may
+    /// still be refused for another reason, which `submit` reports: an unknown device, a
+    /// queue pair whose every slot holds an abandoned command). Callers that hold work back
+    /// under back-pressure check this before building the next I/O (its buffer, its
+    /// callback) instead of building it only to have it refused.
+    pub fn has_room(&self, device: DeviceId) -> bool {
+        self.devices.get(device.0 as usize).is_none_or(|dev| {
+            let depth = dev.qp.depth();
+            let quarantined = dev.abandoned > 0 && dev.abandoned >= depth;
+            quarantined || (dev.waiting.is_empty() && dev.qp.outstanding() < depth)
+        })
+    }
+
     /// Submits one I/O. `buf` is required for reads and writes (at least `nlb` blocks) and
     /// must be `None` otherwise; it comes back in the completion, or in the rejection.
     pub fn submit(
