@@ -279,6 +279,13 @@ pub struct ReactorTuning {
     pub idle_spin_ns: u64,
     /// How long shutdown waits for outstanding I/O before failing it.
     pub shutdown_timeout: Duration,
+    /// A policy's sleep longer than this is a long sleep: the reactor waits on the device
+    /// interrupts, bounded by the sleep's end, so a completion ends it early (without an
+    /// interrupt line it sleeps this long, polls, and asks the policy again). Hybrid sleeps
+    /// are sized for microsecond devices; a policy whose statistics ran away (one slow
+    /// window can lift `hybrid-min`'s minimum for good: every later I/O sleeps at least that
+    /// long, so no faster sample can bring it down) must not hold I/O for seconds.
+    pub long_sleep_ns: u64,
 }
 
 impl Default for ReactorTuning {
@@ -286,6 +293,7 @@ impl Default for ReactorTuning {
         ReactorTuning {
             idle_spin_ns: 50_000,
             shutdown_timeout: Duration::from_secs(5),
+            long_sleep_ns: 1_000_000,
         }
     }
 }
@@ -1321,7 +1329,7 @@ impl Reactor {
         if self.live() == 0 {
             let since = *self.idle_since_ns.get_or_insert(self.now_ns);
             if self.now_ns - since >= self.tuning.idle_spin_ns {
-                self.park(false);
+                self.park(false, None);
             } else {
                 std::hint::spin_loop();
             }
@@ -1358,7 +1366,7 @@ impl Reactor {
                             dev.qp.arm_interrupt();
                         }
                     }
-                    self.park(true);
+                    self.park(true, None);
                 } else {
                     // A device without an interrupt line (virtual time): poll instead.
                     std::hint::spin_loop();
@@ -1370,7 +1378,11 @@ impl Reactor {
     /// Sleeps for the I/O in `key`, once, until `duration` after the decision's timestamp,
     /// and records how far the wake-up overshot.
     fn sleep_for(&mut self, key: usize, duration: Duration) {
-        let requested_ns = duration.as_nanos() as u64;
+        let requested_ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        if requested_ns > self.tuning.long_sleep_ns {
+            self.sleep_long(key, requested_ns);
+            return;
+        }
         let decided_ns = self.now_ns;
         // Measure what a sleep costs the thread in CPU, from the OS, on a sample of sleeps:
         // the reading itself is a syscall.
@@ -1402,10 +1414,47 @@ impl Reactor {
         self.policy.on_sleep(&slept, cpu_ns);
     }
 
+    /// A sleep past [`ReactorTuning::long_sleep_ns`]: an interrupt wait that ends at the
+    /// sleep's end at the latest. Only a wait that lasted the whole sleep counts as the I/O's
+    /// one sleep; one a completion (or a message) ended early leaves the policy to decide
+    /// again. Neither feeds the overshoot statistics, which calibrate timed sleeps.
+    fn sleep_long(&mut self, key: usize, requested_ns: u64) {
+        let decided_ns = self.now_ns;
+        let until_ns = decided_ns.saturating_add(requested_ns);
+        if self
+            .devices
+            .iter()
+            .all(|d| d.has_irq || d.qp.outstanding() == 0)
+        {
+            self.counters.interrupt_waits += 1;
+            for dev in &mut self.devices {
+                if dev.qp.outstanding() > 0 {
+                    dev.qp.arm_interrupt();
+                }
+            }
+            self.park(true, Some(until_ns));
+            let actual_ns = monotonic_ns().saturating_sub(decided_ns);
+            if actual_ns >= requested_ns {
+                self.slots[key].slept = Some(Slept {
+                    requested_ns,
+                    actual_ns,
+                });
+            }
+        } else {
+            // No interrupt to end it early: sleep a bounded piece, then poll.
+            crate::sys::sleep_until_ns(decided_ns.saturating_add(self.tuning.long_sleep_ns));
+            self.slept_from_ns = decided_ns;
+            self.woke_pending = true;
+        }
+    }
+
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
-    /// armed device interrupts.
-    fn park(&mut self, for_io: bool) {
+    /// armed device interrupts; with `until_ns`, no later than then.
+    fn park(&mut self, for_io: bool, until_ns: Option<u64>) {
         let mut next_timer_ns = self.timers.next_deadline_ns();
+        if let Some(until_ns) = until_ns {
+            next_timer_ns = Some(next_timer_ns.map_or(until_ns, |t| t.min(until_ns)));
+        }
         // A lost command never interrupts, and an I/O waiting behind quarantined slots has
         // nothing to wake it: wake for the next timeout.
         if let Some(due_ns) = self.recovery_due_ns() {

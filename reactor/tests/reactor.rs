@@ -456,6 +456,28 @@ fn the_policy_decides_how_the_reactor_waits() {
 }
 
 #[test]
+fn a_long_sleep_ends_when_the_io_completes() {
+    let _serial = serial();
+    // A policy asks for 1 s per I/O (once the first 100 ms window of statistics is out) on a
+    // 300 us device. Past `long_sleep_ns` (1 ms) the reactor waits on the interrupt instead,
+    // bounded by the sleep's end, so each I/O ends when the device completes it: hundreds of
+    // I/Os would otherwise take hundreds of seconds.
+    let start = Instant::now();
+    let dev = "emu:nand,size=64M,read_us=300,write_us=300";
+    let stats = write_then_read(dev, "fixed:1000000", 600, 1);
+    let elapsed = start.elapsed();
+    assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}");
+    assert_eq!(stats.counters.ios, 1_200);
+    // Long sleeps are interrupt waits, not timed sleeps.
+    assert_eq!(stats.counters.sleeps, 0, "{:?}", stats.counters);
+    assert!(
+        stats.counters.interrupt_waits >= 200,
+        "{:?}",
+        stats.counters
+    );
+}
+
+#[test]
 fn a_deep_queue_on_null_completes_every_io() {
     let _serial = serial();
     let device = Device::open("null").unwrap();
