@@ -79,6 +79,7 @@ fn decide(c: &mut Criterion) {
         },
         stats: &snapshot,
         overshoot: &overshoot,
+        interrupts: true,
         oracle_deadline_ns: None,
     };
     for spec in [
@@ -91,10 +92,12 @@ fn decide(c: &mut Criterion) {
         let mut policy = build(spec).unwrap();
         policy.on_completion(&Observation {
             bucket,
+            submit_ns: 0,
             latency_ns: 9001,
             slept: None,
             idle_polls: 0,
             censored: false,
+            after_interrupt: false,
         });
         c.bench_function(&format!("decide ({spec})"), |b| {
             b.iter(|| policy.decide(black_box(&ctx)))
@@ -103,6 +106,7 @@ fn decide(c: &mut Criterion) {
     let mut policy = build("uring-hybrid").unwrap();
     let seen = Observation {
         bucket,
+        submit_ns: 0,
         latency_ns: 9001,
         slept: Some(Slept {
             requested_ns: 4000,
@@ -110,6 +114,7 @@ fn decide(c: &mut Criterion) {
         }),
         idle_polls: 12,
         censored: false,
+        after_interrupt: false,
     };
     c.bench_function("on_completion (uring-hybrid)", |b| {
         b.iter(|| policy.on_completion(black_box(&seen)))

@@ -61,6 +61,15 @@ const FLOOR_DRIFT_NS: u64 = 100_000_000;
 /// Recent sleeps whose overshoot, and whose CPU cost, the plan is made from.
 const OVERSHOOT_SAMPLES: usize = 64;
 const SLEEP_CPU_SAMPLES: usize = 32;
+/// Pricing the interrupt: every this many I/Os decided for at queue depth 1, one is an A/B
+/// probe, alternately spun all the way or waited for on the interrupt from the start.
+const IRQ_PROBE_EVERY: u64 = 16;
+/// Probe latencies kept per arm, and how many each needs before the price is trusted.
+const IRQ_PROBE_SAMPLES: usize = 128;
+const IRQ_PROBE_MIN: usize = 32;
+/// Probe latencies are kept as offsets from their bucket's median (so reads and writes mix),
+/// shifted by this (about 18 minutes, more than any latency) to fit an unsigned reservoir.
+const OFFSET_ZERO_NS: u64 = 1 << 40;
 
 /// The most recent `N` samples and a sorted copy with prefix sums, rebuilt every
 /// `refresh_every` samples (and on every sample while it is still filling). Fixed arrays: no allocation.
@@ -162,8 +171,9 @@ struct Distribution {
     latencies: Reservoir<ADAPTIVE_RESERVOIR>,
     /// Service-time estimate: the lowest latency seen, drifting up slowly.
     floor_ns: u64,
-    /// Planned wake-up times per load class, valid for (overshoot, latency) refreshes.
-    plans: [Option<u64>; PLAN_CLASSES],
+    /// Planned wake-up times per sleep kind (timed, interruptible) and load class, valid for
+    /// (overshoot, latency) refreshes.
+    plans: [[Option<u64>; PLAN_CLASSES]; 2],
     plan_version: (u64, u64),
 }
 
@@ -171,7 +181,7 @@ impl Distribution {
     const EMPTY: Distribution = Distribution {
         latencies: Reservoir::empty(LATENCY_REFRESH_EVERY),
         floor_ns: u64::MAX,
-        plans: [None; PLAN_CLASSES],
+        plans: [[None; PLAN_CLASSES]; 2],
         plan_version: (u64::MAX, u64::MAX),
     };
 
@@ -236,6 +246,9 @@ impl Distribution {
 pub struct Adaptive {
     name: String,
     budget_pct: f64,
+    /// Whether its budgeted sleeps may be ended by the completion's interrupt (on devices
+    /// that have one): [`Decision::SleepInterruptible`] rather than [`Decision::Sleep`].
+    interruptible: bool,
     overshoot: Reservoir<OVERSHOOT_SAMPLES>,
     sleep_cpu: Reservoir<SLEEP_CPU_SAMPLES>,
     buckets: Box<[Distribution; BUCKETS]>,
@@ -250,6 +263,14 @@ pub struct Adaptive {
     probe_burst_left: u32,
     probed_io: u64,
     floor_drift_at_ns: u64,
+    /// What a completion's interrupt costs in latency: probe I/Os spun all the way, and
+    /// probe I/Os waited for on the interrupt (offsets from their bucket's median).
+    irq_spun: Reservoir<IRQ_PROBE_SAMPLES>,
+    irq_woken: Reservoir<IRQ_PROBE_SAMPLES>,
+    /// The interrupt probe in flight: its submission time and whether it waits on the
+    /// interrupt.
+    irq_probe: Option<(u64, bool)>,
+    irq_probes: u64,
 }
 
 impl std::fmt::Debug for Adaptive {
@@ -266,16 +287,32 @@ impl Adaptive {
     /// The policy's name, without parameters.
     pub const NAME: &'static str = "adaptive";
 
-    /// An adaptive policy with a latency budget of `budget_pct` percent of the mean.
+    /// An adaptive policy with a latency budget of `budget_pct` percent of the mean, whose
+    /// sleeps a completion's interrupt can end early.
     pub fn new(budget_pct: f64) -> Adaptive {
-        let name = if budget_pct == ADAPTIVE_BUDGET_PCT {
+        Adaptive::with(budget_pct, true)
+    }
+
+    /// An adaptive policy with a latency budget of `budget_pct` percent of the mean; with
+    /// `interruptible` false, its sleeps are timed ones that always last (the hybrid
+    /// polling of Linux).
+    pub fn with(budget_pct: f64, interruptible: bool) -> Adaptive {
+        let mut params = Vec::new();
+        if budget_pct != ADAPTIVE_BUDGET_PCT {
+            params.push(format!("budget={budget_pct}"));
+        }
+        if !interruptible {
+            params.push("sleep=timed".to_string());
+        }
+        let name = if params.is_empty() {
             Self::NAME.to_string()
         } else {
-            format!("{}:budget={budget_pct}", Self::NAME)
+            format!("{}:{}", Self::NAME, params.join(","))
         };
         Adaptive {
             name,
             budget_pct,
+            interruptible,
             overshoot: Reservoir::empty(SLEEP_REFRESH_EVERY),
             sleep_cpu: Reservoir::empty(SLEEP_REFRESH_EVERY),
             buckets: Box::new([const { Distribution::EMPTY }; BUCKETS]),
@@ -286,6 +323,10 @@ impl Adaptive {
             probe_burst_left: PROBE_BURST,
             probed_io: 0,
             floor_drift_at_ns: 0,
+            irq_spun: Reservoir::empty(SLEEP_REFRESH_EVERY),
+            irq_woken: Reservoir::empty(SLEEP_REFRESH_EVERY),
+            irq_probe: None,
+            irq_probes: 0,
         }
     }
 
@@ -300,28 +341,59 @@ impl Adaptive {
         self.sleep_cpu.quantile(0.5)
     }
 
+    /// What waiting on the interrupt adds to an I/O's latency, once measured: the median
+    /// latency of probe I/Os waited for on the interrupt less that of probe I/Os spun all
+    /// the way (each an offset from its bucket's median).
+    pub fn interrupt_cost_ns(&self) -> Option<u64> {
+        if self.irq_spun.sorted_len < IRQ_PROBE_MIN || self.irq_woken.sorted_len < IRQ_PROBE_MIN {
+            return None;
+        }
+        Some(
+            self.irq_woken
+                .quantile(0.5)?
+                .saturating_sub(self.irq_spun.quantile(0.5)?),
+        )
+    }
+
+    /// The wake-up delay a completion seen after an interrupt wait is learnt without.
+    fn interrupt_wake_ns(&self) -> u64 {
+        self.interrupt_cost_ns()
+            .unwrap_or_else(|| self.overshoot.quantile(0.5).unwrap_or(0))
+    }
+
     /// A sleep of `sleep_ns`, if it is long enough and saves CPU.
-    fn paying_sleep(&self, sleep_ns: u64) -> Option<Decision> {
+    fn paying_sleep(&self, sleep_ns: u64, interruptible: bool) -> Option<Decision> {
         let cpu_ns = self.sleep_cpu_ns()?;
         let off_core_ns = sleep_ns + self.overshoot.quantile(0.5).unwrap_or(0);
-        (sleep_ns >= MIN_SLEEP_NS && off_core_ns >= cpu_ns + MIN_SAVING_NS)
-            .then(|| Decision::sleep_ns(sleep_ns))
+        (sleep_ns >= MIN_SLEEP_NS && off_core_ns >= cpu_ns + MIN_SAVING_NS).then(|| {
+            if interruptible {
+                Decision::sleep_interruptible_ns(sleep_ns)
+            } else {
+                Decision::sleep_ns(sleep_ns)
+            }
+        })
     }
 
     /// The wake-up time, from submission, whose expected lateness stays within the budget,
     /// for a bucket with `outstanding` I/Os in flight (the budget is shared among them, any
     /// of which may complete next). Lateness counts the device's spread and the overshoot's
     /// spread around its median together: the actual wake-up is the plan plus (overshoot -
-    /// median overshoot). Computed from the samples once per refresh, cached per load class.
-    fn planned_wake_ns(&mut self, bucket: usize, outstanding: usize) -> u64 {
+    /// median overshoot). For an `interruptible` sleep a completion before the wake-up is
+    /// seen one interrupt wake-up after it, so no I/O is later than that: the lateness of
+    /// each is capped at [`Adaptive::interrupt_cost_ns`]. Computed from the samples once
+    /// per refresh, cached per sleep kind and load class.
+    fn planned_wake_ns(&mut self, bucket: usize, outstanding: usize, interruptible: bool) -> u64 {
         let class = (outstanding.max(1).ilog2() as usize).min(PLAN_CLASSES - 1);
-        let version = self.overshoot.refreshes;
+        let kind = usize::from(interruptible);
+        let version = self.overshoot.refreshes + self.irq_spun.refreshes + self.irq_woken.refreshes;
+        // The most an I/O can be late by: unbounded for a timed sleep.
+        let cap_ns = interruptible.then(|| self.interrupt_wake_ns().max(1));
         let dist = &mut self.buckets[bucket];
         if dist.plan_version != (version, dist.latencies.refreshes) {
             dist.plan_version = (version, dist.latencies.refreshes);
-            dist.plans = [None; PLAN_CLASSES];
+            dist.plans = [[None; PLAN_CLASSES]; 2];
         }
-        if let Some(wake_ns) = dist.plans[class] {
+        if let Some(wake_ns) = dist.plans[kind][class] {
             return wake_ns;
         }
         let shares = 1u64 << class;
@@ -335,23 +407,33 @@ impl Adaptive {
         let xs = dist.latencies.samples();
         let n = xs.len() as u64;
         let m = ovs.len().max(1) as u64;
-        // Mean over overshoot samples of E_T[(w + ov - median_ov - T)+].
+        // E_T[min(cap, (v - T)+)] when waking at v: each sample at or below v - cap is late
+        // by the cap, each in (v - cap, v] by v - T.
+        let late_at = |v: u64| -> u64 {
+            let j = xs.partition_point(|&x| x <= v);
+            let k = match cap_ns {
+                Some(cap) if v >= cap => xs.partition_point(|&x| x <= v - cap),
+                _ => 0,
+            };
+            let capped = k as u64 * cap_ns.unwrap_or(0);
+            let within = ((j - k) as u64 * v)
+                .saturating_sub(dist.latencies.sum_below(j) - dist.latencies.sum_below(k));
+            (capped + within) / n
+        };
+        // Mean over overshoot samples of the lateness of waking at w + ov - median_ov.
         let lateness = |w: u64| -> u64 {
-            let mut total = 0u64;
-            for &ov in ovs.iter() {
-                let v = (w as i64 + ov as i64 - median_ov).max(0) as u64;
-                let j = xs.partition_point(|&x| x <= v);
-                total += (j as u64 * v).saturating_sub(dist.latencies.sum_below(j)) / n;
-            }
             if ovs.is_empty() {
-                let j = xs.partition_point(|&x| x <= w);
-                total = (j as u64 * w).saturating_sub(dist.latencies.sum_below(j)) / n;
+                return late_at(w);
             }
+            let total: u64 = ovs
+                .iter()
+                .map(|&ov| late_at((w as i64 + ov as i64 - median_ov).max(0) as u64))
+                .sum();
             total / m
         };
         // Lateness grows with w: binary search the last sample value within budget.
         if xs.is_empty() || lateness(xs[0]) > budget_ns {
-            dist.plans[class] = Some(0);
+            dist.plans[kind][class] = Some(0);
             return 0;
         }
         let (mut lo, mut hi) = (0usize, xs.len() - 1);
@@ -364,7 +446,7 @@ impl Adaptive {
             }
         }
         let lo = xs[lo];
-        dist.plans[class] = Some(lo);
+        dist.plans[kind][class] = Some(lo);
         lo
     }
 
@@ -420,9 +502,25 @@ impl PollPolicy for Adaptive {
             self.current_settled = false;
             self.current_tail_checked = false;
             self.ios_seen += 1;
+            if self.interruptible
+                && ctx.interrupts
+                && ctx.outstanding == 1
+                && self.ios_seen.is_multiple_of(IRQ_PROBE_EVERY)
+                && self.buckets[bucket.index()].planned_samples() >= ADAPTIVE_MIN_SAMPLES
+            {
+                self.irq_probes += 1;
+                self.irq_probe = Some((ctx.oldest.submit_ns, self.irq_probes.is_multiple_of(2)));
+            }
         }
         if self.buckets[bucket.index()].planned_samples() < ADAPTIVE_MIN_SAMPLES {
             return Decision::Spin;
+        }
+        match self.irq_probe {
+            Some((submit_ns, true)) if submit_ns == ctx.oldest.submit_ns => {
+                return Decision::WaitInterrupt
+            }
+            Some((submit_ns, false)) if submit_ns == ctx.oldest.submit_ns => return Decision::Spin,
+            _ => {}
         }
         let elapsed_ns = ctx.now_ns.saturating_sub(ctx.oldest.submit_ns);
         let calibrated = self.overshoot.added >= PROBES_FIRST;
@@ -454,17 +552,25 @@ impl PollPolicy for Adaptive {
             let median_ov_ns = self.overshoot.quantile(0.5).unwrap_or(0);
             let dist = &self.buckets[bucket.index()];
             let queueing_ns = dist.median_ns().saturating_sub(dist.floor_ns);
-            let sleep_ns = if ctx.outstanding >= 2 && queueing_ns > dist.floor_ns {
+            // A budgeted sleep is interruptible where the device can interrupt; a batching
+            // one never is: it means to sleep through completions.
+            // Only once the interrupt's price is known.
+            let interruptible =
+                self.interruptible && ctx.interrupts && self.interrupt_cost_ns().is_some();
+            let (sleep_ns, interruptible) = if ctx.outstanding >= 2 && queueing_ns > dist.floor_ns {
                 // Saturated: queued commands keep the device busy while we sleep. A late
                 // wake-up past the queue's end idles the device briefly, which costs far less
                 // than polling every completion.
                 let batch_ns = (queueing_ns as f64 * ADAPTIVE_BATCH_FRACTION) as u64;
-                batch_ns.saturating_sub(median_ov_ns)
+                (batch_ns.saturating_sub(median_ov_ns), false)
             } else {
-                let wake_ns = self.planned_wake_ns(bucket.index(), ctx.outstanding);
-                wake_ns.saturating_sub(elapsed_ns + median_ov_ns)
+                let wake_ns = self.planned_wake_ns(bucket.index(), ctx.outstanding, interruptible);
+                (
+                    wake_ns.saturating_sub(elapsed_ns + median_ov_ns),
+                    interruptible,
+                )
             };
-            if let Some(d) = self.paying_sleep(sleep_ns) {
+            if let Some(d) = self.paying_sleep(sleep_ns, interruptible) {
                 decision = d;
             }
         }
@@ -489,6 +595,18 @@ impl PollPolicy for Adaptive {
         let Some(bucket) = seen.bucket else {
             return;
         };
+        if let Some((submit_ns, woken)) = self.irq_probe {
+            if submit_ns == seen.submit_ns {
+                self.irq_probe = None;
+                let median_ns = self.buckets[bucket.index()].median_ns();
+                let offset_ns = (seen.latency_ns + OFFSET_ZERO_NS).saturating_sub(median_ns);
+                if woken {
+                    self.irq_woken.add(offset_ns);
+                } else {
+                    self.irq_spun.add(offset_ns);
+                }
+            }
+        }
         let latency_ns = match (seen.censored, seen.slept) {
             (false, _) => seen.latency_ns,
             // It completed at an unknown time while we slept for it, after the sleep began
@@ -496,6 +614,14 @@ impl PollPolicy for Adaptive {
             // Dropping such samples instead would keep only the I/Os slower than our
             // wake-up, and the learnt distribution would creep upwards.
             (true, Some(slept)) => seen.latency_ns.saturating_sub(slept.actual_ns / 2),
+            // It woke the reactor from an interrupt wait: it completed about one interrupt
+            // wake-up before it was seen (the measured price; the median overshoot until
+            // then). Dropping these would keep only the I/Os that outlived the wake-up, and
+            // the plan would creep later.
+            (true, None) if seen.after_interrupt => seen
+                .latency_ns
+                .saturating_sub(self.interrupt_wake_ns())
+                .max(1),
             // Outstanding while the reactor slept for another I/O: nothing to learn.
             (true, None) => return,
         };
@@ -520,10 +646,12 @@ mod tests {
     fn observe(policy: &mut Adaptive, latency_ns: u64, censored: bool) {
         policy.on_completion(&Observation {
             bucket: Some(READ_4K),
+            submit_ns: 0,
             latency_ns,
             slept: None,
             idle_polls: 1,
             censored,
+            after_interrupt: false,
         });
     }
 
@@ -540,6 +668,17 @@ mod tests {
     }
 
     fn decide(policy: &mut Adaptive, submit_ns: u64, now_ns: u64, outstanding: usize) -> Decision {
+        decide_on(policy, submit_ns, now_ns, outstanding, true)
+    }
+
+    /// A decision on a device with (`interrupts`) or without an interrupt line.
+    fn decide_on(
+        policy: &mut Adaptive,
+        submit_ns: u64,
+        now_ns: u64,
+        outstanding: usize,
+        interrupts: bool,
+    ) -> Decision {
         let snapshot = Snapshot::EMPTY;
         let overshoot = OvershootStats::new();
         policy.decide(&PollContext {
@@ -552,6 +691,7 @@ mod tests {
             },
             stats: &snapshot,
             overshoot: &overshoot,
+            interrupts,
             oracle_deadline_ns: None,
         })
     }
@@ -598,7 +738,7 @@ mod tests {
 
     #[test]
     fn sleeps_toward_the_budgeted_wake_time_minus_the_overshoot() {
-        let mut p = Adaptive::default();
+        let mut p = Adaptive::with(ADAPTIVE_BUDGET_PCT, false);
         nand_like(&mut p);
         calibrate(&mut p, 5_000, 7_000);
         assert_eq!(p.overshoot_plan_ns(), Some(5_000));
@@ -620,6 +760,132 @@ mod tests {
         ));
     }
 
+    /// Latencies 40..=100 us, evenly spread: a wide device.
+    fn wide(policy: &mut Adaptive) {
+        for i in 0..ADAPTIVE_RESERVOIR as u64 {
+            observe(
+                policy,
+                40_000 + (i * 60_000) / ADAPTIVE_RESERVOIR as u64,
+                false,
+            );
+        }
+    }
+
+    /// Interrupt probes that measured a wake-up of `cost_ns`.
+    fn price_interrupt(policy: &mut Adaptive, cost_ns: u64) {
+        for i in 0..IRQ_PROBE_MIN as u64 {
+            policy.irq_spun.add(OFFSET_ZERO_NS + i * 100);
+            policy.irq_woken.add(OFFSET_ZERO_NS + i * 100 + cost_ns);
+        }
+    }
+
+    #[test]
+    fn it_prices_the_interrupt_with_alternating_probes() {
+        let mut p = Adaptive::default();
+        wide(&mut p);
+        calibrate(&mut p, 5_000, 7_000);
+        assert_eq!(p.interrupt_cost_ns(), None);
+        // A device of 50-54 us whose interrupt wakes the reactor 12 us after the completion.
+        let (mut spun, mut woken) = (0, 0);
+        for i in 0..2 * IRQ_PROBE_EVERY * IRQ_PROBE_MIN as u64 + IRQ_PROBE_EVERY {
+            let submit_ns = i * 1_000_000;
+            let device_ns = 50_000 + (i * 7_919) % 4_000;
+            let decision = decide(&mut p, submit_ns, submit_ns + 1_000, 1);
+            let after_interrupt = decision == Decision::WaitInterrupt;
+            if after_interrupt {
+                woken += 1;
+            } else if decision == Decision::Spin {
+                spun += 1;
+            }
+            p.on_completion(&Observation {
+                bucket: Some(READ_4K),
+                submit_ns,
+                latency_ns: device_ns + if after_interrupt { 12_000 } else { 0 },
+                slept: None,
+                idle_polls: 1,
+                censored: after_interrupt,
+                after_interrupt,
+            });
+        }
+        // One I/O in 16 is a probe, the arms alternating.
+        assert!(woken >= IRQ_PROBE_MIN, "{woken} interrupt probes");
+        assert!(spun >= IRQ_PROBE_MIN, "{spun} spun");
+        let cost = p.interrupt_cost_ns().expect("priced");
+        assert!((11_000..=13_000).contains(&cost), "interrupt costs {cost}");
+        // `sleep=timed` never probes.
+        let mut t = Adaptive::with(ADAPTIVE_BUDGET_PCT, false);
+        wide(&mut t);
+        calibrate(&mut t, 5_000, 7_000);
+        for i in 0..4 * IRQ_PROBE_EVERY {
+            assert_ne!(decide(&mut t, i, i + 1_000, 1), Decision::WaitInterrupt);
+        }
+    }
+
+    #[test]
+    fn an_interruptible_sleep_is_late_by_one_wake_up_at_most_so_it_sleeps_longer() {
+        let mut p = Adaptive::default();
+        wide(&mut p);
+        calibrate(&mut p, 5_000, 7_000);
+        // Until the interrupt is priced, its sleeps are timed ones.
+        assert!(matches!(
+            decide_on(&mut p, 0, 1_000, 1, true),
+            Decision::Sleep(_)
+        ));
+        price_interrupt(&mut p, 5_000);
+        // Budget 2.5 % of 70 us = 1.75 us. Timed, E[(w - T)+] = (w - 40)^2 / 120 us: w ~54.5
+        // us. Interruptible, each completion before w is late by at most the 5 us wake-up:
+        // (5 (w - 45) + 12.5) / 60 us, so w ~63.5 us.
+        let timed = p.planned_wake_ns(READ_4K.index(), 1, false);
+        let interruptible = p.planned_wake_ns(READ_4K.index(), 1, true);
+        assert!((53_000..=55_500).contains(&timed), "timed {timed}");
+        assert!(
+            (62_000..=64_500).contains(&interruptible),
+            "interruptible {interruptible}"
+        );
+        // Where the device can interrupt, it asks for an interruptible sleep to that plan,
+        // less elapsed time and overshoot; where it cannot, a timed one to the timed plan.
+        assert_eq!(
+            decide_on(&mut p, 200_000, 201_000, 1, true),
+            Decision::sleep_interruptible_ns(interruptible - 6_000)
+        );
+        assert_eq!(
+            decide_on(&mut p, 300_000, 301_000, 1, false),
+            Decision::sleep_ns(timed - 6_000)
+        );
+        // `sleep=timed` never asks for an interruptible sleep.
+        let mut t = Adaptive::with(ADAPTIVE_BUDGET_PCT, false);
+        assert_eq!(t.name(), "adaptive:sleep=timed");
+        wide(&mut t);
+        calibrate(&mut t, 5_000, 7_000);
+        price_interrupt(&mut t, 5_000);
+        assert_eq!(
+            decide_on(&mut t, 0, 1_000, 1, true),
+            Decision::sleep_ns(timed - 6_000)
+        );
+    }
+
+    #[test]
+    fn a_completion_that_ended_an_interrupt_wait_is_learnt_one_wake_up_earlier() {
+        let mut p = Adaptive::default();
+        calibrate(&mut p, 5_000, 7_000);
+        price_interrupt(&mut p, 5_000);
+        let seen = |after_interrupt| Observation {
+            bucket: Some(READ_4K),
+            submit_ns: 0,
+            latency_ns: 50_000,
+            slept: None,
+            idle_polls: 0,
+            censored: true,
+            after_interrupt,
+        };
+        // Censored behind another I/O's wait: nothing learnt.
+        p.on_completion(&seen(false));
+        assert_eq!(p.buckets[READ_4K.index()].floor_ns, u64::MAX);
+        // Its interrupt woke the reactor: learnt at 50 us less the 5 us wake-up.
+        p.on_completion(&seen(true));
+        assert_eq!(p.buckets[READ_4K.index()].floor_ns, 45_000);
+    }
+
     #[test]
     fn the_overshoot_spread_counts_against_the_budget() {
         // Same device, same median overshoot (5 us), but a spread around it: the plan wakes
@@ -637,7 +903,7 @@ mod tests {
                     Some(7_000),
                 );
             }
-            p.planned_wake_ns(READ_4K.index(), 1)
+            p.planned_wake_ns(READ_4K.index(), 1, false)
         };
         assert!(plan(4_000) < plan(0), "{} vs {}", plan(4_000), plan(0));
     }
@@ -676,6 +942,7 @@ mod tests {
         for _ in 0..2 * ADAPTIVE_RESERVOIR {
             p.on_completion(&Observation {
                 bucket: Some(READ_4K),
+                submit_ns: 0,
                 latency_ns: 90_000,
                 slept: Some(Slept {
                     requested_ns: 55_000,
@@ -683,6 +950,7 @@ mod tests {
                 }),
                 idle_polls: 1,
                 censored: true,
+                after_interrupt: false,
             });
         }
         assert_eq!(p.buckets[READ_4K.index()].mean_ns(), 60_000);

@@ -20,6 +20,7 @@
 //!     oldest: InFlight { bucket, submit_ns: 100_000_000, slept: false },
 //!     stats: stats.snapshot(),
 //!     overshoot: stats.overshoot(),
+//!     interrupts: true,
 //!     oracle_deadline_ns: None,
 //! };
 //! assert_eq!(policy.decide(&ctx), Decision::sleep_ns(4501)); // (9001 + 1) / 2

@@ -131,6 +131,7 @@ mod tests {
             },
             stats: &snapshot,
             overshoot: &overshoot,
+            interrupts: true,
             oracle_deadline_ns: Some(1_010_000),
         };
         match oracle.decide(&ctx) {

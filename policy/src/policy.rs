@@ -15,6 +15,13 @@ pub enum Decision {
     Sleep(Duration),
     /// Block until the device's interrupt fd is readable.
     WaitInterrupt,
+    /// Block until the device's interrupt fd is readable or this long has passed, measured
+    /// from the decision, then spin: a hybrid sleep that a completion ends early, so waking
+    /// late costs at most the interrupt's wake-up. Only a wait that lasted the whole time
+    /// marks the I/O as having slept; one a completion ended leaves the next decision to the
+    /// policy. Without an interrupt line ([`PollContext::interrupts`] false) the reactor
+    /// sleeps as for [`Decision::Sleep`].
+    SleepInterruptible(Duration),
 }
 
 impl Decision {
@@ -25,6 +32,16 @@ impl Decision {
             Decision::Spin
         } else {
             Decision::Sleep(Duration::from_nanos(sleep_ns))
+        }
+    }
+
+    /// `SleepInterruptible(sleep_ns)`, or `Spin` when `sleep_ns` is 0.
+    #[inline]
+    pub const fn sleep_interruptible_ns(sleep_ns: u64) -> Decision {
+        if sleep_ns == 0 {
+            Decision::Spin
+        } else {
+            Decision::SleepInterruptible(Duration::from_nanos(sleep_ns))
         }
     }
 }
@@ -57,6 +74,10 @@ pub struct PollContext<'a> {
     pub stats: &'a Snapshot,
     /// The reactor's wake-up overshoot distribution.
     pub overshoot: &'a OvershootStats,
+    /// Whether every device with I/O outstanding has an interrupt line, so that
+    /// [`Decision::WaitInterrupt`] and [`Decision::SleepInterruptible`] block on it (the
+    /// emulator in virtual time has none: the reactor polls or sleeps instead).
+    pub interrupts: bool,
     /// The emulated device's true time of its next completion, when the device knows it.
     /// Only the benchmark's `oracle` policy may read it, to bound what any policy could
     /// achieve; every real policy ignores it (a real device cannot tell).
@@ -97,6 +118,9 @@ impl Slept {
 pub struct Observation {
     /// The I/O's statistics bucket.
     pub bucket: Option<Bucket>,
+    /// When it was submitted, on the reactor's clock ([`InFlight::submit_ns`] while it was
+    /// outstanding).
+    pub submit_ns: u64,
     /// Completion seen by the reactor minus submission.
     pub latency_ns: u64,
     /// The sleep taken for this I/O, if any (the last one, for a policy that sleeps more
@@ -109,6 +133,10 @@ pub struct Observation {
     /// time before, so `latency_ns` is only an upper bound of the device's time. Learning
     /// from such samples is what makes hybrid sleeps "shelve" upwards.
     pub censored: bool,
+    /// Censored, and the reactor had been blocked on the device interrupts (a
+    /// [`Decision::WaitInterrupt`], or a [`Decision::SleepInterruptible`] that a completion
+    /// ended): the completion happened about one interrupt wake-up before it was seen.
+    pub after_interrupt: bool,
 }
 
 /// A poll policy: asked what to do whenever its reactor has outstanding I/O and nothing else
@@ -179,6 +207,7 @@ pub(crate) mod testing {
             },
             stats,
             overshoot,
+            interrupts: true,
             oracle_deadline_ns: None,
         }
     }

@@ -44,6 +44,7 @@ impl fmt::Debug for PolicyInfo {
 
 const ADJUST: &str = "adjust";
 const BUDGET: &str = "budget";
+const SLEEP: &str = "sleep";
 
 static POLICIES: [PolicyInfo; 9] = [
     PolicyInfo {
@@ -109,10 +110,10 @@ static POLICIES: [PolicyInfo; 9] = [
     },
     PolicyInfo {
         name: Adaptive::NAME,
-        syntax: "adaptive[:budget=<pct>]",
+        syntax: "adaptive[:budget=<pct>,sleep=timed]",
         description: "ours: calibrates wake-up overshoot and sleep cost online, sleeps to a \
-                      latency budget on the learnt distribution, batches under load, \
-                      interrupts for long waits",
+                      latency budget on the learnt distribution (sleeps a completion can \
+                      end early), batches under load, interrupts for long waits",
         build: build_adaptive,
     },
     PolicyInfo {
@@ -182,7 +183,7 @@ fn build_fixed(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecErro
 
 fn build_hybrid_min(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
     const ACCEPTED: &[&str] = &[ADJUST];
-    let adjust_ns = single_parameter(
+    let adjust_ns = parameter(
         HybridMin::NAME,
         ADJUST,
         ACCEPTED,
@@ -194,8 +195,8 @@ fn build_hybrid_min(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpe
 }
 
 fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
-    const ACCEPTED: &[&str] = &[BUDGET];
-    let budget_pct = single_parameter(
+    const ACCEPTED: &[&str] = &[BUDGET, SLEEP];
+    let budget_pct = parameter(
         Adaptive::NAME,
         BUDGET,
         ACCEPTED,
@@ -203,14 +204,28 @@ fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecE
         "a latency budget in percent of the mean, above 0 and at most 100, e.g. budget=1.5",
         |v| v.parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0),
     )?;
-    Ok(Box::new(Adaptive::new(
+    let interruptible = parameter(
+        Adaptive::NAME,
+        SLEEP,
+        ACCEPTED,
+        args,
+        "interruptible (a completion ends a sleep; the default) or timed (a sleep always lasts)",
+        |v| match v {
+            "interruptible" => Some(true),
+            "timed" => Some(false),
+            _ => None,
+        },
+    )?;
+    Ok(Box::new(Adaptive::with(
         budget_pct.unwrap_or(ADAPTIVE_BUDGET_PCT),
+        interruptible.unwrap_or(true),
     )))
 }
 
-/// Parses a policy's `key=value` arguments when `key` is its only parameter: `None` when
-/// absent, an error naming the culprit for anything else.
-fn single_parameter<T>(
+/// Parses parameter `key` from a policy's comma-separated `key=value` arguments, whose
+/// parameters are `accepted`: `None` when absent, an error naming the culprit for an unknown
+/// or repeated key or a bad value.
+fn parameter<T>(
     policy: &'static str,
     key: &'static str,
     accepted: &'static [&'static str],
@@ -222,6 +237,9 @@ fn single_parameter<T>(
     for pair in args.into_iter().flat_map(|args| args.split(',')) {
         let (given, value) = pair.split_once('=').unwrap_or((pair, ""));
         if given != key {
+            if accepted.contains(&given) {
+                continue;
+            }
             return Err(PolicySpecError::UnknownParameter {
                 policy,
                 key: given.to_owned(),
@@ -400,6 +418,7 @@ mod tests {
                 oldest: InFlight { bucket, submit_ns: now_ns / 2, slept },
                 stats,
                 overshoot: &overshoot,
+                interrupts: true,
                 oracle_deadline_ns: None,
             };
             for mut policy in every_policy() {
@@ -411,10 +430,12 @@ mod tests {
                 for latency_ns in &latencies_ns {
                     policy.on_completion(&Observation {
                         bucket,
+                        submit_ns: 0,
                         latency_ns: *latency_ns,
                         slept: None,
                         idle_polls: 0,
                         censored: false,
+                        after_interrupt: false,
                     });
                 }
                 for stats in [&empty, &full] {
@@ -440,6 +461,13 @@ mod tests {
             ("hybrid-min:adjust=2000", "hybrid-min:adjust=2000"),
             ("hybrid-min:adjust=0", "hybrid-min"),
             ("uring-hybrid", "uring-hybrid"),
+            ("adaptive", "adaptive"),
+            ("adaptive:sleep=interruptible", "adaptive"),
+            ("adaptive:sleep=timed", "adaptive:sleep=timed"),
+            (
+                "adaptive:sleep=timed,budget=1.5",
+                "adaptive:budget=1.5,sleep=timed",
+            ),
             ("  hybrid \n", "hybrid"),
         ] {
             let policy = build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
@@ -532,6 +560,21 @@ mod tests {
         assert!(matches!(
             error("hybrid-min:").0,
             PolicySpecError::UnknownParameter { .. }
+        ));
+        // A policy with two parameters.
+        let (e, message) = error("adaptive:sleep=never");
+        assert!(matches!(
+            e,
+            PolicySpecError::InvalidValue { key: "sleep", .. }
+        ));
+        assert!(message.contains("timed"), "{message}");
+        assert_eq!(
+            error("adaptive:budget=2,wake=1").1,
+            "policy `adaptive` has no parameter `wake`; accepted: budget, sleep"
+        );
+        assert!(matches!(
+            error("adaptive:sleep=timed,budget=1,sleep=timed").0,
+            PolicySpecError::DuplicateParameter { key: "sleep", .. }
         ));
     }
 

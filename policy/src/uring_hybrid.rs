@@ -79,6 +79,7 @@ mod tests {
     fn completed(latency_ns: u64, slept_ns: Option<u64>) -> Observation {
         Observation {
             bucket: Some(READ_4K),
+            submit_ns: 0,
             latency_ns,
             slept: slept_ns.map(|requested_ns| Slept {
                 requested_ns,
@@ -86,6 +87,7 @@ mod tests {
             }),
             idle_polls: 3,
             censored: false,
+            after_interrupt: false,
         }
     }
 
@@ -123,6 +125,7 @@ mod tests {
         policy.on_completion(&completed(50_000, None));
         policy.on_completion(&Observation {
             bucket: None,
+            submit_ns: 0,
             ..completed(10, None)
         });
         assert_eq!(policy.min_runtime_ns(), Some(5001));

@@ -345,6 +345,10 @@ pub struct Reactor {
     slept_from_ns: u64,
     woke_this_turn: bool,
     woke_pending: bool,
+    /// Likewise, whether that wait was on the device interrupts and ended before its
+    /// deadline (see `Observation::after_interrupt`).
+    interrupt_woke_this_turn: bool,
+    interrupt_woke_pending: bool,
     stopping: bool,
     /// Where `now_ns` comes from: CLOCK_MONOTONIC, or a simulation's virtual clock.
     clock: Clock,
@@ -405,6 +409,8 @@ impl Reactor {
             slept_from_ns: 0,
             woke_this_turn: false,
             woke_pending: false,
+            interrupt_woke_this_turn: false,
+            interrupt_woke_pending: false,
             stopping: false,
             clock: Clock::Monotonic,
             abandoned: 0,
@@ -873,6 +879,7 @@ impl Reactor {
         while !self.me().wake.stop.load(Ordering::Acquire) {
             self.now_ns = turn_start_ns;
             self.woke_this_turn = std::mem::take(&mut self.woke_pending);
+            self.interrupt_woke_this_turn = std::mem::take(&mut self.interrupt_woke_pending);
             let work = self.turn();
             if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
                 self.publish();
@@ -1046,12 +1053,15 @@ impl Reactor {
             self.counters.io_errors += 1;
         }
         self.counters.ios += 1;
+        let censored = self.woke_this_turn && slot.submit_ns <= self.slept_from_ns;
         self.policy.on_completion(&Observation {
             bucket: slot.bucket,
+            submit_ns: slot.submit_ns,
             latency_ns,
             slept: slot.slept,
             idle_polls: self.counters.idle_polls - slot.idle_polls_at_submit,
-            censored: self.woke_this_turn && slot.submit_ns <= self.slept_from_ns,
+            censored,
+            after_interrupt: censored && self.interrupt_woke_this_turn,
         });
         let result = if ok {
             Ok(())
@@ -1339,6 +1349,7 @@ impl Reactor {
         let key = self.oldest().expect("outstanding I/O has an oldest");
         let slot = &self.slots[key];
         let dev = &self.devices[slot.device as usize];
+        let interrupts = self.interrupts_armable();
         let ctx = PollContext {
             now_ns: self.now_ns,
             outstanding: self.live(),
@@ -1349,24 +1360,19 @@ impl Reactor {
             },
             stats: dev.recorder.snapshot(),
             overshoot: dev.recorder.overshoot(),
+            interrupts,
             oracle_deadline_ns: dev.qp.oracle_next_deadline_ns(),
         };
         match self.policy.decide(&ctx) {
             Decision::Spin => std::hint::spin_loop(),
-            Decision::Sleep(duration) => self.sleep_for(key, duration),
+            Decision::Sleep(duration) => self.sleep_for(key, duration, false),
+            Decision::SleepInterruptible(duration) => self.sleep_for(key, duration, true),
             Decision::WaitInterrupt => {
-                if self
-                    .devices
-                    .iter()
-                    .all(|d| d.has_irq || d.qp.outstanding() == 0)
-                {
+                if interrupts {
                     self.counters.interrupt_waits += 1;
-                    for dev in &mut self.devices {
-                        if dev.qp.outstanding() > 0 {
-                            dev.qp.arm_interrupt();
-                        }
-                    }
+                    self.arm_interrupts();
                     self.park(true, None);
+                    self.interrupt_woke_pending = true;
                 } else {
                     // A device without an interrupt line (virtual time): poll instead.
                     std::hint::spin_loop();
@@ -1375,15 +1381,39 @@ impl Reactor {
         }
     }
 
+    /// Whether every device with I/O outstanding has an interrupt line to block on.
+    fn interrupts_armable(&self) -> bool {
+        self.devices
+            .iter()
+            .all(|d| d.has_irq || d.qp.outstanding() == 0)
+    }
+
+    fn arm_interrupts(&mut self) {
+        for dev in &mut self.devices {
+            if dev.qp.outstanding() > 0 {
+                dev.qp.arm_interrupt();
+            }
+        }
+    }
+
     /// Sleeps for the I/O in `key`, once, until `duration` after the decision's timestamp,
-    /// and records how far the wake-up overshot.
-    fn sleep_for(&mut self, key: usize, duration: Duration) {
+    /// and records how far the wake-up overshot. An `interruptible` sleep, and any sleep past
+    /// [`ReactorTuning::long_sleep_ns`], blocks on the device interrupts as well: a
+    /// completion ends it early, and then it is an interrupt wait, not the I/O's one sleep
+    /// (the policy decides again). Without interrupt lines an interruptible sleep is a timed
+    /// one, and a long sleep lasts `long_sleep_ns`, after which the policy decides again.
+    fn sleep_for(&mut self, key: usize, duration: Duration, interruptible: bool) {
         let requested_ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        if requested_ns > self.tuning.long_sleep_ns {
-            self.sleep_long(key, requested_ns);
+        let decided_ns = self.now_ns;
+        let long = requested_ns > self.tuning.long_sleep_ns;
+        let on_interrupts = (interruptible || long) && self.interrupts_armable();
+        if long && !on_interrupts {
+            // No interrupt to end it early: sleep a bounded piece, then poll.
+            crate::sys::sleep_until_ns(decided_ns.saturating_add(self.tuning.long_sleep_ns));
+            self.slept_from_ns = decided_ns;
+            self.woke_pending = true;
             return;
         }
-        let decided_ns = self.now_ns;
         // Measure what a sleep costs the thread in CPU, from the OS, on a sample of sleeps:
         // the reading itself is a syscall.
         let sample_cpu = self.counters.sleeps.is_multiple_of(SLEEP_CPU_SAMPLE_EVERY);
@@ -1392,12 +1422,24 @@ impl Reactor {
         } else {
             None
         };
-        crate::sys::sleep_until_ns(decided_ns.saturating_add(requested_ns));
+        let until_ns = decided_ns.saturating_add(requested_ns);
+        if on_interrupts {
+            self.arm_interrupts();
+            self.park(true, Some(until_ns));
+        } else {
+            crate::sys::sleep_until_ns(until_ns);
+            self.slept_from_ns = decided_ns;
+            self.woke_pending = true;
+        }
         let actual_ns = monotonic_ns().saturating_sub(decided_ns);
+        if actual_ns < requested_ns && on_interrupts {
+            // A completion (or a message) ended it: an interrupt wait.
+            self.counters.interrupt_waits += 1;
+            self.interrupt_woke_pending = true;
+            return;
+        }
         let cpu_ns =
             cpu_before_ns.and_then(|before| Some(self.me().stats.cpu_ns()?.saturating_sub(before)));
-        self.slept_from_ns = decided_ns;
-        self.woke_pending = true;
         let slept = Slept {
             requested_ns,
             actual_ns,
@@ -1414,47 +1456,10 @@ impl Reactor {
         self.policy.on_sleep(&slept, cpu_ns);
     }
 
-    /// A sleep past [`ReactorTuning::long_sleep_ns`]: an interrupt wait that ends at the
-    /// sleep's end at the latest. Only a wait that lasted the whole sleep counts as the I/O's
-    /// one sleep; one a completion (or a message) ended early leaves the policy to decide
-    /// again. Neither feeds the overshoot statistics, which calibrate timed sleeps.
-    fn sleep_long(&mut self, key: usize, requested_ns: u64) {
-        let decided_ns = self.now_ns;
-        let until_ns = decided_ns.saturating_add(requested_ns);
-        if self
-            .devices
-            .iter()
-            .all(|d| d.has_irq || d.qp.outstanding() == 0)
-        {
-            self.counters.interrupt_waits += 1;
-            for dev in &mut self.devices {
-                if dev.qp.outstanding() > 0 {
-                    dev.qp.arm_interrupt();
-                }
-            }
-            self.park(true, Some(until_ns));
-            let actual_ns = monotonic_ns().saturating_sub(decided_ns);
-            if actual_ns >= requested_ns {
-                self.slots[key].slept = Some(Slept {
-                    requested_ns,
-                    actual_ns,
-                });
-            }
-        } else {
-            // No interrupt to end it early: sleep a bounded piece, then poll.
-            crate::sys::sleep_until_ns(decided_ns.saturating_add(self.tuning.long_sleep_ns));
-            self.slept_from_ns = decided_ns;
-            self.woke_pending = true;
-        }
-    }
-
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts; with `until_ns`, no later than then.
     fn park(&mut self, for_io: bool, until_ns: Option<u64>) {
         let mut next_timer_ns = self.timers.next_deadline_ns();
-        if let Some(until_ns) = until_ns {
-            next_timer_ns = Some(next_timer_ns.map_or(until_ns, |t| t.min(until_ns)));
-        }
         // A lost command never interrupts, and an I/O waiting behind quarantined slots has
         // nothing to wake it: wake for the next timeout.
         if let Some(due_ns) = self.recovery_due_ns() {
@@ -1480,7 +1485,12 @@ impl Reactor {
         std::sync::atomic::fence(Ordering::SeqCst);
         let mut mailbox_signalled = false;
         if self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst) {
-            match self.epoll.wait(None) {
+            // A deadline before the timerfd's is epoll's own timeout: no timerfd to set for
+            // a short sleep, nor to disarm after it.
+            let timeout = until_ns
+                .filter(|&u| self.timer_fd_armed_ns.is_none_or(|t| u < t))
+                .map(|u| Duration::from_nanos(u.saturating_sub(monotonic_ns())));
+            match self.epoll.wait(timeout) {
                 Ok(mut tokens) => mailbox_signalled = tokens.any(|t| t == TOKEN_MAILBOX),
                 Err(e) => panic!("reactor {}: epoll_wait failed: {e}", self.core),
             }

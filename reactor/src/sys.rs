@@ -21,6 +21,8 @@ pub const EPOLL_EVENTS_MAX: usize = 32;
 pub struct Epoll {
     fd: OwnedFd,
     events: Vec<libc::epoll_event>,
+    /// Whether the kernel has `epoll_pwait2` (until it says ENOSYS).
+    pwait2: bool,
 }
 
 impl Epoll {
@@ -31,6 +33,7 @@ impl Epoll {
             // SAFETY: `raw` is a fresh descriptor nobody else owns.
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
             events: vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS_MAX],
+            pwait2: true,
         })
     }
 
@@ -68,24 +71,39 @@ impl Epoll {
     }
 
     /// Blocks until a watched fd is readable or `timeout` passes (`None`: no timeout), and
-    /// returns the tokens of the ready fds. EINTR returns no tokens.
+    /// returns the tokens of the ready fds. EINTR returns no tokens. The timeout has
+    /// nanosecond resolution (`epoll_pwait2`, Linux 5.11); on an older kernel it is rounded
+    /// up to whole milliseconds.
     pub fn wait(
         &mut self,
         timeout: Option<Duration>,
     ) -> io::Result<impl Iterator<Item = u64> + '_> {
-        let timeout_ms = match timeout {
-            None => -1,
-            // Round up: a timer due in 0.2 ms must not become a busy 0 ms timeout.
-            Some(d) => d.as_micros().div_ceil(1_000).min(i32::MAX as u128) as i32,
-        };
-        // SAFETY: `events` holds EPOLL_EVENTS_MAX initialised entries the kernel may write.
-        let rc = unsafe {
-            libc::epoll_wait(
-                self.fd.as_raw_fd(),
-                self.events.as_mut_ptr(),
-                EPOLL_EVENTS_MAX as libc::c_int,
-                timeout_ms,
-            )
+        let rc = match timeout {
+            None => self.wait_ms(-1),
+            Some(d) if self.pwait2 => {
+                let ts = libc::timespec {
+                    tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+                    tv_nsec: d.subsec_nanos() as libc::c_long,
+                };
+                // SAFETY: `events` holds EPOLL_EVENTS_MAX initialised entries the kernel may
+                // write; `ts` lives across the call; a null sigmask leaves the mask alone.
+                let rc = unsafe {
+                    libc::epoll_pwait2(
+                        self.fd.as_raw_fd(),
+                        self.events.as_mut_ptr(),
+                        EPOLL_EVENTS_MAX as libc::c_int,
+                        &ts,
+                        std::ptr::null(),
+                    )
+                };
+                if rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                    self.pwait2 = false;
+                    self.wait_ms(millis_rounded_up(d))
+                } else {
+                    rc
+                }
+            }
+            Some(d) => self.wait_ms(millis_rounded_up(d)),
         };
         let n = match cvt(rc) {
             Ok(n) => n as usize,
@@ -94,6 +112,23 @@ impl Epoll {
         };
         Ok(self.events[..n].iter().map(|ev| ev.u64))
     }
+
+    fn wait_ms(&mut self, timeout_ms: libc::c_int) -> libc::c_int {
+        // SAFETY: `events` holds EPOLL_EVENTS_MAX initialised entries the kernel may write.
+        unsafe {
+            libc::epoll_wait(
+                self.fd.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                EPOLL_EVENTS_MAX as libc::c_int,
+                timeout_ms,
+            )
+        }
+    }
+}
+
+/// Round up: a timer due in 0.2 ms must not become a busy 0 ms timeout.
+fn millis_rounded_up(d: Duration) -> libc::c_int {
+    d.as_micros().div_ceil(1_000).min(i32::MAX as u128) as libc::c_int
 }
 
 /// Sets the calling thread's timer slack: the kernel may fire its timers this much late to
