@@ -43,6 +43,8 @@ pub struct Command<'buf> {
     nlb: u32,
     /// Force Unit Access (writes reach non-volatile media before completing).
     fua: bool,
+    /// Write Zeroes may deallocate the blocks (NVMe's DEAC).
+    deallocate: bool,
     buf_ptr: *mut u8,
     buf_len_bytes: usize,
     _buf: PhantomData<&'buf mut [u8]>,
@@ -55,6 +57,7 @@ impl<'buf> Command<'buf> {
             slba,
             nlb,
             fua: false,
+            deallocate: false,
             buf_ptr,
             buf_len_bytes,
             _buf: PhantomData,
@@ -78,7 +81,8 @@ impl<'buf> Command<'buf> {
         Self::new(Opcode::Flush, 0, 0, std::ptr::null_mut(), 0)
     }
 
-    /// Sets `nlb` blocks starting at `slba` to zero, without a data buffer.
+    /// Sets `nlb` blocks starting at `slba` to zero, without a data buffer. The blocks stay
+    /// allocated unless [`Command::with_deallocate`] allows otherwise.
     pub fn write_zeroes(slba: u64, nlb: u32) -> Self {
         Self::new(Opcode::WriteZeroes, slba, nlb, std::ptr::null_mut(), 0)
     }
@@ -102,6 +106,14 @@ impl<'buf> Command<'buf> {
         self
     }
 
+    /// For Write Zeroes: allows the device to deallocate the zeroed blocks (NVMe's DEAC,
+    /// Linux's Write Zeroes without `REQ_NOUNMAP`), which reads the same and may be faster.
+    /// Without it (NBD's `NO_HOLE`) they stay allocated. Other commands ignore it.
+    pub fn with_deallocate(mut self, deallocate: bool) -> Self {
+        self.deallocate = deallocate;
+        self
+    }
+
     pub fn opcode(&self) -> Opcode {
         self.opcode
     }
@@ -119,6 +131,11 @@ impl<'buf> Command<'buf> {
     /// Whether Force Unit Access is set.
     pub fn fua(&self) -> bool {
         self.fua
+    }
+
+    /// Whether a Write Zeroes may deallocate its blocks.
+    pub fn may_deallocate(&self) -> bool {
+        self.deallocate
     }
 
     /// The data buffer handed to the device: null for commands without data.

@@ -40,6 +40,9 @@ impl Opcode {
 
 /// Command Dword 12 bit 30 of Read/Write: Force Unit Access.
 pub const CDW12_FUA: u32 = 1 << 30;
+/// Write Zeroes, CDW12 bit 25: Deallocate (DEAC): the host allows the controller to
+/// deallocate the zeroed blocks (without it they stay allocated).
+pub const CDW12_DEAC: u32 = 1 << 25;
 /// Command Dword 11 bit 2 of Dataset Management: Attribute - Deallocate.
 pub const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
 /// Largest number of logical blocks one Read/Write/Write Zeroes can name (NLB is 16 bits,

@@ -148,6 +148,12 @@ impl<'q> SyncIo<'q> {
         self.run_without_data(&Command::write_zeroes(slba, nlb))
     }
 
+    /// Write Zeroes that allows the device to deallocate the blocks
+    /// ([`Command::with_deallocate`]).
+    pub fn write_zeroes_deallocating(&mut self, slba: u64, nlb: u32) -> Result<(), IoError> {
+        self.run_without_data(&Command::write_zeroes(slba, nlb).with_deallocate(true))
+    }
+
     pub fn deallocate(&mut self, slba: u64, nlb: u32) -> Result<(), IoError> {
         self.run_without_data(&Command::deallocate(slba, nlb))
     }

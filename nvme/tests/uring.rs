@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -536,7 +536,7 @@ fn abort_completes_each_command_exactly_once_and_reset_is_left_to_the_kernel() {
 }
 
 #[test]
-fn write_zeroes_falls_back_to_punching_a_hole_where_zero_range_is_missing() {
+fn write_zeroes_without_zero_range_punches_then_allocates_unless_deallocation_is_allowed() {
     // tmpfs has no FALLOC_FL_ZERO_RANGE; skip where /dev/shm is absent.
     let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
         return;
@@ -560,4 +560,23 @@ fn write_zeroes_falls_back_to_punching_a_hole_where_zero_range_is_missing() {
             &data[(at as usize + 2) * LBA..(at as usize + 3) * LBA]
         );
     }
+    // Zeroes stay allocated unless the command allows deallocation: tmpfs keeps a page per
+    // 4 KiB, so an 8-block hole would show in the file's allocated size.
+    let allocated_bytes = || fs::metadata(&path).unwrap().blocks() * 512;
+    let full = allocated_bytes();
+    io.write_zeroes(8, 8).expect("write zeroes");
+    assert!(io.read(8, 8).unwrap().iter().all(|&b| b == 0));
+    assert_eq!(
+        allocated_bytes(),
+        full,
+        "zeroes without deallocation left a hole"
+    );
+    io.write_zeroes_deallocating(8, 8)
+        .expect("write zeroes, deallocating");
+    assert!(io.read(8, 8).unwrap().iter().all(|&b| b == 0));
+    assert!(
+        allocated_bytes() <= full - 8 * LBA as u64,
+        "a deallocating write zeroes punched no hole: {} of {full} bytes allocated",
+        allocated_bytes()
+    );
 }

@@ -151,6 +151,9 @@ pub struct IoRequest {
     pub nlb: u32,
     /// Force Unit Access, for writes.
     pub fua: bool,
+    /// For Write Zeroes: the device may deallocate the blocks (see
+    /// `hypoll_nvme::Command::with_deallocate`); without it they stay allocated.
+    pub deallocate: bool,
     /// Handed back in [`IoDone::user`]: state for the callback without an allocation.
     pub user: u64,
 }
@@ -162,6 +165,7 @@ impl IoRequest {
             slba,
             nlb,
             fua: false,
+            deallocate: false,
             user: 0,
         }
     }
@@ -173,6 +177,11 @@ impl IoRequest {
 
     pub fn with_fua(mut self, fua: bool) -> IoRequest {
         self.fua = fua;
+        self
+    }
+
+    pub fn with_deallocate(mut self, deallocate: bool) -> IoRequest {
+        self.deallocate = deallocate;
         self
     }
 }

@@ -1618,6 +1618,7 @@ fn command<'b>(req: &IoRequest, buf: Option<&'b mut hypoll_nvme::IoBuf>) -> Comm
         _ => unreachable!("Reactor::submit checks the buffer against the operation"),
     }
     .with_fua(req.fua)
+    .with_deallocate(req.deallocate)
 }
 
 /// Convenience wrappers over [`Reactor::submit`].

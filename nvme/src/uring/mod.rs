@@ -3,8 +3,9 @@
 //!
 //! Each queue pair owns one ring, with the file registered (fixed file 0). Commands map to
 //! io_uring operations: Read and Write (Write with FUA becomes a write with `RWF_DSYNC`),
-//! Flush to `fdatasync`, Write Zeroes to `fallocate(ZERO_RANGE)` (or `PUNCH_HOLE` where the
-//! file system lacks zero-range), Deallocate to `fallocate(PUNCH_HOLE)`.
+//! Flush to `fdatasync`, Write Zeroes to `fallocate(ZERO_RANGE)` (where the file system lacks
+//! zero-range, `PUNCH_HOLE`, then a plain `fallocate` to allocate the blocks again unless the
+//! command allows deallocation), Deallocate to `fallocate(PUNCH_HOLE)`.
 //!
 //! How completions are found depends on the device, detected when it is opened:
 //! - **poll** (`IORING_SETUP_IOPOLL`): only for O_DIRECT on a device with poll queues (an
@@ -545,6 +546,20 @@ struct InFlight {
     /// Bytes the command covers; a read or write that moves fewer is an error.
     len_bytes: u64,
     offset_bytes: u64,
+    /// For Write Zeroes: whether the blocks may be deallocated, and which `fallocate` is in
+    /// the kernel.
+    may_deallocate: bool,
+    zeroing: Zeroing,
+}
+
+/// How a Write Zeroes is carried out. Zero-range first; where the file system has none
+/// (tmpfs), punch-hole, which zeroes by deallocating, and then, unless the command allows
+/// deallocation, a plain `fallocate` to allocate the blocks again (as zeroes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Zeroing {
+    ZeroRange,
+    PunchHole,
+    Allocate,
 }
 
 /// One io_uring ring as an NVMe queue pair. Owned by one thread (not `Send`): the ring is
@@ -565,7 +580,8 @@ pub struct UringQueuePair {
     unsubmitted: usize,
     /// Commands completed without the kernel (out-of-range LBAs, oversized transfers).
     local: VecDeque<Completion>,
-    /// Write Zeroes whose zero-range the file system refused: resubmitted as punch-hole.
+    /// Write Zeroes with a next step to submit: punch-hole after a refused zero-range,
+    /// allocate after a punch-hole (see [`Zeroing`]).
     retry_zeroes: Vec<u32>,
     zero_range_unsupported: bool,
     /// The ring's registered eventfd, in interrupt mode.
@@ -698,10 +714,16 @@ impl UringQueuePair {
             Opcode::Flush => opcode::Fsync::new(file)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            Opcode::WriteZeroes if !self.zero_range_unsupported => {
+            Opcode::WriteZeroes if flight.zeroing == Zeroing::ZeroRange => {
                 opcode::Fallocate::new(file, flight.len_bytes)
                     .offset(flight.offset_bytes)
                     .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+                    .build()
+            }
+            Opcode::WriteZeroes if flight.zeroing == Zeroing::Allocate => {
+                opcode::Fallocate::new(file, flight.len_bytes)
+                    .offset(flight.offset_bytes)
+                    .mode(libc::FALLOC_FL_KEEP_SIZE)
                     .build()
             }
             Opcode::WriteZeroes | Opcode::DatasetManagement => {
@@ -714,7 +736,7 @@ impl UringQueuePair {
         entry.user_data(u64::from(slot))
     }
 
-    /// Resubmits the Write Zeroes whose zero-range was refused, as punch-hole. One that
+    /// Submits the next step of the Write Zeroes that have one (see [`Zeroing`]). One that
     /// finds the submission queue full waits for the next poll.
     fn resubmit_zeroes(&mut self) {
         while let Some(&slot) = self.retry_zeroes.last() {
@@ -803,6 +825,12 @@ impl QueuePair for UringQueuePair {
             opcode: cmd.opcode(),
             len_bytes,
             offset_bytes: cmd.slba() * u64::from(lba_bytes),
+            may_deallocate: cmd.may_deallocate(),
+            zeroing: if self.zero_range_unsupported {
+                Zeroing::PunchHole
+            } else {
+                Zeroing::ZeroRange
+            },
         };
         let file = types::Fixed(0);
         let fixed = moves_data && self.in_fixed_region(cmd.buf_ptr(), len_bytes);
@@ -874,12 +902,23 @@ impl QueuePair for UringQueuePair {
                 continue;
             }
             let slot = cqe.user_data() as u32;
-            let flight = self.slots[slot as usize]
+            let mut flight = self.slots[slot as usize]
                 .take()
                 .unwrap_or_else(|| panic!("io_uring completion for idle slot {slot}"));
-            if flight.opcode == Opcode::WriteZeroes && cqe.result() == -libc::EOPNOTSUPP {
+            let next = match (flight.opcode, flight.zeroing, cqe.result()) {
                 // The file system has no zero-range (tmpfs): punching a hole zeroes too.
-                *zero_range_unsupported = true;
+                (Opcode::WriteZeroes, Zeroing::ZeroRange, r) if r == -libc::EOPNOTSUPP => {
+                    *zero_range_unsupported = true;
+                    Some(Zeroing::PunchHole)
+                }
+                // Zeroed by deallocating: allocate again unless deallocation was allowed.
+                (Opcode::WriteZeroes, Zeroing::PunchHole, 0) if !flight.may_deallocate => {
+                    Some(Zeroing::Allocate)
+                }
+                _ => None,
+            };
+            if let Some(next) = next {
+                flight.zeroing = next;
                 self.slots[slot as usize] = Some(flight);
                 retry_zeroes.push(slot);
                 continue;
@@ -1030,6 +1069,8 @@ mod tests {
             opcode: Opcode::Read,
             len_bytes: 4096,
             offset_bytes: 0,
+            may_deallocate: false,
+            zeroing: Zeroing::ZeroRange,
         };
         let write = InFlight {
             opcode: Opcode::Write,

@@ -18,8 +18,8 @@ use super::sys::Gate;
 use super::{Inner, VfioError, MAX_TRANSFER_BYTES};
 use crate::qpair::{Command, Completion, QueuePair, RecoveryError, SubmitError};
 use crate::spec::{
-    CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_FUA,
-    DSM_ATTR_DEALLOCATE,
+    CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_DEAC,
+    CDW12_FUA, DSM_ATTR_DEALLOCATE,
 };
 
 /// Bounce pages one command may take: MAX_TRANSFER_BYTES of 4 KiB pages.
@@ -390,7 +390,9 @@ impl QueuePair for VfioQueuePair {
             }
             Opcode::WriteZeroes => {
                 sqe.set_slba(cmd.slba());
-                sqe.cdw12 = (cmd.nlb() - 1) | if cmd.fua() { CDW12_FUA } else { 0 };
+                sqe.cdw12 = (cmd.nlb() - 1)
+                    | if cmd.fua() { CDW12_FUA } else { 0 }
+                    | if cmd.may_deallocate() { CDW12_DEAC } else { 0 };
             }
             Opcode::DatasetManagement => {
                 self.lists.write_volatile(
