@@ -12,6 +12,9 @@
 //!   completion found on the first poll after a sleep is censored (it happened at an unknown
 //!   time during the sleep): it is learnt at the middle of the sleep, not at the time the
 //!   reactor noticed it, which is what makes hybrid's sleep "shelve" upwards.
+//! - **What an interrupt wake-up costs in latency**, by experiment: while its sleeps pay, one
+//!   I/O in 64 at queue depth 1 is a probe, alternately spun through or waited for on the
+//!   interrupt; the price is the difference of the two arms' median latencies.
 //!
 //! For the oldest outstanding I/O, which has been in flight for `e`, once per I/O:
 //!
@@ -23,7 +26,9 @@
 //!    arrive in batches.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
-//!    bucket's mean (shared by the outstanding I/Os), if that saves CPU.
+//!    bucket's mean (shared by the outstanding I/Os), if that saves CPU. Once the interrupt
+//!    is priced (on a device that has one) the sleep is interruptible: a completion ends it
+//!    one interrupt wake-up later, so no I/O is later than that price, and `w` moves later.
 //! 4. Otherwise spin. Idle reactors park (the reactor does that, with nothing outstanding).
 
 use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
