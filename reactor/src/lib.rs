@@ -41,8 +41,8 @@ pub use reactor::{
     COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
 };
 pub use set::{
-    ReactorConfig, ReactorPanic, ReactorSet, ShutdownReport, StartError, MAILBOX_CAPACITY,
-    REACTOR_TIMER_SLACK_NS,
+    PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ShutdownReport, StartError,
+    MAILBOX_CAPACITY, REACTOR_TIMER_SLACK_NS,
 };
 pub use stats::{Counters, ReactorStats};
 pub use sys::{allowed_cores, thread_cores, timer_slack_ns};

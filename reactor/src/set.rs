@@ -5,6 +5,7 @@ use std::thread::JoinHandle;
 
 use crate::cores::{CoreError, CoreList};
 use crate::reactor::{mailbox, ExitReport, Reactor, ReactorHandle, ReactorTuning};
+use hypoll_policy::PollPolicy;
 
 /// Default mailbox size of each reactor.
 pub const MAILBOX_CAPACITY: usize = 1024;
@@ -18,8 +19,27 @@ pub struct ReactorConfig {
     pub cores: Option<CoreList>,
     /// Poll policy spec for every reactor (`classic`, `hybrid`, `hybrid-min:adjust=2000`).
     pub policy: String,
+    /// A policy of the application's own, built once per reactor; `policy` is then unused.
+    pub custom_policy: Option<PolicyFactory>,
     pub mailbox_capacity: usize,
     pub tuning: ReactorTuning,
+}
+
+/// Builds a reactor's own [`PollPolicy`] on the reactor's thread, given the reactor's index:
+/// how an application plugs in a policy that is not among the built-in ones.
+#[derive(Clone)]
+pub struct PolicyFactory(pub Arc<dyn Fn(usize) -> Box<dyn PollPolicy> + Send + Sync>);
+
+impl PolicyFactory {
+    pub fn new(build: impl Fn(usize) -> Box<dyn PollPolicy> + Send + Sync + 'static) -> Self {
+        PolicyFactory(Arc::new(build))
+    }
+}
+
+impl std::fmt::Debug for PolicyFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PolicyFactory(..)")
+    }
 }
 
 impl Default for ReactorConfig {
@@ -27,6 +47,7 @@ impl Default for ReactorConfig {
         ReactorConfig {
             cores: None,
             policy: "classic".to_string(),
+            custom_policy: None,
             mailbox_capacity: MAILBOX_CAPACITY,
             tuning: ReactorTuning::default(),
         }
@@ -93,7 +114,9 @@ impl ReactorSet {
         if cfg.mailbox_capacity == 0 {
             return Err(StartError::Mailbox);
         }
-        hypoll_policy::build(&cfg.policy).map_err(|e| StartError::Policy(e.to_string()))?;
+        if cfg.custom_policy.is_none() {
+            hypoll_policy::build(&cfg.policy).map_err(|e| StartError::Policy(e.to_string()))?;
+        }
 
         let mut handles = Vec::new();
         let mut receivers = Vec::new();
@@ -119,6 +142,7 @@ impl ReactorSet {
             let init = init.clone();
             let ready = ready_tx.clone();
             let policy_spec = cfg.policy.clone();
+            let custom_policy = cfg.custom_policy.clone();
             let tuning = cfg.tuning.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("hypoll-r{core}"))
@@ -134,8 +158,11 @@ impl ReactorSet {
                         let cpu = crate::sys::ThreadCpuClock::current()
                             .map_err(|e| format!("reading its CPU clock: {e}"))?;
                         handles[index].stats_cell().set_cpu_clock(cpu);
-                        let policy = hypoll_policy::build(&policy_spec)
-                            .map_err(|e| format!("policy: {e}"))?;
+                        let policy = match &custom_policy {
+                            Some(factory) => (factory.0)(index),
+                            None => hypoll_policy::build(&policy_spec)
+                                .map_err(|e| format!("policy: {e}"))?,
+                        };
                         let mut reactor = Reactor::new(index, rx, handles.clone(), policy, tuning)
                             .map_err(|e| format!("creating its epoll and timer: {e}"))?;
                         // A panicking init is reported like a failing one, so `start` never

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
 use hypoll_reactor::{
     allowed_cores, thread_cores, timer_slack_ns, CoreError, CoreList, Device, DeviceId, IoDone,
-    IoFailure, IoOp, IoRequest, Reactor, ReactorConfig, ReactorHandle, ReactorSet, ReactorStats,
-    ReactorTuning, RejectReason, Rejected, SendError, StartError,
+    IoFailure, IoOp, IoRequest, PolicyFactory, Reactor, ReactorConfig, ReactorHandle, ReactorSet,
+    ReactorStats, ReactorTuning, RejectReason, Rejected, SendError, StartError,
 };
 
 /// Tests run one at a time: they measure CPU and timing on a 2-core machine, and spinning
@@ -475,6 +475,105 @@ fn a_long_sleep_ends_when_the_io_completes() {
         "{:?}",
         stats.counters
     );
+}
+
+/// A policy of the test's own: one interruptible sleep of `sleep` per I/O, then spin. Counts
+/// the completions it is told were seen after an interrupt wait.
+struct SleepInterruptibly {
+    sleep: Duration,
+    after_interrupt: Arc<AtomicU64>,
+}
+
+impl hypoll_policy::PollPolicy for SleepInterruptibly {
+    fn name(&self) -> &str {
+        "test-sleep-interruptibly"
+    }
+
+    fn decide(&mut self, ctx: &hypoll_policy::PollContext<'_>) -> hypoll_policy::Decision {
+        assert!(
+            ctx.interrupts,
+            "an emulated device in real time has an interrupt"
+        );
+        if ctx.oldest.slept {
+            hypoll_policy::Decision::Spin
+        } else {
+            hypoll_policy::Decision::SleepInterruptible(self.sleep)
+        }
+    }
+
+    fn on_completion(&mut self, seen: &hypoll_policy::Observation) {
+        if seen.after_interrupt {
+            assert!(seen.censored);
+            self.after_interrupt.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes then reads back `count` blocks at QD 1 on `device` under `SleepInterruptibly`.
+fn sleep_interruptibly(device: &str, sleep: Duration, count: u64) -> (ReactorStats, u64) {
+    let after_interrupt = Arc::new(AtomicU64::new(0));
+    let seen = after_interrupt.clone();
+    let cfg = ReactorConfig {
+        custom_policy: Some(PolicyFactory::new(move |_| {
+            Box::new(SleepInterruptibly {
+                sleep,
+                after_interrupt: seen.clone(),
+            })
+        })),
+        ..config(1, "classic")
+    };
+    let device = Device::open(device).unwrap();
+    let set = ReactorSet::start(cfg, move |r| r.attach(&device, 8).map(drop)).unwrap();
+    let h = &set.handles()[0];
+    assert_eq!(drive(h, count, 1, write_block, succeeded), 0);
+    assert_eq!(drive(h, count, 1, read_block, matches_pattern), 0);
+    let report = set.shutdown();
+    assert!(report.panics.is_empty(), "{:?}", report.panics);
+    (
+        report.exits[0].stats,
+        after_interrupt.load(Ordering::Relaxed),
+    )
+}
+
+#[test]
+fn a_completion_ends_an_interruptible_sleep() {
+    let _serial = serial();
+    // 1 s asked, 300 us device: the completion's interrupt ends every sleep (100 I/Os
+    // would otherwise take 100 s), each is an interrupt wait, and the policy hears that its
+    // completion was seen after one.
+    let start = Instant::now();
+    let dev = "emu:nand,size=16M,read_us=300,write_us=300";
+    let (stats, after_interrupt) = sleep_interruptibly(dev, Duration::from_secs(1), 50);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(stats.counters.ios, 100);
+    assert_eq!(stats.counters.sleeps, 0, "{:?}", stats.counters);
+    assert!(
+        stats.counters.interrupt_waits >= 100,
+        "{:?}",
+        stats.counters
+    );
+    assert!(
+        after_interrupt >= 90,
+        "{after_interrupt} of 100 seen after an interrupt"
+    );
+}
+
+#[test]
+fn an_interruptible_sleep_that_runs_its_course_is_the_ios_one_sleep() {
+    let _serial = serial();
+    // 50 us asked, 2 ms device: each sleep ends at its deadline, counts as the I/O's one
+    // sleep (the policy then sees `slept` and spins) and measures its overshoot.
+    let dev = "emu:nand,size=16M,read_us=2000,write_us=2000,tail_pct=0";
+    let (stats, after_interrupt) = sleep_interruptibly(dev, Duration::from_micros(50), 50);
+    assert_eq!(stats.counters.ios, 100);
+    assert_eq!(stats.counters.sleeps, 100, "{:?}", stats.counters);
+    assert_eq!(stats.counters.interrupt_waits, 0, "{:?}", stats.counters);
+    assert_eq!(after_interrupt, 0);
+    assert!(stats.overshoot_mean_ns().is_some());
 }
 
 #[test]
