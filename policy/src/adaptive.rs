@@ -713,15 +713,20 @@ mod tests {
         })
     }
 
-    /// Latencies 70..=90 us, evenly spread.
-    fn nand_like(policy: &mut Adaptive) {
+    /// A full reservoir of latencies evenly spread over `from_ns..from_ns + width_ns`.
+    fn uniform(policy: &mut Adaptive, from_ns: u64, width_ns: u64) {
         for i in 0..ADAPTIVE_RESERVOIR as u64 {
             observe(
                 policy,
-                70_000 + (i * 20_000) / ADAPTIVE_RESERVOIR as u64,
+                from_ns + (i * width_ns) / ADAPTIVE_RESERVOIR as u64,
                 false,
             );
         }
+    }
+
+    /// Latencies 70..=90 us.
+    fn nand_like(policy: &mut Adaptive) {
+        uniform(policy, 70_000, 20_000);
     }
 
     #[test]
@@ -777,15 +782,9 @@ mod tests {
         ));
     }
 
-    /// Latencies 40..=100 us, evenly spread: a wide device.
+    /// Latencies 40..=100 us: a wide device.
     fn wide(policy: &mut Adaptive) {
-        for i in 0..ADAPTIVE_RESERVOIR as u64 {
-            observe(
-                policy,
-                40_000 + (i * 60_000) / ADAPTIVE_RESERVOIR as u64,
-                false,
-            );
-        }
+        uniform(policy, 40_000, 60_000);
     }
 
     /// Interrupt probes that measured a wake-up of `cost_ns`.
