@@ -266,6 +266,9 @@ pub struct Adaptive {
     /// second look at the interrupt once it outlived most of its bucket.
     current_settled: bool,
     current_tail_checked: bool,
+    /// Whether its decision was an interruptible sleep, which something other than its
+    /// deadline may have ended (then the I/O has not slept, and it is decided afresh).
+    current_sleep_interruptible: bool,
     /// Distinct oldest I/Os decided for.
     ios_seen: u64,
     probe_burst_left: u32,
@@ -330,6 +333,7 @@ impl Adaptive {
             current_submit_ns: u64::MAX,
             current_settled: false,
             current_tail_checked: false,
+            current_sleep_interruptible: false,
             ios_seen: 0,
             probe_burst_left: PROBE_BURST,
             probed_io: 0,
@@ -525,6 +529,11 @@ impl PollPolicy for Adaptive {
                 self.irq_probe = Some((ctx.oldest.submit_ns, self.irq_probes.is_multiple_of(2)));
             }
         }
+        // An interruptible sleep ended before its deadline (by a message, a poller's fd or
+        // another I/O's completion) leaves the I/O unslept: plan again for the time left.
+        if std::mem::take(&mut self.current_sleep_interruptible) && !ctx.oldest.slept {
+            self.current_settled = false;
+        }
         if self.buckets[bucket.index()].planned_samples() < ADAPTIVE_MIN_SAMPLES {
             return Decision::Spin;
         }
@@ -590,6 +599,7 @@ impl PollPolicy for Adaptive {
             if !batching {
                 self.budget_sleeps = decision != Decision::Spin;
             }
+            self.current_sleep_interruptible = matches!(decision, Decision::SleepInterruptible(_));
         }
         if decision == Decision::Spin {
             // Keep the overshoot and the cost of a sleep measured: a short probe, now and
@@ -696,6 +706,18 @@ mod tests {
         outstanding: usize,
         interrupts: bool,
     ) -> Decision {
+        decide_slept(policy, submit_ns, now_ns, outstanding, interrupts, false)
+    }
+
+    /// A decision for an I/O that has (`slept`) or has not slept yet.
+    fn decide_slept(
+        policy: &mut Adaptive,
+        submit_ns: u64,
+        now_ns: u64,
+        outstanding: usize,
+        interrupts: bool,
+        slept: bool,
+    ) -> Decision {
         let snapshot = Snapshot::EMPTY;
         let overshoot = OvershootStats::new();
         policy.decide(&PollContext {
@@ -704,7 +726,7 @@ mod tests {
             oldest: InFlight {
                 bucket: Some(READ_4K),
                 submit_ns,
-                slept: false,
+                slept,
             },
             stats: &snapshot,
             overshoot: &overshoot,
@@ -878,6 +900,16 @@ mod tests {
         assert_eq!(
             decide_on(&mut p, 200_000, 201_000, 1, true),
             Decision::sleep_interruptible_ns(interruptible - 6_000)
+        );
+        // Something else ended that sleep 10 us in (the I/O has not slept): it sleeps again
+        // for the time left. Once a sleep ran its course (it has slept), it spins.
+        assert_eq!(
+            decide_slept(&mut p, 200_000, 211_000, 1, true, false),
+            Decision::sleep_interruptible_ns(interruptible - 16_000)
+        );
+        assert_eq!(
+            decide_slept(&mut p, 200_000, 230_000, 1, true, true),
+            Decision::Spin
         );
         assert_eq!(
             decide_on(&mut p, 300_000, 301_000, 1, false),
