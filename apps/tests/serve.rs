@@ -986,3 +986,46 @@ fn a_client_that_never_finishes_its_handshake_is_closed() {
     assert_eq!(reply(&mut ok), (9, 0));
     assert!(s.stderr_text().contains("handshake not finished"));
 }
+
+#[test]
+fn write_zeroes_keeps_blocks_allocated_unless_the_client_allows_a_hole() {
+    // tmpfs has no zero-range: the uring export zeroes by punching a hole, then allocates
+    // the range again, unless the client allows a hole (qemu-io's `write -z -u` sends no
+    // NO_HOLE flag; plain `write -z` does). Skipped where /dev/shm is absent.
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    let path = dir.path().join("disk.img");
+    random_file(&path, 16 << 20, 11);
+    let s = Serve::start(&[&format!("shm=uring:{},direct=0", path.display())]);
+    let allocated_bytes = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&path).unwrap().blocks() * 512
+    };
+    let full = allocated_bytes();
+    let zero = |cmd: &str, at: &str| {
+        let out = run(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                &format!("{cmd} {at} 1M"),
+                "-c",
+                &format!("read -P 0 {at} 1M"),
+                &s.uri("shm"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!text.contains("failed"), "{text}");
+    };
+    zero("write -z", "1M");
+    assert_eq!(allocated_bytes(), full, "NO_HOLE write zeroes left a hole");
+    zero("write -z -u", "4M");
+    assert!(
+        allocated_bytes() <= full - (1 << 20),
+        "write zeroes allowed to unmap punched no hole: {} of {full} bytes allocated",
+        allocated_bytes()
+    );
+}

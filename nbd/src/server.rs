@@ -665,6 +665,8 @@ struct Pending {
     offset: u64,
     length: u32,
     fua: bool,
+    /// Write Zeroes may leave a hole (the client did not send `NO_HOLE`).
+    may_deallocate: bool,
     stage: Stage,
     /// Bytes of the data stage submitted so far.
     submitted: u64,
@@ -1225,6 +1227,7 @@ impl Shard {
             offset: req.offset,
             length: req.length,
             fua: req.fua,
+            may_deallocate: !req.no_hole,
             stage: if req.op == Op::Flush {
                 Stage::Flush
             } else {
@@ -1288,6 +1291,7 @@ impl Shard {
                                 IoOp::WriteZeroes
                             };
                             let req = IoRequest::new(op, at / lba, (n / lba) as u32)
+                                .with_deallocate(p.may_deallocate)
                                 .with_user(pack(ck, rk, 0));
                             (req, None, n)
                         }

@@ -89,6 +89,8 @@ pub struct Request {
     pub offset: u64,
     pub length: u32,
     pub fua: bool,
+    /// Write Zeroes with `NO_HOLE`: the zeroed range must stay allocated.
+    pub no_hole: bool,
     /// For a write: where its payload lies in the input given to `step`.
     pub payload: Range<usize>,
 }
@@ -500,6 +502,7 @@ impl Session {
                 offset: if op == Op::Flush { 0 } else { offset },
                 length: if op == Op::Flush { 0 } else { length },
                 fua: flags & CMD_FLAG_FUA != 0,
+                no_hole: flags & CMD_FLAG_NO_HOLE != 0,
                 payload,
             }),
         )

@@ -242,6 +242,19 @@ fn requests_parse_with_their_payload_only_once_it_is_whole() {
     );
     assert!(input[r.payload].iter().all(|&b| b == 0xab));
     assert!(out.is_empty());
+    assert!(!r.no_hole);
+    let (_, step) = s.step(
+        &request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 10, 0, 4096),
+        &mut out,
+    );
+    assert!(matches!(
+        step,
+        Step::Request(Request {
+            op: Op::WriteZeroes,
+            no_hole: true,
+            ..
+        })
+    ));
     let (_, step) = s.step(&request(CMD_FLUSH, 0, 8, 0, 0), &mut out);
     assert!(matches!(step, Step::Request(Request { op: Op::Flush, .. })));
     let (_, step) = s.step(&request(CMD_DISC, 0, 9, 0, 0), &mut out);
