@@ -574,9 +574,9 @@ impl PollPolicy for Adaptive {
             let median_ov_ns = self.overshoot.quantile(0.5).unwrap_or(0);
             let dist = &self.buckets[bucket.index()];
             let queueing_ns = dist.median_ns().saturating_sub(dist.floor_ns);
-            // A budgeted sleep is interruptible where the device can interrupt; a batching
-            // one never is: it means to sleep through completions.
-            // Only once the interrupt's price is known.
+            // A budgeted sleep is interruptible where the device can interrupt, once the
+            // interrupt's price is known; a batching one never is: it means to sleep through
+            // completions.
             let interruptible =
                 self.interruptible && ctx.interrupts && self.interrupt_cost_ns().is_some();
             let batching = ctx.outstanding >= 2 && queueing_ns > dist.floor_ns;
