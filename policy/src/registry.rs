@@ -110,10 +110,10 @@ static POLICIES: [PolicyInfo; 9] = [
     },
     PolicyInfo {
         name: Adaptive::NAME,
-        syntax: "adaptive[:budget=<pct>,sleep=timed]",
+        syntax: "adaptive[:budget=<pct>,sleep=interruptible]",
         description: "ours: calibrates wake-up overshoot and sleep cost online, sleeps to a \
-                      latency budget on the learnt distribution (sleeps a completion can \
-                      end early), batches under load, interrupts for long waits",
+                      latency budget on the learnt distribution, batches under load, \
+                      interrupts for long waits",
         build: build_adaptive,
     },
     PolicyInfo {
@@ -209,7 +209,7 @@ fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecE
         SLEEP,
         ACCEPTED,
         args,
-        "interruptible (a completion ends a sleep; the default) or timed (a sleep always lasts)",
+        "timed (a sleep always lasts; the default) or interruptible (a completion ends a sleep)",
         |v| match v {
             "interruptible" => Some(true),
             "timed" => Some(false),
@@ -218,7 +218,7 @@ fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecE
     )?;
     Ok(Box::new(Adaptive::with(
         budget_pct.unwrap_or(ADAPTIVE_BUDGET_PCT),
-        interruptible.unwrap_or(true),
+        interruptible.unwrap_or(false),
     )))
 }
 
@@ -462,11 +462,14 @@ mod tests {
             ("hybrid-min:adjust=0", "hybrid-min"),
             ("uring-hybrid", "uring-hybrid"),
             ("adaptive", "adaptive"),
-            ("adaptive:sleep=interruptible", "adaptive"),
-            ("adaptive:sleep=timed", "adaptive:sleep=timed"),
+            ("adaptive:sleep=timed", "adaptive"),
             (
-                "adaptive:sleep=timed,budget=1.5",
-                "adaptive:budget=1.5,sleep=timed",
+                "adaptive:sleep=interruptible",
+                "adaptive:sleep=interruptible",
+            ),
+            (
+                "adaptive:sleep=interruptible,budget=1.5",
+                "adaptive:budget=1.5,sleep=interruptible",
             ),
             ("  hybrid \n", "hybrid"),
         ] {
