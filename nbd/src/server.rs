@@ -42,6 +42,19 @@ pub const QUEUE_DEPTH_DEFAULT: usize = 128;
 /// Default time an idle reactor watches its sockets for a queue-depth-1 client's next
 /// request before it parks (`--idle-spin-us`): a few loopback round trips on a busy machine.
 pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
+/// Default request-gathering window under pipelined load (`--coalesce-us`): a reactor whose
+/// clients keep many requests in flight reads its sockets at most once per window, so one
+/// read, one device batch and one write per connection carry several requests.
+pub const COALESCE_NS_DEFAULT: u64 = 100_000;
+/// Longest window `--coalesce-us` accepts: the reactor runs no messages or timers while it
+/// waits for a window's end.
+pub const COALESCE_NS_MAX: u64 = 1_000_000;
+/// Requests a window must gather on average for coalescing to stay on: below, the clients
+/// wait on their replies (queue depth 1 or 2) and a window would only add latency.
+const COALESCE_BATCH_MIN: f64 = 3.0;
+/// While not coalescing, one trial window per this many requests tells whether the clients
+/// pipeline: a queue-depth-1 client pays a window's delay once in this many requests.
+const COALESCE_PROBE_EVERY_REQUESTS: u64 = 1024;
 /// How long a connection may take to finish its handshake before it is closed, so clients
 /// that connect and say nothing cannot hold `--max-connections` slots forever.
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -128,6 +141,8 @@ pub struct ServerConfig {
     pub idle_spin_ns: u64,
     /// A connection still negotiating after this long is closed.
     pub handshake_timeout: Duration,
+    /// Request-gathering window under pipelined load (0: never gather).
+    pub coalesce_ns: u64,
 }
 
 impl ServerConfig {
@@ -143,6 +158,7 @@ impl ServerConfig {
             queue_depth: QUEUE_DEPTH_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            coalesce_ns: COALESCE_NS_DEFAULT,
         }
     }
 }
@@ -311,6 +327,7 @@ impl Server {
         let depth = cfg.queue_depth;
         let idle_spin_ns = cfg.idle_spin_ns;
         let handshake_timeout = cfg.handshake_timeout;
+        let coalesce_ns = cfg.coalesce_ns.min(COALESCE_NS_MAX);
         let set = ReactorSet::start(
             ReactorConfig {
                 cores: cfg.cores.clone(),
@@ -363,6 +380,7 @@ impl Server {
                     batch_ewma: 0.0,
                     handshake_timeout_ns: u64::try_from(handshake_timeout.as_nanos())
                         .unwrap_or(u64::MAX),
+                    coalesce: Coalesce::new(coalesce_ns),
                 }));
                 SHARD.with(|s| *s.borrow_mut() = Some(shard.clone()));
                 reactor
@@ -648,6 +666,72 @@ struct Shard {
     batch_ewma: f64,
     /// A connection still negotiating after this long is closed.
     handshake_timeout_ns: u64,
+    coalesce: Coalesce,
+}
+
+/// Request coalescing, like a network card's adaptive interrupt moderation. A client that
+/// keeps many requests in flight sends them one by one as replies reach it, and a fast
+/// reactor would read, submit and reply to each alone: one wake-up or readiness check, one
+/// read and one write per request, most of the CPU a request costs. While its clients
+/// pipeline, the reactor instead reads its sockets at most once per window: after a batch it
+/// sends the replies, sleeps until the window from that batch's read is over, and takes what
+/// gathered meanwhile in one read. Whether clients pipeline is measured, never guessed: a
+/// trial window every [`COALESCE_PROBE_EVERY_REQUESTS`] requests turns coalescing on when it
+/// gathered at least [`COALESCE_BATCH_MIN`] requests, and it stays on while windows gather
+/// that many on average. A client at queue depth 1 sends nothing while it waits for its
+/// reply, so its trial windows gather one request and it keeps its latency.
+struct Coalesce {
+    /// The window (0: off).
+    window_ns: u64,
+    on: bool,
+    /// Requests a window gathers, on average (weight 1/BATCH_EWMA_WEIGHT).
+    batch_ewma: f64,
+    /// When the sockets last gave requests.
+    last_batch_ns: u64,
+    /// With coalescing off, the next trial once `requests_started` reaches this.
+    probe_at_requests: u64,
+    /// Windows waited and requests they gathered, for the metrics.
+    windows: u64,
+    gathered: u64,
+    /// This turn waited for a window's end: its read ends the window.
+    held: bool,
+    /// This turn slept until then before reading.
+    slept_until_ns: Option<u64>,
+}
+
+impl Coalesce {
+    fn new(window_ns: u64) -> Coalesce {
+        Coalesce {
+            window_ns,
+            on: false,
+            batch_ewma: 0.0,
+            last_batch_ns: 0,
+            probe_at_requests: COALESCE_PROBE_EVERY_REQUESTS,
+            windows: 0,
+            gathered: 0,
+            held: false,
+            slept_until_ns: None,
+        }
+    }
+
+    /// What a window that gathered `batch` requests says about the clients.
+    fn window_done(&mut self, batch: u64, requests_started: u64) {
+        self.windows += 1;
+        self.gathered += batch;
+        let batch = batch as f64;
+        if self.on {
+            self.batch_ewma += (batch - self.batch_ewma) / BATCH_EWMA_WEIGHT;
+            if self.batch_ewma < COALESCE_BATCH_MIN {
+                self.on = false;
+            }
+        } else if batch >= COALESCE_BATCH_MIN {
+            self.on = true;
+            self.batch_ewma = batch;
+        }
+        if !self.on {
+            self.probe_at_requests = requests_started + COALESCE_PROBE_EVERY_REQUESTS;
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -906,9 +990,16 @@ impl Shard {
         for e in 0..self.exports.len() {
             work += self.retry_backlog(r, e);
         }
+        if let Some(end_ns) = self.coalesce_window(r) {
+            // Send what the last batch has ready; let the next batch gather.
+            work += self.progress_dirty(r);
+            self.coalesce.held = true;
+            crate::sys::sleep_until_ns(end_ns);
+            self.coalesce.slept_until_ns = Some(end_ns);
+        }
         let started_before = self.requests_started;
         work += self.service_ready(r);
-        if work == 0 && self.should_wait_for_next_request(r) {
+        if work == 0 && !self.coalesce.on && self.should_wait_for_next_request(r) {
             // Clients wait on each reply: the next request comes within a round trip, and
             // parking now would add a wake-up to it. Watch the sockets for a while first.
             let until_ns = monotonic_ns() + self.idle_spin_ns;
@@ -918,10 +1009,35 @@ impl Shard {
             }
         }
         let batch = self.requests_started - started_before;
+        let slept_until_ns = self.coalesce.slept_until_ns.take();
         if batch > 0 {
             self.batch_ewma += (batch as f64 - self.batch_ewma) / BATCH_EWMA_WEIGHT;
+            self.coalesce.last_batch_ns = slept_until_ns.unwrap_or_else(|| r.now_ns());
+        }
+        if std::mem::take(&mut self.coalesce.held) {
+            self.coalesce.window_done(batch, self.requests_started);
         }
         work
+    }
+
+    /// When to read the sockets next, if this turn should let requests gather first: only
+    /// while coalescing is on (or a trial is due), within a window of the last batch, with
+    /// nothing at the devices (a sleep would hold their completions, and a reactor that
+    /// parks for them would wake at once for the unread sockets), no request waiting for room
+    /// at a device, and no stop under way.
+    fn coalesce_window(&self, r: &Reactor) -> Option<u64> {
+        let c = &self.coalesce;
+        if c.window_ns == 0 || self.draining || r.outstanding() > 0 {
+            return None;
+        }
+        if !c.on && self.requests_started < c.probe_at_requests {
+            return None;
+        }
+        let end_ns = c.last_batch_ns.saturating_add(c.window_ns);
+        if r.now_ns() >= end_ns || self.exports.iter().any(|e| !e.backlog.is_empty()) {
+            return None;
+        }
+        Some(end_ns)
     }
 
     /// Whether an idle poll should keep watching the sockets instead of letting the reactor
@@ -970,6 +1086,12 @@ impl Shard {
             self.mark_dirty(key);
         }
         self.ready = ready;
+        work + self.progress_dirty(r)
+    }
+
+    /// Parses, submits and writes for the connections marked dirty. Returns the work done.
+    fn progress_dirty(&mut self, r: &mut Reactor) -> usize {
+        let mut work = 0;
         let dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
             work += self.progress(r, key);
