@@ -49,12 +49,19 @@ pub const COALESCE_NS_DEFAULT: u64 = 100_000;
 /// Longest window `--coalesce-us` accepts: the reactor runs no messages or timers while it
 /// waits for a window's end.
 pub const COALESCE_NS_MAX: u64 = 1_000_000;
-/// Requests a window must gather on average for coalescing to stay on: below, the clients
-/// wait on their replies (queue depth 1 or 2) and a window would only add latency.
-const COALESCE_BATCH_MIN: f64 = 3.0;
+/// Requests a trial window must gather to turn coalescing on: clients at queue depth 1 or 2
+/// wait on their replies and gather at most that many, so a window would only add latency.
+const COALESCE_BATCH_ON: f64 = 3.0;
+/// Requests windows must gather on average for coalescing to stay on (below the threshold
+/// to turn it on, so a client near it does not flap).
+const COALESCE_BATCH_OFF: f64 = 2.0;
 /// While not coalescing, one trial window per this many requests tells whether the clients
 /// pipeline: a queue-depth-1 client pays a window's delay once in this many requests.
 const COALESCE_PROBE_EVERY_REQUESTS: u64 = 1024;
+/// While I/O is at a device, the sockets are checked at most this often: the reactor turns
+/// fast while it polls for completions, and a readiness check per turn would cost more than
+/// the turn (a request arriving meanwhile waits at most this long).
+const SOCKET_CHECK_BUSY_NS: u64 = 10_000;
 /// How long a connection may take to finish its handshake before it is closed, so clients
 /// that connect and say nothing cannot hold `--max-connections` slots forever.
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -381,6 +388,7 @@ impl Server {
                     handshake_timeout_ns: u64::try_from(handshake_timeout.as_nanos())
                         .unwrap_or(u64::MAX),
                     coalesce: Coalesce::new(coalesce_ns),
+                    sockets_checked_ns: 0,
                 }));
                 SHARD.with(|s| *s.borrow_mut() = Some(shard.clone()));
                 reactor
@@ -667,6 +675,8 @@ struct Shard {
     /// A connection still negotiating after this long is closed.
     handshake_timeout_ns: u64,
     coalesce: Coalesce,
+    /// When the sockets were last checked for input.
+    sockets_checked_ns: u64,
 }
 
 /// Request coalescing, like a network card's adaptive interrupt moderation. A client that
@@ -677,8 +687,8 @@ struct Shard {
 /// sends the replies, sleeps until the window from that batch's read is over, and takes what
 /// gathered meanwhile in one read. Whether clients pipeline is measured, never guessed: a
 /// trial window every [`COALESCE_PROBE_EVERY_REQUESTS`] requests turns coalescing on when it
-/// gathered at least [`COALESCE_BATCH_MIN`] requests, and it stays on while windows gather
-/// that many on average. A client at queue depth 1 sends nothing while it waits for its
+/// gathered at least [`COALESCE_BATCH_ON`] requests, and it stays on while windows gather
+/// [`COALESCE_BATCH_OFF`] or more on average. A client at queue depth 1 sends nothing while it waits for its
 /// reply, so its trial windows gather one request and it keeps its latency.
 struct Coalesce {
     /// The window (0: off).
@@ -695,6 +705,8 @@ struct Coalesce {
     gathered: u64,
     /// This turn waited for a window's end: its read ends the window.
     held: bool,
+    /// Requests the last window gathered.
+    last_window_batch: f64,
     /// This turn slept until then before reading.
     slept_until_ns: Option<u64>,
 }
@@ -710,6 +722,7 @@ impl Coalesce {
             windows: 0,
             gathered: 0,
             held: false,
+            last_window_batch: 0.0,
             slept_until_ns: None,
         }
     }
@@ -721,16 +734,23 @@ impl Coalesce {
         let batch = batch as f64;
         if self.on {
             self.batch_ewma += (batch - self.batch_ewma) / BATCH_EWMA_WEIGHT;
-            if self.batch_ewma < COALESCE_BATCH_MIN {
+            if self.batch_ewma < COALESCE_BATCH_OFF {
                 self.on = false;
             }
-        } else if batch >= COALESCE_BATCH_MIN {
+        } else if batch >= COALESCE_BATCH_ON {
             self.on = true;
             self.batch_ewma = batch;
         }
         if !self.on {
             self.probe_at_requests = requests_started + COALESCE_PROBE_EVERY_REQUESTS;
         }
+        self.last_window_batch = batch;
+    }
+
+    /// Whether the clients were seen to pipeline: coalescing is on, or the last window
+    /// gathered more than one request.
+    fn pipelined(&self) -> bool {
+        self.on || self.last_window_batch >= 2.0
     }
 }
 
@@ -998,8 +1018,14 @@ impl Shard {
             self.coalesce.slept_until_ns = Some(end_ns);
         }
         let started_before = self.requests_started;
+        if r.outstanding() > 0 && r.now_ns() < self.sockets_checked_ns + SOCKET_CHECK_BUSY_NS {
+            // The reactor is turning fast for its devices: a readiness check every turn
+            // would cost more than the turn. Send what completed; read a little later.
+            return work + self.progress_dirty(r);
+        }
+        self.sockets_checked_ns = r.now_ns();
         work += self.service_ready(r);
-        if work == 0 && !self.coalesce.on && self.should_wait_for_next_request(r) {
+        if work == 0 && !self.coalesce.pipelined() && self.should_wait_for_next_request(r) {
             // Clients wait on each reply: the next request comes within a round trip, and
             // parking now would add a wake-up to it. Watch the sockets for a while first.
             let until_ns = monotonic_ns() + self.idle_spin_ns;
@@ -1022,9 +1048,8 @@ impl Shard {
 
     /// When to read the sockets next, if this turn should let requests gather first: only
     /// while coalescing is on (or a trial is due), within a window of the last batch, with
-    /// nothing at the devices (a sleep would hold their completions, and a reactor that
-    /// parks for them would wake at once for the unread sockets), no request waiting for room
-    /// at a device, and no stop under way.
+    /// nothing at the devices (a sleep would hold their completions), no request waiting for
+    /// room at a device, and no stop under way.
     fn coalesce_window(&self, r: &Reactor) -> Option<u64> {
         let c = &self.coalesce;
         if c.window_ns == 0 || self.draining || r.outstanding() > 0 {
@@ -1043,7 +1068,9 @@ impl Shard {
     /// Whether an idle poll should keep watching the sockets instead of letting the reactor
     /// park: only with nothing at all in flight on this reactor, and only while requests
     /// arrive one or two at a time (a client at queue depth 1, whose latency a wake-up would
-    /// add to). Under load, batches are larger and parking costs nothing that matters.
+    /// add to). Under load, batches are larger and parking costs nothing that matters. (The
+    /// caller also skips it once a coalescing window showed the clients pipelining: a fast
+    /// reactor sees small batches even then.)
     fn should_wait_for_next_request(&self, r: &Reactor) -> bool {
         self.idle_spin_ns > 0
             && !self.conns.is_empty()
