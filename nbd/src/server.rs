@@ -700,9 +700,6 @@ struct Coalesce {
     last_batch_ns: u64,
     /// With coalescing off, the next trial once `requests_started` reaches this.
     probe_at_requests: u64,
-    /// Windows waited and requests they gathered, for the metrics.
-    windows: u64,
-    gathered: u64,
     /// This turn waited for a window's end: its read ends the window.
     held: bool,
     /// Requests the last window gathered.
@@ -719,8 +716,6 @@ impl Coalesce {
             batch_ewma: 0.0,
             last_batch_ns: 0,
             probe_at_requests: COALESCE_PROBE_EVERY_REQUESTS,
-            windows: 0,
-            gathered: 0,
             held: false,
             last_window_batch: 0.0,
             slept_until_ns: None,
@@ -729,8 +724,6 @@ impl Coalesce {
 
     /// What a window that gathered `batch` requests says about the clients.
     fn window_done(&mut self, batch: u64, requests_started: u64) {
-        self.windows += 1;
-        self.gathered += batch;
         let batch = batch as f64;
         if self.on {
             self.batch_ewma += (batch - self.batch_ewma) / BATCH_EWMA_WEIGHT;
@@ -1042,6 +1035,8 @@ impl Shard {
         }
         if std::mem::take(&mut self.coalesce.held) {
             self.coalesce.window_done(batch, self.requests_started);
+            self.conn_metrics.coalesce_windows.inc();
+            self.conn_metrics.coalesced_requests.inc_by(batch);
         }
         work
     }
@@ -1573,6 +1568,46 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_that_wait_on_replies_never_turn_coalescing_on() {
+        let mut c = Coalesce::new(COALESCE_NS_DEFAULT);
+        let mut requests = 0;
+        for _ in 0..100 {
+            // Queue depth 1 or 2: a trial window gathers at most two requests.
+            requests += COALESCE_PROBE_EVERY_REQUESTS;
+            c.window_done(2, requests);
+            assert!(!c.on);
+            assert_eq!(
+                c.probe_at_requests,
+                requests + COALESCE_PROBE_EVERY_REQUESTS
+            );
+        }
+        c.window_done(0, requests);
+        assert!(!c.on && !c.pipelined());
+    }
+
+    #[test]
+    fn coalescing_turns_on_for_pipelining_clients_and_off_when_they_stop() {
+        let mut c = Coalesce::new(COALESCE_NS_DEFAULT);
+        assert!(!c.pipelined());
+        c.window_done(3, 1024);
+        assert!(c.on && c.pipelined());
+        // Windows gathering 2 keep it on (hysteresis) ...
+        for _ in 0..50 {
+            c.window_done(2, 2000);
+            assert!(c.on);
+        }
+        // ... windows gathering one or none turn it off, and schedule the next trial.
+        let mut windows = 0;
+        while c.on {
+            c.window_done(1, 3000);
+            windows += 1;
+            assert!(windows < 20, "coalescing stays on for clients that stopped");
+        }
+        assert_eq!(c.probe_at_requests, 3000 + COALESCE_PROBE_EVERY_REQUESTS);
+        assert!(!c.pipelined(), "the last window gathered one request");
+    }
 
     #[test]
     fn listen_addresses_parse() {
