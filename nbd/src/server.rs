@@ -45,7 +45,7 @@ pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
 /// Default request-gathering window under pipelined load (`--coalesce-us`): a reactor whose
 /// clients keep many requests in flight reads its sockets at most once per window, so one
 /// read, one device batch and one write per connection carry several requests.
-pub const COALESCE_NS_DEFAULT: u64 = 100_000;
+pub const COALESCE_NS_DEFAULT: u64 = 200_000;
 /// Longest window `--coalesce-us` accepts: the reactor runs no messages or timers while it
 /// waits for a window's end.
 pub const COALESCE_NS_MAX: u64 = 1_000_000;
@@ -58,6 +58,8 @@ const COALESCE_BATCH_OFF: f64 = 2.0;
 /// While not coalescing, one trial window per this many requests tells whether the clients
 /// pipeline: a queue-depth-1 client pays a window's delay once in this many requests.
 const COALESCE_PROBE_EVERY_REQUESTS: u64 = 1024;
+/// After coalescing turned off, the next trial comes this many requests later.
+const COALESCE_RETRY_REQUESTS: u64 = 64;
 /// While I/O is at a device, the sockets are checked at most this often: the reactor turns
 /// fast while it polls for completions, and a readiness check per turn would cost more than
 /// the turn (a request arriving meanwhile waits at most this long).
@@ -707,8 +709,8 @@ struct Coalesce {
     probe_at_requests: u64,
     /// This turn waited for a window's end: its read ends the window.
     held: bool,
-    /// Requests the last window gathered.
-    last_window_batch: f64,
+    /// Requests the last trial window gathered.
+    last_trial_batch: f64,
     /// This turn slept until then before reading.
     slept_until_ns: Option<u64>,
 }
@@ -722,7 +724,7 @@ impl Coalesce {
             last_batch_ns: 0,
             probe_at_requests: COALESCE_PROBE_EVERY_REQUESTS,
             held: false,
-            last_window_batch: 0.0,
+            last_trial_batch: 0.0,
             slept_until_ns: None,
         }
     }
@@ -733,22 +735,27 @@ impl Coalesce {
         if self.on {
             self.batch_ewma += (batch - self.batch_ewma) / BATCH_EWMA_WEIGHT;
             if self.batch_ewma < COALESCE_BATCH_OFF {
+                // Windows gathered little lately; whether the clients still pipeline, a
+                // trial soon tells (until then they count as pipelining).
                 self.on = false;
+                self.probe_at_requests = requests_started + COALESCE_RETRY_REQUESTS;
             }
-        } else if batch >= COALESCE_BATCH_ON {
-            self.on = true;
-            self.batch_ewma = batch;
+        } else {
+            // A trial.
+            self.last_trial_batch = batch;
+            if batch >= COALESCE_BATCH_ON {
+                self.on = true;
+                self.batch_ewma = batch;
+            } else {
+                self.probe_at_requests = requests_started + COALESCE_PROBE_EVERY_REQUESTS;
+            }
         }
-        if !self.on {
-            self.probe_at_requests = requests_started + COALESCE_PROBE_EVERY_REQUESTS;
-        }
-        self.last_window_batch = batch;
     }
 
-    /// Whether the clients were seen to pipeline: coalescing is on, or the last window
-    /// gathered more than one request.
+    /// Whether the clients were seen to pipeline: coalescing is on, or the last trial
+    /// window gathered more than one request.
     fn pipelined(&self) -> bool {
-        self.on || self.last_window_batch >= 2.0
+        self.on || self.last_trial_batch >= 2.0
     }
 }
 
@@ -1670,15 +1677,23 @@ mod tests {
             c.window_done(2, 2000);
             assert!(c.on);
         }
-        // ... windows gathering one or none turn it off, and schedule the next trial.
+        // ... windows gathering one or none turn it off, and bring the next trial near;
+        // until it, the clients still count as pipelining.
         let mut windows = 0;
         while c.on {
             c.window_done(1, 3000);
             windows += 1;
             assert!(windows < 20, "coalescing stays on for clients that stopped");
         }
-        assert_eq!(c.probe_at_requests, 3000 + COALESCE_PROBE_EVERY_REQUESTS);
-        assert!(!c.pipelined(), "the last window gathered one request");
+        assert_eq!(c.probe_at_requests, 3000 + COALESCE_RETRY_REQUESTS);
+        assert!(c.pipelined());
+        // A trial that gathers one request: a client that waits on its replies.
+        c.window_done(1, 3064);
+        assert!(!c.on && !c.pipelined());
+        assert_eq!(c.probe_at_requests, 3064 + COALESCE_PROBE_EVERY_REQUESTS);
+        // One that gathers two: pipelining, too little to coalesce.
+        c.window_done(2, 4096);
+        assert!(!c.on && c.pipelined());
     }
 
     #[test]
