@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
+use hypoll_nvme::{IoBuf, SubmitError};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
     ReactorSet, RejectReason,
@@ -695,8 +695,8 @@ struct Shard {
 /// gathered meanwhile in one read. Whether clients pipeline is measured, never guessed: a
 /// trial window every [`COALESCE_PROBE_EVERY_REQUESTS`] requests turns coalescing on when it
 /// gathered at least [`COALESCE_BATCH_ON`] requests, and it stays on while windows gather
-/// [`COALESCE_BATCH_OFF`] or more on average. A client at queue depth 1 sends nothing while it waits for its
-/// reply, so its trial windows gather one request and it keeps its latency.
+/// [`COALESCE_BATCH_OFF`] or more on average. A client at queue depth 1 sends nothing while
+/// it waits for its reply, so its trial windows gather one request and it keeps its latency.
 struct Coalesce {
     /// The window (0: off).
     window_ns: u64,
@@ -1084,6 +1084,8 @@ impl Shard {
             work += self.progress_dirty(r);
             self.coalesce.held = true;
             crate::sys::sleep_until_ns(end_ns);
+            // What the window gathered is submitted now, not at the turn's start.
+            r.refresh_now_ns();
             self.coalesce.slept_until_ns = Some(end_ns);
         }
         let started_before = self.requests_started;
@@ -1097,8 +1099,10 @@ impl Shard {
         if work == 0 && !self.coalesce.pipelined() && self.should_wait_for_next_request(r) {
             // Clients wait on each reply: the next request comes within a round trip, and
             // parking now would add a wake-up to it. Watch the sockets for a while first.
-            let until_ns = monotonic_ns() + self.idle_spin_ns;
-            while work == 0 && monotonic_ns() < until_ns {
+            // Each look restamps the turn, so a request found late is not stamped (nor its
+            // device latency measured) from the turn's start.
+            let until_ns = r.refresh_now_ns() + self.idle_spin_ns;
+            while work == 0 && r.refresh_now_ns() < until_ns {
                 std::hint::spin_loop();
                 work += self.service_ready(r);
             }
