@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use hypoll_nbd::server::{
-    CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
+    COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT,
+    IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig};
@@ -49,6 +50,12 @@ pub struct ServeArgs {
     /// a wake-up; watching costs CPU). Under load it parks at once. 0: always park.
     #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
     idle_spin_us: f64,
+    /// Microseconds a reactor lets requests gather between reads of its sockets while its
+    /// clients keep many requests in flight (measured: trial windows that gather at least 3
+    /// requests turn it on), so one read and one write carry several requests. Clients that
+    /// wait on each reply are not delayed. 0: never gather.
+    #[arg(long, default_value_t = COALESCE_NS_DEFAULT as f64 / 1000.0, value_parser = parse_coalesce_us)]
+    coalesce_us: f64,
     /// Seconds a client may take to finish the handshake before its connection is closed
     /// (clients that connect and say nothing would hold connection slots forever).
     #[arg(long, default_value_t = HANDSHAKE_TIMEOUT_DEFAULT.as_secs_f64(), value_parser = parse_handshake_timeout_s)]
@@ -67,6 +74,15 @@ fn parse_idle_spin_us(s: &str) -> Result<f64, String> {
         // While it watches, the reactor runs no messages or timers: keep that short.
         Ok(v) if (0.0..=1000.0).contains(&v) => Ok(v),
         _ => Err(format!("{s:?}: expected microseconds from 0 to 1000")),
+    }
+}
+
+fn parse_coalesce_us(s: &str) -> Result<f64, String> {
+    let max_us = COALESCE_NS_MAX as f64 / 1000.0;
+    match s.parse::<f64>() {
+        // While it waits for a window's end, the reactor runs no messages or timers.
+        Ok(v) if (0.0..=max_us).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: expected microseconds from 0 to {max_us}")),
     }
 }
 
@@ -118,6 +134,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         request_bytes_max,
         queue_depth: usize::from(args.queue_depth),
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
+        coalesce_ns: (args.coalesce_us * 1000.0) as u64,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
         ..ServerConfig::new(args.exports, args.listen)
     };

@@ -378,6 +378,74 @@ fn fio_nbd_engine_verifies_crc32c() {
     assert_eq!(read, (32u64 << 20) as f64);
 }
 
+/// Requests a reactor read at the end of coalescing windows, and the windows.
+fn coalescing(s: &Serve) -> (f64, f64) {
+    let m = s.metrics();
+    (
+        metric(&m, "hypoll_nbd_coalesced_requests_total{reactor=\"0\"}"),
+        metric(&m, "hypoll_nbd_coalesce_windows_total{reactor=\"0\"}"),
+    )
+}
+
+#[test]
+fn a_pipelining_client_is_coalesced_and_its_data_verifies() {
+    // A long window, so even a debug build finishes a batch well within it.
+    let s = Serve::start_with(&["mem=emu:dram,size=64M"], &["--coalesce-us", "1000"]);
+    let out = run(
+        "fio",
+        &[
+            "--name=pipelined",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("mem")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=16M",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("err= 0"), "{text}");
+    let (gathered, windows) = coalescing(&s);
+    // 8192 requests: the trial at 1024 gathers several, and coalescing stays on.
+    assert!(windows >= 1.0, "no coalescing window at queue depth 8");
+    assert!(
+        gathered > 2.0 * windows,
+        "{gathered} requests in {windows} windows: not pipelined"
+    );
+}
+
+#[test]
+fn a_client_at_queue_depth_one_is_not_coalesced() {
+    let s = Serve::start_with(&["mem=emu:dram,size=64M"], &["--coalesce-us", "1000"]);
+    run(
+        "fio",
+        &[
+            "--name=qd1",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("mem")),
+            "--rw=randread",
+            "--bs=4k",
+            "--size=10M",
+            "--iodepth=1",
+        ],
+    );
+    let (gathered, windows) = coalescing(&s);
+    // 2560 requests: one trial window per 1024, each gathering at most the one request
+    // the client sends after its reply; coalescing never turns on.
+    assert!(
+        windows <= 2.0,
+        "{windows} windows for 2560 requests at QD 1"
+    );
+    assert!(
+        gathered <= windows,
+        "{gathered} requests in {windows} windows"
+    );
+}
+
 #[test]
 fn metrics_count_requests_bytes_errors_and_connections() {
     let s = Serve::start(&["mem=emu:dram,size=8M"]);

@@ -75,6 +75,8 @@ pub struct Metrics {
     connections_open: Family<ReactorLabels, Gauge>,
     closed_on_error: Family<ReactorLabels, Counter>,
     refused: Family<ReactorLabels, Counter>,
+    coalesce_windows: Family<ReactorLabels, Counter>,
+    coalesced_requests: Family<ReactorLabels, Counter>,
     reactor_ios: Family<ReactorLabels, Gauge>,
     reactor_io_errors: Family<ReactorLabels, Gauge>,
     reactor_cpu: Family<ReactorLabels, Gauge<f64, AtomicU64>>,
@@ -109,6 +111,9 @@ pub struct ConnMetrics {
     pub closed_on_error: Counter,
     /// Requests refused with an error reply (bad range, alignment, flags).
     pub refused: Counter,
+    /// Coalescing windows the reactor waited, and the requests they gathered.
+    pub coalesce_windows: Counter,
+    pub coalesced_requests: Counter,
 }
 
 impl Metrics {
@@ -123,6 +128,8 @@ impl Metrics {
             connections_open: Family::default(),
             closed_on_error: Family::default(),
             refused: Family::default(),
+            coalesce_windows: Family::default(),
+            coalesced_requests: Family::default(),
             reactor_ios: Family::default(),
             reactor_io_errors: Family::default(),
             reactor_cpu: Family::default(),
@@ -162,6 +169,16 @@ impl Metrics {
             "requests_refused",
             "Requests refused with an error reply before reaching the device",
             m.refused.clone(),
+        );
+        r.register(
+            "coalesce_windows",
+            "Windows the reactor let requests gather in before reading its sockets",
+            m.coalesce_windows.clone(),
+        );
+        r.register(
+            "coalesced_requests",
+            "Requests read at the end of a coalescing window",
+            m.coalesced_requests.clone(),
         );
         r.register(
             "reactor_ios",
@@ -209,6 +226,8 @@ impl Metrics {
             open: self.connections_open.get_or_create(&labels).clone(),
             closed_on_error: self.closed_on_error.get_or_create(&labels).clone(),
             refused: self.refused.get_or_create(&labels).clone(),
+            coalesce_windows: self.coalesce_windows.get_or_create(&labels).clone(),
+            coalesced_requests: self.coalesced_requests.get_or_create(&labels).clone(),
         }
     }
 

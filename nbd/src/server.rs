@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hypoll_nvme::{monotonic_ns, IoBuf, SubmitError};
+use hypoll_nvme::{IoBuf, SubmitError};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
     ReactorSet, RejectReason,
@@ -42,6 +42,28 @@ pub const QUEUE_DEPTH_DEFAULT: usize = 128;
 /// Default time an idle reactor watches its sockets for a queue-depth-1 client's next
 /// request before it parks (`--idle-spin-us`): a few loopback round trips on a busy machine.
 pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
+/// Default request-gathering window under pipelined load (`--coalesce-us`): a reactor whose
+/// clients keep many requests in flight reads its sockets at most once per window, so one
+/// read, one device batch and one write per connection carry several requests.
+pub const COALESCE_NS_DEFAULT: u64 = 200_000;
+/// Longest window `--coalesce-us` accepts: the reactor runs no messages or timers while it
+/// waits for a window's end.
+pub const COALESCE_NS_MAX: u64 = 1_000_000;
+/// Requests a trial window must gather to turn coalescing on: clients at queue depth 1 or 2
+/// wait on their replies and gather at most that many, so a window would only add latency.
+const COALESCE_BATCH_ON: f64 = 3.0;
+/// Requests windows must gather on average for coalescing to stay on (below the threshold
+/// to turn it on, so a client near it does not flap).
+const COALESCE_BATCH_OFF: f64 = 2.0;
+/// While not coalescing, one trial window per this many requests tells whether the clients
+/// pipeline: a queue-depth-1 client pays a window's delay once in this many requests.
+const COALESCE_PROBE_EVERY_REQUESTS: u64 = 1024;
+/// After coalescing turned off, the next trial comes this many requests later.
+const COALESCE_RETRY_REQUESTS: u64 = 64;
+/// While I/O is at a device, the sockets are checked at most this often: the reactor turns
+/// fast while it polls for completions, and a readiness check per turn would cost more than
+/// the turn (a request arriving meanwhile waits at most this long).
+const SOCKET_CHECK_BUSY_NS: u64 = 10_000;
 /// How long a connection may take to finish its handshake before it is closed, so clients
 /// that connect and say nothing cannot hold `--max-connections` slots forever.
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -68,6 +90,9 @@ const INBUF_KEEP_BYTES: usize = 1 << 20;
 const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Most buffers one writev hands the kernel.
 const WRITEV_SLICES_MAX: usize = 64;
+/// Bytes of idle I/O buffers a reactor keeps for reuse, and how many buffer sizes.
+const BUF_CACHE_BYTES_MAX: usize = 8 << 20;
+const BUF_CACHE_SIZES_MAX: usize = 8;
 /// Refused requests logged per connection; the rest are counted in the close line.
 const REFUSALS_LOGGED_MAX: u32 = 4;
 /// How long a graceful stop waits for connections to finish what they have in flight.
@@ -128,6 +153,8 @@ pub struct ServerConfig {
     pub idle_spin_ns: u64,
     /// A connection still negotiating after this long is closed.
     pub handshake_timeout: Duration,
+    /// Request-gathering window under pipelined load (0: never gather).
+    pub coalesce_ns: u64,
 }
 
 impl ServerConfig {
@@ -143,6 +170,7 @@ impl ServerConfig {
             queue_depth: QUEUE_DEPTH_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            coalesce_ns: COALESCE_NS_DEFAULT,
         }
     }
 }
@@ -311,6 +339,7 @@ impl Server {
         let depth = cfg.queue_depth;
         let idle_spin_ns = cfg.idle_spin_ns;
         let handshake_timeout = cfg.handshake_timeout;
+        let coalesce_ns = cfg.coalesce_ns.min(COALESCE_NS_MAX);
         let set = ReactorSet::start(
             ReactorConfig {
                 cores: cfg.cores.clone(),
@@ -363,6 +392,9 @@ impl Server {
                     batch_ewma: 0.0,
                     handshake_timeout_ns: u64::try_from(handshake_timeout.as_nanos())
                         .unwrap_or(u64::MAX),
+                    coalesce: Coalesce::new(coalesce_ns),
+                    sockets_checked_ns: 0,
+                    bufs: BufCache::default(),
                 }));
                 SHARD.with(|s| *s.borrow_mut() = Some(shard.clone()));
                 reactor
@@ -648,6 +680,83 @@ struct Shard {
     batch_ewma: f64,
     /// A connection still negotiating after this long is closed.
     handshake_timeout_ns: u64,
+    coalesce: Coalesce,
+    /// When the sockets were last checked for input.
+    sockets_checked_ns: u64,
+    bufs: BufCache,
+}
+
+/// Request coalescing, like a network card's adaptive interrupt moderation. A client that
+/// keeps many requests in flight sends them one by one as replies reach it, and a fast
+/// reactor would read, submit and reply to each alone: one wake-up or readiness check, one
+/// read and one write per request, most of the CPU a request costs. While its clients
+/// pipeline, the reactor instead reads its sockets at most once per window: after a batch it
+/// sends the replies, sleeps until the window from that batch's read is over, and takes what
+/// gathered meanwhile in one read. Whether clients pipeline is measured, never guessed: a
+/// trial window every [`COALESCE_PROBE_EVERY_REQUESTS`] requests turns coalescing on when it
+/// gathered at least [`COALESCE_BATCH_ON`] requests, and it stays on while windows gather
+/// [`COALESCE_BATCH_OFF`] or more on average. A client at queue depth 1 sends nothing while
+/// it waits for its reply, so its trial windows gather one request and it keeps its latency.
+struct Coalesce {
+    /// The window (0: off).
+    window_ns: u64,
+    on: bool,
+    /// Requests a window gathers, on average (weight 1/BATCH_EWMA_WEIGHT).
+    batch_ewma: f64,
+    /// When the sockets last gave requests.
+    last_batch_ns: u64,
+    /// With coalescing off, the next trial once `requests_started` reaches this.
+    probe_at_requests: u64,
+    /// This turn waited for a window's end: its read ends the window.
+    held: bool,
+    /// Requests the last trial window gathered.
+    last_trial_batch: f64,
+    /// This turn slept until then before reading.
+    slept_until_ns: Option<u64>,
+}
+
+impl Coalesce {
+    fn new(window_ns: u64) -> Coalesce {
+        Coalesce {
+            window_ns,
+            on: false,
+            batch_ewma: 0.0,
+            last_batch_ns: 0,
+            probe_at_requests: COALESCE_PROBE_EVERY_REQUESTS,
+            held: false,
+            last_trial_batch: 0.0,
+            slept_until_ns: None,
+        }
+    }
+
+    /// What a window that gathered `batch` requests says about the clients.
+    fn window_done(&mut self, batch: u64, requests_started: u64) {
+        let batch = batch as f64;
+        if self.on {
+            self.batch_ewma += (batch - self.batch_ewma) / BATCH_EWMA_WEIGHT;
+            if self.batch_ewma < COALESCE_BATCH_OFF {
+                // Windows gathered little lately; whether the clients still pipeline, a
+                // trial soon tells (until then they count as pipelining).
+                self.on = false;
+                self.probe_at_requests = requests_started + COALESCE_RETRY_REQUESTS;
+            }
+        } else {
+            // A trial.
+            self.last_trial_batch = batch;
+            if batch >= COALESCE_BATCH_ON {
+                self.on = true;
+                self.batch_ewma = batch;
+            } else {
+                self.probe_at_requests = requests_started + COALESCE_PROBE_EVERY_REQUESTS;
+            }
+        }
+    }
+
+    /// Whether the clients were seen to pipeline: coalescing is on, or the last trial
+    /// window gathered more than one request.
+    fn pipelined(&self) -> bool {
+        self.on || self.last_trial_batch >= 2.0
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -682,9 +791,70 @@ struct Pending {
     start_ns: u64,
 }
 
+/// Idle I/O buffers from the pinned pool, kept by size for the next request: taking one
+/// from the pool zeroes it and takes the pool's lock, and a reactor at queue depth 32 takes
+/// tens of thousands a second. A recycled buffer keeps old bytes, which is safe because
+/// every use overwrites it whole: a write's payload is copied in, a read's data only goes
+/// out when the device filled all of it (a short read is an error).
+#[derive(Default)]
+struct BufCache {
+    /// (buffer length, idle buffers of that length).
+    sizes: Vec<(usize, Vec<IoBuf>)>,
+    bytes: usize,
+}
+
+impl BufCache {
+    /// A buffer of `len_bytes` whose contents the caller overwrites.
+    fn take(&mut self, len_bytes: usize) -> IoBuf {
+        if let Some((_, bufs)) = self.sizes.iter_mut().find(|(len, _)| *len == len_bytes) {
+            if let Some(buf) = bufs.pop() {
+                self.bytes -= len_bytes;
+                return buf;
+            }
+        }
+        IoBuf::pinned(len_bytes)
+    }
+
+    /// Keeps `buf` for reuse, within the cache's bounds; drops it otherwise.
+    fn give(&mut self, buf: IoBuf) {
+        let len_bytes = buf.len();
+        if !buf.is_pinned() || self.bytes + len_bytes > BUF_CACHE_BYTES_MAX {
+            return;
+        }
+        let i = match self.sizes.iter().position(|(len, _)| *len == len_bytes) {
+            Some(i) => i,
+            None if self.sizes.len() < BUF_CACHE_SIZES_MAX => {
+                self.sizes.push((len_bytes, Vec::new()));
+                self.sizes.len() - 1
+            }
+            None => return,
+        };
+        self.sizes[i].1.push(buf);
+        self.bytes += len_bytes;
+    }
+}
+
+/// The first bytes of a queued message: a reply header, held inline (no allocation per
+/// request), or handshake bytes.
+enum Head {
+    Reply([u8; proto::REPLY_HEADER_BYTES]),
+    Bytes(Vec<u8>),
+}
+
+impl std::ops::Deref for Head {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Head::Reply(h) => h,
+            Head::Bytes(b) => b,
+        }
+    }
+}
+
 /// A reply queued for the socket: its header, then a read's data.
 struct OutMsg {
-    head: Vec<u8>,
+    head: Head,
     data: Vec<IoBuf>,
 }
 
@@ -750,11 +920,12 @@ impl Conn {
     }
 
     /// Writes queued replies until done or the socket is full.
-    fn write_out(&mut self) -> io::Result<usize> {
+    fn write_out(&mut self, bufs: &mut BufCache) -> io::Result<usize> {
         let mut written = 0;
         self.write_blocked = false;
         while !self.out.is_empty() {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(WRITEV_SLICES_MAX);
+            let mut slices = [IoSlice::new(&[]); WRITEV_SLICES_MAX];
+            let mut count = 0;
             let mut skip = self.out_sent;
             'fill: for msg in &self.out {
                 for part in std::iter::once(&msg.head[..]).chain(msg.data.iter().map(|b| &b[..])) {
@@ -762,14 +933,15 @@ impl Conn {
                         skip -= part.len();
                         continue;
                     }
-                    slices.push(IoSlice::new(&part[skip..]));
+                    slices[count] = IoSlice::new(&part[skip..]);
+                    count += 1;
                     skip = 0;
-                    if slices.len() == WRITEV_SLICES_MAX {
+                    if count == WRITEV_SLICES_MAX {
                         break 'fill;
                     }
                 }
             }
-            let n = match self.stream.write_vectored(&slices) {
+            let n = match self.stream.write_vectored(&slices[..count]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -779,7 +951,6 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            drop(slices);
             written += n;
             self.out_bytes -= n;
             let mut left = self.out_sent + n;
@@ -789,7 +960,9 @@ impl Conn {
                     break;
                 }
                 left -= len;
-                self.out.pop_front();
+                if let Some(msg) = self.out.pop_front() {
+                    msg.data.into_iter().for_each(|b| bufs.give(b));
+                }
                 self.out_bytes -= OUT_MSG_OVERHEAD_BYTES;
             }
             self.out_sent = left;
@@ -908,28 +1081,73 @@ impl Shard {
         for e in 0..self.exports.len() {
             work += self.retry_backlog(r, e);
         }
+        if let Some(end_ns) = self.coalesce_window(r) {
+            // Send what the last batch has ready; let the next batch gather.
+            work += self.progress_dirty(r);
+            self.coalesce.held = true;
+            crate::sys::sleep_until_ns(end_ns);
+            // What the window gathered is submitted now, not at the turn's start.
+            r.refresh_now_ns();
+            self.coalesce.slept_until_ns = Some(end_ns);
+        }
         let started_before = self.requests_started;
+        if r.outstanding() > 0 && r.now_ns() < self.sockets_checked_ns + SOCKET_CHECK_BUSY_NS {
+            // The reactor is turning fast for its devices: a readiness check every turn
+            // would cost more than the turn. Send what completed; read a little later.
+            return work + self.progress_dirty(r);
+        }
+        self.sockets_checked_ns = r.now_ns();
         work += self.service_ready(r);
-        if work == 0 && self.should_wait_for_next_request(r) {
+        if work == 0 && !self.coalesce.pipelined() && self.should_wait_for_next_request(r) {
             // Clients wait on each reply: the next request comes within a round trip, and
             // parking now would add a wake-up to it. Watch the sockets for a while first.
-            let until_ns = monotonic_ns() + self.idle_spin_ns;
-            while work == 0 && monotonic_ns() < until_ns {
+            // Each look restamps the turn, so a request found late is not stamped (nor its
+            // device latency measured) from the turn's start.
+            let until_ns = r.refresh_now_ns() + self.idle_spin_ns;
+            while work == 0 && r.refresh_now_ns() < until_ns {
                 std::hint::spin_loop();
                 work += self.service_ready(r);
             }
         }
         let batch = self.requests_started - started_before;
+        let slept_until_ns = self.coalesce.slept_until_ns.take();
         if batch > 0 {
             self.batch_ewma += (batch as f64 - self.batch_ewma) / BATCH_EWMA_WEIGHT;
+            self.coalesce.last_batch_ns = slept_until_ns.unwrap_or_else(|| r.now_ns());
+        }
+        if std::mem::take(&mut self.coalesce.held) {
+            self.coalesce.window_done(batch, self.requests_started);
+            self.conn_metrics.coalesce_windows.inc();
+            self.conn_metrics.coalesced_requests.inc_by(batch);
         }
         work
+    }
+
+    /// When to read the sockets next, if this turn should let requests gather first: only
+    /// while coalescing is on (or a trial is due), within a window of the last batch, with
+    /// nothing at the devices (a sleep would hold their completions), no request waiting for
+    /// room at a device, and no stop under way.
+    fn coalesce_window(&self, r: &Reactor) -> Option<u64> {
+        let c = &self.coalesce;
+        if c.window_ns == 0 || self.draining || r.outstanding() > 0 {
+            return None;
+        }
+        if !c.on && self.requests_started < c.probe_at_requests {
+            return None;
+        }
+        let end_ns = c.last_batch_ns.saturating_add(c.window_ns);
+        if r.now_ns() >= end_ns || self.exports.iter().any(|e| !e.backlog.is_empty()) {
+            return None;
+        }
+        Some(end_ns)
     }
 
     /// Whether an idle poll should keep watching the sockets instead of letting the reactor
     /// park: only with nothing at all in flight on this reactor, and only while requests
     /// arrive one or two at a time (a client at queue depth 1, whose latency a wake-up would
-    /// add to). Under load, batches are larger and parking costs nothing that matters.
+    /// add to). Under load, batches are larger and parking costs nothing that matters. (The
+    /// caller also skips it once a coalescing window showed the clients pipelining: a fast
+    /// reactor sees small batches even then.)
     fn should_wait_for_next_request(&self, r: &Reactor) -> bool {
         self.idle_spin_ns > 0
             && !self.conns.is_empty()
@@ -972,6 +1190,12 @@ impl Shard {
             self.mark_dirty(key);
         }
         self.ready = ready;
+        work + self.progress_dirty(r)
+    }
+
+    /// Parses, submits and writes for the connections marked dirty. Returns the work done.
+    fn progress_dirty(&mut self, r: &mut Reactor) -> usize {
+        let mut work = 0;
         let dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {
             work += self.progress(r, key);
@@ -1043,7 +1267,7 @@ impl Shard {
             refusals: 0,
         };
         conn.push_out(OutMsg {
-            head: greeting,
+            head: Head::Bytes(greeting),
             data: Vec::new(),
         });
         entry.insert(conn);
@@ -1074,7 +1298,7 @@ impl Shard {
             return work;
         };
         if !conn.gone && !conn.out.is_empty() && !conn.write_blocked {
-            match conn.write_out() {
+            match conn.write_out(&mut self.bufs) {
                 Ok(n) => work += usize::from(n > 0),
                 Err(e) => {
                     conn.gone = true;
@@ -1154,7 +1378,7 @@ impl Shard {
             let (used, step) = conn.session.step(input, &mut out);
             if !out.is_empty() {
                 conn.push_out(OutMsg {
-                    head: out.clone(),
+                    head: Head::Bytes(out.clone()),
                     data: Vec::new(),
                 });
             }
@@ -1210,7 +1434,7 @@ impl Shard {
             let payload = &conn.inbuf[at + req.payload.start..at + req.payload.end];
             for chunk in payload.chunks(ex.rw_piece_bytes as usize) {
                 // From the pinned pool: a uring device then skips per-I/O page pinning.
-                let mut buf = IoBuf::pinned(chunk.len());
+                let mut buf = self.bufs.take(chunk.len());
                 buf.copy_from_slice(chunk);
                 write_bufs.push_back(buf);
             }
@@ -1274,7 +1498,7 @@ impl Shard {
                         Op::Read | Op::Write => {
                             let n = data_left.min(u64::from(ex.rw_piece_bytes));
                             let (op, buf) = if p.op == Op::Read {
-                                (IoOp::Read, IoBuf::pinned(n as usize))
+                                (IoOp::Read, self.bufs.take(n as usize))
                             } else {
                                 let buf = p.write_bufs.pop_front().expect("one buffer a piece");
                                 (IoOp::Write, buf)
@@ -1360,6 +1584,9 @@ impl Shard {
             Ok(()) => {
                 if p.op == Op::Read && p.stage == Stage::Data {
                     p.read_bufs[piece as usize] = done.buf;
+                } else if let Some(buf) = done.buf {
+                    // A written piece's payload: its buffer serves the next request.
+                    self.bufs.give(buf);
                 }
             }
             Err(e) => {
@@ -1417,7 +1644,7 @@ impl Shard {
                 Vec::new()
             };
             conn.push_out(OutMsg {
-                head: simple_reply(p.cookie, p.error).to_vec(),
+                head: Head::Reply(simple_reply(p.cookie, p.error)),
                 data,
             });
         }
@@ -1428,6 +1655,54 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_that_wait_on_replies_never_turn_coalescing_on() {
+        let mut c = Coalesce::new(COALESCE_NS_DEFAULT);
+        let mut requests = 0;
+        for _ in 0..100 {
+            // Queue depth 1 or 2: a trial window gathers at most two requests.
+            requests += COALESCE_PROBE_EVERY_REQUESTS;
+            c.window_done(2, requests);
+            assert!(!c.on);
+            assert_eq!(
+                c.probe_at_requests,
+                requests + COALESCE_PROBE_EVERY_REQUESTS
+            );
+        }
+        c.window_done(0, requests);
+        assert!(!c.on && !c.pipelined());
+    }
+
+    #[test]
+    fn coalescing_turns_on_for_pipelining_clients_and_off_when_they_stop() {
+        let mut c = Coalesce::new(COALESCE_NS_DEFAULT);
+        assert!(!c.pipelined());
+        c.window_done(3, 1024);
+        assert!(c.on && c.pipelined());
+        // Windows gathering 2 keep it on (hysteresis) ...
+        for _ in 0..50 {
+            c.window_done(2, 2000);
+            assert!(c.on);
+        }
+        // ... windows gathering one or none turn it off, and bring the next trial near;
+        // until it, the clients still count as pipelining.
+        let mut windows = 0;
+        while c.on {
+            c.window_done(1, 3000);
+            windows += 1;
+            assert!(windows < 20, "coalescing stays on for clients that stopped");
+        }
+        assert_eq!(c.probe_at_requests, 3000 + COALESCE_RETRY_REQUESTS);
+        assert!(c.pipelined());
+        // A trial that gathers one request: a client that waits on its replies.
+        c.window_done(1, 3064);
+        assert!(!c.on && !c.pipelined());
+        assert_eq!(c.probe_at_requests, 3064 + COALESCE_PROBE_EVERY_REQUESTS);
+        // One that gathers two: pipelining, too little to coalesce.
+        c.window_done(2, 4096);
+        assert!(!c.on && c.pipelined());
+    }
 
     #[test]
     fn listen_addresses_parse() {

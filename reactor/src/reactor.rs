@@ -457,6 +457,14 @@ impl Reactor {
         self.now_ns
     }
 
+    /// Reads the clock again and makes it the current timestamp: for a poller that waited
+    /// inside its poll (a timed sleep, a watch for input), so the I/Os it submits next are
+    /// stamped with the time they are made, not with the turn's start.
+    pub fn refresh_now_ns(&mut self) -> u64 {
+        self.now_ns = self.clock.now_ns();
+        self.now_ns
+    }
+
     /// The policy's name, as its spec.
     pub fn policy_name(&self) -> &str {
         self.policy.name()

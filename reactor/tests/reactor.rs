@@ -869,3 +869,29 @@ fn a_panic_in_an_io_callback_is_reported() {
         "CPU time stays readable, frozen at exit"
     );
 }
+
+#[test]
+fn refresh_now_ns_restamps_the_turn_after_a_wait() {
+    let _serial = serial();
+    let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    set.handles()[0]
+        .send(move |r| {
+            let before_ns = r.now_ns();
+            std::thread::sleep(Duration::from_millis(5));
+            // Still the turn's timestamp until refreshed.
+            let stale_ns = r.now_ns();
+            let fresh_ns = r.refresh_now_ns();
+            tx.send((before_ns, stale_ns, fresh_ns, r.now_ns()))
+                .unwrap();
+        })
+        .unwrap();
+    let (before_ns, stale_ns, fresh_ns, now_ns) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(stale_ns, before_ns);
+    assert!(
+        fresh_ns >= before_ns + 5_000_000,
+        "{before_ns} -> {fresh_ns}"
+    );
+    assert_eq!(now_ns, fresh_ns);
+    assert!(set.shutdown().panics.is_empty());
+}
