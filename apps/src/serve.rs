@@ -51,9 +51,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
     idle_spin_us: f64,
     /// Microseconds a reactor lets requests gather between reads of its sockets while its
-    /// clients keep many requests in flight (measured: trial windows that gather at least 3
+    /// clients keep many requests in flight (measured: trial windows that gather at least 12
     /// requests turn it on), so one read and one write carry several requests. Clients that
-    /// wait on each reply are not delayed. 0: never gather.
+    /// wait on each reply, or keep fewer than 12 in flight, are not delayed. 0: never gather.
     #[arg(long, default_value_t = COALESCE_NS_DEFAULT as f64 / 1000.0, value_parser = parse_coalesce_us)]
     coalesce_us: f64,
     /// Seconds a client may take to finish the handshake before its connection is closed

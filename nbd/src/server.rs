@@ -1088,7 +1088,7 @@ impl Shard {
             // Send what the last batch has ready; let the next batch gather.
             work += self.progress_dirty(r);
             self.coalesce.held = true;
-            crate::sys::sleep_until_ns(end_ns);
+            hypoll_reactor::sleep_until_ns(end_ns);
             // What the window gathered is submitted now, not at the turn's start.
             r.refresh_now_ns();
             self.coalesce.slept_until_ns = Some(end_ns);

@@ -1,7 +1,6 @@
 //! The one system interface the server needs beyond std: a level-triggered epoll set over a
 //! reactor's sockets, whose own fd the reactor watches (readable when any socket is ready),
-//! so a parked reactor wakes for its connections; and the short timed sleep of reply
-//! coalescing. Each `unsafe` block is one FFI call on
+//! so a parked reactor wakes for its connections. Each `unsafe` block is one FFI call on
 //! descriptors this module owns or borrows for the call.
 
 use std::io;
@@ -103,32 +102,6 @@ impl Epoll {
 impl AsFd for Epoll {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
-    }
-}
-
-/// Sleeps until CLOCK_MONOTONIC reaches `deadline_ns` (at once if it has passed); a signal
-/// does not cut the sleep short.
-pub fn sleep_until_ns(deadline_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        // SAFETY: `ts` is a valid timespec for the call; with TIMER_ABSTIME the kernel writes
-        // no remaining time, so the null pointer is allowed.
-        let rc = unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
-        // The error number comes back as the result; after EINTR the absolute deadline
-        // still holds.
-        if rc != libc::EINTR {
-            return;
-        }
     }
 }
 

@@ -45,5 +45,5 @@ pub use set::{
     MAILBOX_CAPACITY, REACTOR_TIMER_SLACK_NS,
 };
 pub use stats::{Counters, ReactorStats};
-pub use sys::{allowed_cores, thread_cores, timer_slack_ns};
+pub use sys::{allowed_cores, sleep_until_ns, thread_cores, timer_slack_ns};
 pub use timer::TimerId;
