@@ -1097,3 +1097,40 @@ fn write_zeroes_keeps_blocks_allocated_unless_the_client_allows_a_hole() {
         allocated_bytes()
     );
 }
+
+#[test]
+fn a_client_that_shuts_down_its_side_gets_every_reply_it_asked_for() {
+    // More requests than a connection may have in flight (256), then shutdown(SHUT_WR): the
+    // server reads end of stream with requests still waiting in its buffer. It must serve
+    // every one and send its reply, then close. Slow reads keep the first 256 in flight while
+    // the rest wait.
+    let s = Serve::start(&["mem=emu:dram,size=64M,read_us=2000"]);
+    let mut c = handshake(s.port, "mem");
+    let mut write = client::request(CMD_WRITE, 0, 1_000, 0, 4096);
+    write.extend(vec![0xab; 4096]);
+    c.write_all(&write).unwrap();
+    assert_eq!(reply(&mut c), (1_000, 0));
+    const READS: u64 = 600;
+    let mut burst = Vec::new();
+    for cookie in 0..READS {
+        burst.extend(client::request(CMD_READ, 0, cookie, 0, 4096));
+    }
+    c.write_all(&burst).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut seen = vec![false; READS as usize];
+    let mut data = vec![0u8; 4096];
+    for _ in 0..READS {
+        let (cookie, error) = reply(&mut c);
+        assert_eq!(error, 0, "request {cookie}");
+        c.read_exact(&mut data).unwrap();
+        assert!(data.iter().all(|&b| b == 0xab), "request {cookie}");
+        assert!(
+            !std::mem::replace(&mut seen[cookie as usize], true),
+            "{cookie} twice"
+        );
+    }
+    // Then the server closes.
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{} bytes after the replies", rest.len());
+}

@@ -887,6 +887,9 @@ struct Conn {
     inflight: Slab<Pending>,
     /// No more requests are read; the connection closes once its requests finish.
     closing: Option<String>,
+    /// The client shut down its side (a read returned end of stream): what it sent before
+    /// is still parsed and answered, then the connection closes.
+    eof: bool,
     /// The client is gone (end of stream or a socket error): replies are dropped.
     gone: bool,
     /// Closed for an error (logged and counted).
@@ -1001,11 +1004,9 @@ impl Conn {
             }
             match self.stream.read(&mut self.inbuf[self.in_end..]) {
                 Ok(0) => {
-                    // The client sent all it will; replies still go out until the socket
-                    // fails.
-                    if self.closing.is_none() {
-                        self.closing = Some("the client closed the connection".into());
-                    }
+                    // The client sent all it will: what it sent is still served and its
+                    // replies go out (see `Shard::progress`).
+                    self.eof = true;
                     break;
                 }
                 Ok(n) => {
@@ -1181,7 +1182,7 @@ impl Shard {
             if events & WRITE_BITS != 0 {
                 conn.write_blocked = false;
             }
-            if events & READ_BITS != 0 && conn.can_parse(self.draining) {
+            if events & READ_BITS != 0 && conn.can_parse(self.draining) && !conn.eof {
                 conn.read_in(limit);
             } else if events & HANGUP_BITS != 0 && !conn.gone {
                 // Hung up while we were not reading: nobody will take the replies.
@@ -1262,6 +1263,7 @@ impl Shard {
             write_blocked: false,
             inflight: Slab::new(),
             closing: None,
+            eof: false,
             gone: false,
             failed: false,
             interest,
@@ -1310,6 +1312,11 @@ impl Shard {
                 }
             }
         }
+        if conn.eof && conn.closing.is_none() && conn.can_parse(draining) {
+            // Parsing stopped for want of input, not for a limit: every whole request the
+            // client sent has started. Close once they finish.
+            conn.closing = Some("the client closed the connection".into());
+        }
         if draining && conn.closing.is_none() {
             conn.closing = Some("the server is stopping".into());
         }
@@ -1321,7 +1328,7 @@ impl Shard {
             return work + 1;
         }
         let want = Interest {
-            read: conn.can_parse(draining),
+            read: conn.can_parse(draining) && !conn.eof,
             write: conn.write_blocked,
         };
         let result = if conn.gone && conn.registered {
