@@ -755,10 +755,12 @@ impl Coalesce {
         }
     }
 
-    /// Whether the clients were seen to pipeline: coalescing is on, or the last trial
-    /// window gathered more than one request.
+    /// Whether the clients were seen to pipeline deeply: coalescing is on, or the last
+    /// trial window gathered as many requests as keep it on. Shallow pipelines (queue depth
+    /// 2 to 7) keep the wait for the next request: parking between their batches cost a
+    /// queue-depth-4 client a quarter of its IOPS.
     fn pipelined(&self) -> bool {
-        self.on || self.last_trial_batch >= 2.0
+        self.on || self.last_trial_batch >= COALESCE_BATCH_OFF
     }
 }
 
@@ -1712,8 +1714,12 @@ mod tests {
         c.window_done(1, 3064);
         assert!(!c.on && !c.pipelined());
         assert_eq!(c.probe_at_requests, 3064 + COALESCE_PROBE_EVERY_REQUESTS);
-        // One that gathers two: pipelining, too little to coalesce.
+        // One that gathers two: a shallow pipeline, neither coalesced nor counted as deep.
         c.window_done(2, 4096);
+        assert!(!c.on && !c.pipelined());
+        // One that gathers eight: deep enough to stop waiting for single requests, not to
+        // coalesce.
+        c.window_done(8, 5120);
         assert!(!c.on && c.pipelined());
     }
 
