@@ -175,11 +175,29 @@ impl<const N: usize> Reservoir<N> {
 const OVERSHOOT_TRIM_DIVISOR: usize = 10;
 /// Load classes with their own plan: 1, 2-3, 4-7, 8-15, 16+ I/Os outstanding.
 const PLAN_CLASSES: usize = 5;
+/// Latencies of I/Os nobody slept through, kept per bucket: what a censored completion's
+/// stand-in is drawn from. Sorted only when a draw needs it, and then at most once per
+/// [`EXACT_REFRESH_EVERY`] new samples, so a policy that never sleeps never sorts them.
+const EXACT_SAMPLES: usize = 128;
+const EXACT_REFRESH_EVERY: u32 = 32;
+/// While budgeted sleeps pay at queue depth 1, one I/O in this many is spun through from
+/// its submission (no sleep): these are the only exact samples of the latencies shorter
+/// than the wake-up, which every other I/O sleeps through. About 1 % of CPU on `emu:nand`.
+const SPIN_PROBE_EVERY: u64 = 32;
+/// The lateness check: over every this many I/Os decided for at queue depth 1, the
+/// lateness the sleeps really caused (each censored completion against its stand-in) is
+/// compared with the budget, and the budget the plan spends is scaled to meet it. The scale
+/// moves by at most a factor of sqrt(2) per window and stays within these bounds.
+const LATENESS_WINDOW: u32 = 512;
+const BUDGET_SCALE_MIN: f64 = 0.125;
+const BUDGET_SCALE_MAX: f64 = 2.0;
 
 /// The learnt latency distribution of one bucket, and its service-time floor.
 #[derive(Clone)]
 struct Distribution {
     latencies: Reservoir<ADAPTIVE_RESERVOIR>,
+    /// Exact latencies of I/Os not slept through (see [`EXACT_SAMPLES`]).
+    exact: Reservoir<EXACT_SAMPLES>,
     /// Service-time estimate: the lowest latency seen, drifting up slowly.
     floor_ns: u64,
     /// Planned wake-up times per sleep kind (timed, interruptible) and load class, valid for
@@ -191,14 +209,19 @@ struct Distribution {
 impl Distribution {
     const EMPTY: Distribution = Distribution {
         latencies: Reservoir::empty(LATENCY_REFRESH_EVERY),
+        exact: Reservoir::empty(u32::MAX),
         floor_ns: u64::MAX,
         plans: [[None; PLAN_CLASSES]; 2],
         plan_version: (u64::MAX, u64::MAX),
     };
 
-    fn add(&mut self, latency_ns: u64) {
+    /// Learns a latency; only an `exact` one (not a stand-in drawn from the learnt samples
+    /// for a completion censored by a sleep) can lower the service-time floor.
+    fn add(&mut self, latency_ns: u64, exact: bool) {
         self.latencies.add(latency_ns);
-        self.floor_ns = self.floor_ns.min(latency_ns);
+        if exact {
+            self.floor_ns = self.floor_ns.min(latency_ns);
+        }
     }
 
     /// Samples in the sorted view, the one plans are made from.
@@ -244,6 +267,29 @@ impl Distribution {
         Some(xs[lo])
     }
 
+    /// A stand-in for a censored latency, known only to lie in `(lo_ns, hi_ns]`: one of the
+    /// exact samples (I/Os not slept through) in that interval, picked by `draw` (a random
+    /// number); failing that one of all the learnt samples there; failing that the middle of
+    /// the interval. Drawing from the distribution conditioned on the interval keeps its
+    /// shape below the wake-up. The middle of a sleep lies far below every real completion
+    /// when the sleep is long (a 60 us sleep for an 80 us NAND read puts it at 30 us), and
+    /// such low samples make the plan wake earlier and spin longer than its budget needs.
+    /// The exact samples come first because the learnt ones below the wake-up are mostly
+    /// earlier stand-ins: drawn from themselves, they would never learn anything new.
+    fn impute_ns(&mut self, lo_ns: u64, hi_ns: u64, draw: u64) -> u64 {
+        if self.exact.since_refresh >= EXACT_REFRESH_EVERY {
+            self.exact.refresh();
+        }
+        for xs in [self.exact.samples(), self.latencies.samples()] {
+            let first = xs.partition_point(|&x| x <= lo_ns);
+            let end = xs.partition_point(|&x| x <= hi_ns);
+            if first < end {
+                return xs[first + (draw % (end - first) as u64) as usize];
+            }
+        }
+        lo_ns + (hi_ns - lo_ns) / 2
+    }
+
     /// The median of the samples above `elapsed_ns`, minus `elapsed_ns`.
     fn median_remaining_ns(&self, elapsed_ns: u64) -> Option<u64> {
         let xs = self.latencies.samples();
@@ -285,11 +331,25 @@ pub struct Adaptive {
     /// interrupt.
     irq_probe: Option<(u64, bool)>,
     irq_probes: u64,
+    /// The I/O (its submission time) being spun through as a [`SPIN_PROBE_EVERY`] probe.
+    spin_probe_ns: Option<u64>,
+    /// Whether the current oldest I/O was decided for at queue depth 1 (it counts in the
+    /// lateness check).
+    current_alone: bool,
+    /// What the plan's budget is multiplied by (see [`LATENESS_WINDOW`]), how often it
+    /// changed, and the current window: I/Os counted, those that slept, and the sum of
+    /// their lateness as a fraction of their bucket's mean.
+    budget_scale: f64,
+    budget_scale_changes: u64,
+    window_ios: u32,
+    window_slept: u32,
+    window_late: f64,
     /// Whether the latest budgeted decision (step 3) was a sleep: interrupt probes are only
     /// worth their cost while sleeps pay.
     budget_sleeps: bool,
+    /// Censored latencies stood in for: the counter behind their (deterministic) draws.
+    draws: u64,
 }
-
 impl std::fmt::Debug for Adaptive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Adaptive")
@@ -347,7 +407,15 @@ impl Adaptive {
             irq_woken: Reservoir::empty(SLEEP_REFRESH_EVERY),
             irq_probe: None,
             irq_probes: 0,
+            spin_probe_ns: None,
+            current_alone: false,
+            budget_scale: 1.0,
+            budget_scale_changes: 0,
+            window_ios: 0,
+            window_slept: 0,
+            window_late: 0.0,
             budget_sleeps: false,
+            draws: 0,
         }
     }
 
@@ -406,7 +474,10 @@ impl Adaptive {
     fn planned_wake_ns(&mut self, bucket: usize, outstanding: usize, interruptible: bool) -> u64 {
         let class = (outstanding.max(1).ilog2() as usize).min(PLAN_CLASSES - 1);
         let kind = usize::from(interruptible);
-        let version = self.overshoot.refreshes + self.irq_spun.refreshes + self.irq_woken.refreshes;
+        let version = self.overshoot.refreshes
+            + self.irq_spun.refreshes
+            + self.irq_woken.refreshes
+            + self.budget_scale_changes;
         // The most an I/O can be late by: unbounded for a timed sleep.
         let cap_ns = interruptible.then(|| self.interrupt_wake_ns().max(1));
         let dist = &mut self.buckets[bucket];
@@ -418,7 +489,8 @@ impl Adaptive {
             return wake_ns;
         }
         let shares = 1u64 << class;
-        let budget_ns = (dist.mean_ns() as f64 * self.budget_pct / 100.0) as u64 / shares;
+        let budget_ns =
+            (dist.mean_ns() as f64 * self.budget_pct * self.budget_scale / 100.0) as u64 / shares;
         let median_ov = self.overshoot.quantile(0.5).unwrap_or(0) as i64;
         // The top 10 % of overshoots are left out: a vCPU descheduled for a millisecond
         // delays a spinning reactor just as much, so it is the machine's noise, not a cost
@@ -471,6 +543,37 @@ impl Adaptive {
         lo
     }
 
+    /// Counts one I/O decided for at queue depth 1 in the lateness check: whether it slept,
+    /// and the lateness its sleep caused as a fraction of its bucket's mean. At the end of a
+    /// window with enough sleeps, the budget's scale moves toward the one that meets the
+    /// budget (halfway, in log terms); a window with few sleeps brings it back toward 1,
+    /// so a scale that stopped every sleep does not stick.
+    fn check_lateness(&mut self, slept: bool, late_fraction: f64) {
+        self.window_ios += 1;
+        self.window_slept += u32::from(slept);
+        self.window_late += late_fraction;
+        if self.window_ios < LATENESS_WINDOW {
+            return;
+        }
+        let target = self.budget_pct / 100.0;
+        let factor = if self.window_slept >= LATENESS_WINDOW / 8 {
+            let late = self.window_late / f64::from(self.window_ios);
+            (target / late.max(f64::MIN_POSITIVE))
+                .clamp(0.5, 2.0)
+                .sqrt()
+        } else {
+            (1.0 / self.budget_scale).clamp(0.5, 2.0).sqrt()
+        };
+        let scale = (self.budget_scale * factor).clamp(BUDGET_SCALE_MIN, BUDGET_SCALE_MAX);
+        if scale != self.budget_scale {
+            self.budget_scale = scale;
+            self.budget_scale_changes += 1;
+        }
+        self.window_ios = 0;
+        self.window_slept = 0;
+        self.window_late = 0.0;
+    }
+
     /// A probe sleep for this I/O. Probes come in bursts of [`PROBE_BURST`] consecutive
     /// I/Os, one burst at the start and one every [`PROBE_EVERY`] I/Os: on a VM, a sleep
     /// after a long stretch of spinning wakes far later (tens of us; most likely the host
@@ -490,6 +593,14 @@ impl Adaptive {
         self.probed_io = self.ios_seen;
         true
     }
+}
+
+/// SplitMix64's output for counter value `state`: well-mixed bits from consecutive counters.
+fn splitmix(state: u64) -> u64 {
+    let mut z = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Default for Adaptive {
@@ -523,6 +634,7 @@ impl PollPolicy for Adaptive {
             self.current_settled = false;
             self.current_tail_checked = false;
             self.ios_seen += 1;
+            self.current_alone = ctx.outstanding == 1;
             if self.interruptible
                 && self.budget_sleeps
                 && ctx.interrupts
@@ -533,6 +645,11 @@ impl PollPolicy for Adaptive {
                 self.irq_probes += 1;
                 self.irq_probe = Some((ctx.oldest.submit_ns, self.irq_probes.is_multiple_of(2)));
             }
+            // Offset by half a period from the interrupt probes, which need the plan.
+            self.spin_probe_ns = (self.budget_sleeps
+                && ctx.outstanding == 1
+                && self.ios_seen % SPIN_PROBE_EVERY == SPIN_PROBE_EVERY / 2)
+                .then_some(ctx.oldest.submit_ns);
         }
         // An interruptible sleep ended before its deadline (by a message, a poller's fd or
         // another I/O's completion) leaves the I/O unslept: plan again for the time left.
@@ -569,8 +686,10 @@ impl PollPolicy for Adaptive {
                 return Decision::WaitInterrupt;
             }
         }
-        // One sleep per I/O; once settled on spinning, it spins without recomputing.
-        if self.current_settled {
+        // One sleep per I/O; once settled on spinning, it spins without recomputing. A spin
+        // probe never sleeps (but may still wait on the interrupt for a slow-path I/O).
+        if self.current_settled || self.spin_probe_ns == Some(ctx.oldest.submit_ns) {
+            self.current_settled = true;
             return Decision::Spin;
         }
         self.current_settled = true;
@@ -627,8 +746,10 @@ impl PollPolicy for Adaptive {
         let Some(bucket) = seen.bucket else {
             return;
         };
+        let mut irq_probe = false;
         if let Some((submit_ns, woken)) = self.irq_probe {
             if submit_ns == seen.submit_ns {
+                irq_probe = true;
                 self.irq_probe = None;
                 let median_ns = self.buckets[bucket.index()].median_ns();
                 let offset_ns = (seen.latency_ns + OFFSET_ZERO_NS).saturating_sub(median_ns);
@@ -642,10 +763,17 @@ impl PollPolicy for Adaptive {
         let latency_ns = match (seen.censored, seen.slept) {
             (false, _) => seen.latency_ns,
             // It completed at an unknown time while we slept for it, after the sleep began
-            // (we had polled) and before we saw it: take the middle of that interval.
-            // Dropping such samples instead would keep only the I/Os slower than our
-            // wake-up, and the learnt distribution would creep upwards.
-            (true, Some(slept)) => seen.latency_ns.saturating_sub(slept.actual_ns / 2),
+            // (we had polled) and before we saw it: a learnt latency from that interval
+            // stands in for it. Dropping such samples instead would keep only the I/Os
+            // slower than our wake-up, and the learnt distribution would creep upwards.
+            (true, Some(slept)) => {
+                self.draws += 1;
+                self.buckets[bucket.index()].impute_ns(
+                    seen.latency_ns.saturating_sub(slept.actual_ns),
+                    seen.latency_ns,
+                    splitmix(self.draws),
+                )
+            }
             // It woke the reactor from an interrupt wait: it completed about one interrupt
             // wake-up before it was seen (the measured price; the median overshoot until
             // then). Dropping these would keep only the I/Os that outlived the wake-up, and
@@ -657,7 +785,29 @@ impl PollPolicy for Adaptive {
             // Outstanding while the reactor slept for another I/O: nothing to learn.
             (true, None) => return,
         };
-        self.buckets[bucket.index()].add(latency_ns);
+        let drawn = seen.censored && seen.slept.is_some();
+        let spin_probe = self.spin_probe_ns == Some(seen.submit_ns);
+        if spin_probe {
+            self.spin_probe_ns = None;
+        } else if seen.submit_ns == self.current_submit_ns && self.current_alone && !irq_probe {
+            // Late by: the time from its stand-in to when it was seen, if a sleep censored
+            // it; one interrupt wake-up, if it ended an interrupt wait; nothing if it was
+            // polled for (a spinning reactor takes as long to see it).
+            let (slept, late_ns) = if drawn {
+                (true, seen.latency_ns.saturating_sub(latency_ns))
+            } else if seen.after_interrupt {
+                (true, seen.latency_ns - latency_ns)
+            } else {
+                (seen.slept.is_some(), 0)
+            };
+            let mean_ns = self.buckets[bucket.index()].mean_ns().max(1);
+            self.check_lateness(slept, late_ns as f64 / mean_ns as f64);
+        }
+        let dist = &mut self.buckets[bucket.index()];
+        if !seen.censored && seen.slept.is_none() {
+            dist.exact.add(latency_ns);
+        }
+        dist.add(latency_ns, !drawn);
     }
 
     fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
@@ -760,7 +910,7 @@ mod tests {
     fn wake_time_keeps_the_expected_lateness_within_budget() {
         let mut d = Distribution::EMPTY;
         for x in 1..=100u64 {
-            d.add(x * 1_000);
+            d.add(x * 1_000, true);
         }
         d.latencies.refresh();
         // Waking at w = 10 us is late by sum_{x<10}(10 - x) / 100 = 45/100 us = 450 ns.
@@ -1010,12 +1160,15 @@ mod tests {
             observe(&mut p, 500_000, true);
         }
         assert_eq!(p.buckets[READ_4K.index()].mean_ns(), mean_before);
-        // Slept for, and found on waking: learnt at the middle of the sleep.
-        for _ in 0..2 * ADAPTIVE_RESERVOIR {
+        // Slept for 60 us, found on waking 90 us after submission: it completed in
+        // (30, 90] us. Exact latencies measured in that interval stand in for it (the last
+        // 128 of nand_like's, 80-90 us), not the middle of the sleep (60 us), which lies
+        // below every real completion.
+        let slept_for = |p: &mut Adaptive, latency_ns: u64| {
             p.on_completion(&Observation {
                 bucket: Some(READ_4K),
                 submit_ns: 0,
-                latency_ns: 90_000,
+                latency_ns,
                 slept: Some(Slept {
                     requested_ns: 55_000,
                     actual_ns: 60_000,
@@ -1023,9 +1176,127 @@ mod tests {
                 idle_polls: 1,
                 censored: true,
                 after_interrupt: false,
-            });
+            })
+        };
+        for _ in 0..2 * ADAPTIVE_RESERVOIR {
+            slept_for(&mut p, 90_000);
         }
-        assert_eq!(p.buckets[READ_4K.index()].mean_ns(), 60_000);
+        let dist = &p.buckets[READ_4K.index()];
+        let xs = dist.latencies.samples();
+        assert!(xs.iter().all(|x| (80_000..=90_000).contains(x)), "{xs:?}");
+        assert!(
+            (83_000..=87_000).contains(&dist.mean_ns()),
+            "{}",
+            dist.mean_ns()
+        );
+        // Stand-ins are spread over the exact samples, not one value repeated.
+        assert!(xs[xs.len() - 1] - xs[0] > 5_000, "{xs:?}");
+        // Stand-ins never lower the service-time floor.
+        assert_eq!(dist.floor_ns, 70_000);
+        // No latency measured in the interval: its middle.
+        for _ in 0..2 * ADAPTIVE_RESERVOIR {
+            slept_for(&mut p, 65_000);
+        }
+        assert_eq!(p.buckets[READ_4K.index()].mean_ns(), 35_000);
+    }
+
+    /// Decides for `count` new I/Os at queue depth 1, one every 200 us from `first_ns`, each
+    /// completing as `complete` says (given its submission time and the decision).
+    fn run_ios(
+        p: &mut Adaptive,
+        first_ns: u64,
+        count: u64,
+        mut complete: impl FnMut(u64, Decision) -> Observation,
+    ) -> Vec<Decision> {
+        (0..count)
+            .map(|i| {
+                let submit_ns = first_ns + i * 200_000;
+                let d = decide(p, submit_ns, submit_ns + 1_000, 1);
+                p.on_completion(&complete(submit_ns, d));
+                d
+            })
+            .collect()
+    }
+
+    /// An I/O of nand_like that slept and was seen `latency_ns` after submission: censored
+    /// when it slept, exact otherwise.
+    fn seen_at(submit_ns: u64, d: Decision, latency_ns: u64) -> Observation {
+        let slept = match d {
+            Decision::Sleep(d) => Some(Slept {
+                requested_ns: d.as_nanos() as u64,
+                actual_ns: d.as_nanos() as u64 + 5_000,
+            }),
+            _ => None,
+        };
+        Observation {
+            bucket: Some(READ_4K),
+            submit_ns,
+            latency_ns,
+            slept,
+            idle_polls: 1,
+            censored: slept.is_some(),
+            after_interrupt: false,
+        }
+    }
+
+    #[test]
+    fn while_sleeps_pay_one_io_in_32_is_spun_through_for_exact_samples() {
+        let mut p = Adaptive::default();
+        nand_like(&mut p);
+        calibrate(&mut p, 5_000, 7_000);
+        let decisions = run_ios(&mut p, 0, 4 * SPIN_PROBE_EVERY, |submit_ns, d| {
+            seen_at(submit_ns, d, 85_000)
+        });
+        let spun: Vec<usize> = (0..decisions.len())
+            .filter(|&i| decisions[i] == Decision::Spin)
+            .collect();
+        // The I/O decided for n-th (from 1) is a probe when n % 32 == 16.
+        assert_eq!(spun, vec![15, 47, 79, 111], "{decisions:?}");
+        // Its exact latency joined the samples stand-ins are drawn from.
+        assert_eq!(
+            p.buckets[READ_4K.index()].exact.added,
+            ADAPTIVE_RESERVOIR as u64 + 4
+        );
+    }
+
+    #[test]
+    fn the_budget_scales_to_the_lateness_the_sleeps_really_caused() {
+        let mut p = Adaptive::default();
+        nand_like(&mut p);
+        calibrate(&mut p, 5_000, 7_000);
+        let wake = |p: &mut Adaptive| p.planned_wake_ns(READ_4K.index(), 1, false);
+        assert_eq!(p.budget_scale, 1.0);
+        // Every sleep is censored and seen at 90 us: its stand-in (80-90 us) makes it ~5 us
+        // late, 6 % of the mean against a 2.5 % budget. The scale falls, halfway (in log
+        // terms) toward what would meet it, window after window, and the plan wakes earlier
+        // than the unscaled budget would on the same samples.
+        let ios = 4 * u64::from(LATENESS_WINDOW);
+        run_ios(&mut p, 0, ios, |submit_ns, d| seen_at(submit_ns, d, 90_000));
+        let scale = p.budget_scale;
+        assert!(scale < 0.6, "scale {scale}");
+        let scaled_ns = wake(&mut p);
+        p.budget_scale = 1.0;
+        p.budget_scale_changes += 1;
+        let unscaled_ns = wake(&mut p);
+        assert!(scaled_ns < unscaled_ns, "{scaled_ns} against {unscaled_ns}");
+        p.budget_scale = scale;
+        // Sleeps that finish before the completion are never late: the scale rises, to
+        // its bound.
+        run_ios(&mut p, ios * 200_000, 3 * ios, |submit_ns, d| {
+            let mut seen = seen_at(submit_ns, d, 95_000);
+            seen.censored = false;
+            seen
+        });
+        assert_eq!(p.budget_scale, BUDGET_SCALE_MAX);
+        // Windows without sleeps bring it back to 1.
+        for _ in 0..8 * LATENESS_WINDOW {
+            p.check_lateness(false, 0.0);
+        }
+        assert!(
+            (p.budget_scale - 1.0).abs() < 0.01,
+            "scale {}",
+            p.budget_scale
+        );
     }
 
     #[test]
