@@ -10,8 +10,12 @@
 //!   that cost; on a VM where a sleep/wake cycle costs 9 us of CPU, sleeping 4 us is a loss.
 //! - **The device's latency distribution per bucket**, from completions seen by polling. A
 //!   completion found on the first poll after a sleep is censored (it happened at an unknown
-//!   time during the sleep): it is learnt at the middle of the sleep, not at the time the
-//!   reactor noticed it, which is what makes hybrid's sleep "shelve" upwards.
+//!   time during the sleep): a latency measured exactly in that interval stands in for it,
+//!   not the time the reactor noticed it, which is what makes hybrid's sleep "shelve"
+//!   upwards. The exact ones come from I/Os nobody slept through: while sleeps pay, one I/O
+//!   in 32 at queue depth 1 is spun through.
+//! - **The lateness its sleeps really cause**, each censored completion against its
+//!   stand-in, over windows of 512 I/Os: the budget the plan spends is scaled to meet it.
 //! - **What an interrupt wake-up costs in latency** (`sleep=interruptible` only), by
 //!   experiment: while its sleeps pay, one I/O in 64 at queue depth 1 is a probe, alternately
 //!   spun through or waited for on the interrupt; the price is the difference of the two
@@ -21,13 +25,14 @@
 //!
 //! 1. **Interrupt** when the median remaining time is more than 33 median overshoots (asked
 //!    again once the I/O outlives its bucket's p90).
-//! 2. **Load.** With several I/Os outstanding on a device whose median latency is mostly
-//!    queueing (median minus the service-time floor exceeds the floor), sleep through three
-//!    quarters of the queueing time: queued commands keep the device busy, completions
-//!    arrive in batches.
+//! 2. **Load.** With several I/Os outstanding on a device whose mean latency is mostly
+//!    queueing (the published mean minus the service-time floor exceeds the floor), sleep
+//!    through three quarters of the queueing time: queued commands keep the device busy,
+//!    completions arrive in batches.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
-//!    bucket's mean (shared by the outstanding I/Os), if that saves CPU. With
+//!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
+//!    saves CPU. With
 //!    `sleep=interruptible` (experimental: it overruns the budget, see docs/policies.md),
 //!    once the interrupt is priced on a device that has one, the sleep is interruptible: a
 //!    completion ends it one interrupt wake-up later, so no I/O is later than that price,
@@ -37,7 +42,8 @@
 use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
 use crate::stats::BUCKETS;
 
-/// Latencies kept per bucket (the most recent uncensored ones).
+/// Latencies kept per bucket (the most recent ones seen by polling, and stand-ins for
+/// those a sleep censored).
 pub const ADAPTIVE_RESERVOIR: usize = 256;
 /// Samples a bucket needs before the policy sleeps for its I/Os.
 pub const ADAPTIVE_MIN_SAMPLES: usize = 16;
@@ -756,8 +762,20 @@ impl PollPolicy for Adaptive {
         if decision == Decision::Spin {
             // Keep the overshoot and the cost of a sleep measured: a short probe, now and
             // then, when the I/O is unlikely to complete during it.
+            // Under load, an I/O decided for has usually outlived most samples (it waited
+            // its turn), and too few lie above it to say when it will complete; the probe
+            // then takes the longest length: it delays a batch, not one I/O. Without probes
+            // there, a reactor that stopped batching on a bad stretch of overshoots would
+            // never measure them again (seen at queue depth 32).
             let dist = &self.buckets[bucket.index()];
-            let room = dist.wake_within_budget(elapsed_ns, 0).unwrap_or(elapsed_ns);
+            let unknown_room_ns = if ctx.outstanding >= 2 {
+                elapsed_ns + 2 * PROBE_SLEEP_MAX_NS
+            } else {
+                elapsed_ns
+            };
+            let room = dist
+                .wake_within_budget(elapsed_ns, 0)
+                .unwrap_or(unknown_room_ns);
             // Half the room before the fastest completion seen, at least 1 us, at most
             // 10 us: a probe as long as the sleeps it calibrates (very short sleeps behave
             // differently on a VM), and short of the I/O's earliest completion.
@@ -1392,6 +1410,29 @@ mod tests {
             }
         }
         panic!("no probe burst after {probes} probes");
+    }
+
+    #[test]
+    fn under_load_an_io_past_every_sample_still_gets_its_probe() {
+        // A 9 us device; the I/O decided for has waited 40 us behind 31 others, past every
+        // sample. Sleeping does not pay (a 60 us overshoot); the burst at the start probes.
+        let setup = || {
+            let mut p = Adaptive::default();
+            uniform(&mut p, 8_000, 2_000);
+            calibrate(&mut p, 60_000, 7_000);
+            p
+        };
+        let mut loaded = setup();
+        assert_eq!(
+            decide_published(&mut loaded, 0, 40_000, 32, 9_000),
+            Decision::sleep_ns(PROBE_SLEEP_MAX_NS)
+        );
+        // Alone, the same I/O may complete at any moment: no probe.
+        let mut alone = setup();
+        assert_eq!(
+            decide_published(&mut alone, 0, 40_000, 1, 9_000),
+            Decision::Spin
+        );
     }
 
     #[test]
