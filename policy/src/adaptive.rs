@@ -133,7 +133,8 @@ impl<const N: usize> Reservoir<N> {
         self.pos = (self.pos + 1) % N;
         self.len = (self.len + 1).min(N);
         self.added += 1;
-        self.since_refresh += 1;
+        // Saturating: a reservoir sorted only on demand may go billions of samples unsorted.
+        self.since_refresh = self.since_refresh.saturating_add(1);
         // While filling, refresh each time the sample count doubles (and when it fills up).
         let filling = self.sorted_len < N
             && (self.len >= 2 * self.sorted_len
@@ -852,13 +853,12 @@ impl PollPolicy for Adaptive {
         if spin_probe {
             self.spin_probe_ns = None;
         } else if seen.submit_ns == self.current_submit_ns && self.current_alone && !irq_probe {
-            // Late by: the time from its stand-in to when it was seen, if a sleep censored
-            // it; one interrupt wake-up, if it ended an interrupt wait; nothing if it was
-            // polled for (a spinning reactor takes as long to see it).
-            let (slept, late_ns) = if drawn {
+            // Late by the time from what it is learnt as to when it was seen: from its
+            // stand-in, if a sleep censored it; one interrupt wake-up, if it ended an
+            // interrupt wait. Nothing if it was polled for (a spinning reactor takes as
+            // long to see it).
+            let (slept, late_ns) = if drawn || seen.after_interrupt {
                 (true, seen.latency_ns.saturating_sub(latency_ns))
-            } else if seen.after_interrupt {
-                (true, seen.latency_ns - latency_ns)
             } else {
                 (seen.slept.is_some(), 0)
             };
