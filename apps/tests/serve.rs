@@ -342,9 +342,9 @@ fn nbdcopy_copies_random_data_in_and_out() {
     run("cmp", &[src.to_str().unwrap(), dst.to_str().unwrap()]);
 }
 
-#[test]
-fn fio_nbd_engine_verifies_crc32c() {
-    let s = Serve::start(&["mem=emu:dram,size=64M"]);
+/// fio's nbd engine writes `size` of 4 KiB random blocks to export `mem` at `iodepth`,
+/// then reads them back and checks each one's crc32c; asserts it found no error.
+fn fio_writes_and_verifies(s: &Serve, size: &str, iodepth: u32) {
     let out = run(
         "fio",
         &[
@@ -353,8 +353,8 @@ fn fio_nbd_engine_verifies_crc32c() {
             &format!("--uri={}", s.uri("mem")),
             "--rw=randwrite",
             "--bs=4k",
-            "--size=32M",
-            "--iodepth=16",
+            &format!("--size={size}"),
+            &format!("--iodepth={iodepth}"),
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
@@ -364,6 +364,12 @@ fn fio_nbd_engine_verifies_crc32c() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("err= 0"), "{text}");
+}
+
+#[test]
+fn fio_nbd_engine_verifies_crc32c() {
+    let s = Serve::start(&["mem=emu:dram,size=64M"]);
+    fio_writes_and_verifies(&s, "32M", 16);
     let m = s.metrics();
     // fio wrote 32 MiB and read it all back to verify.
     let written = metric(
@@ -391,24 +397,7 @@ fn coalescing(s: &Serve) -> (f64, f64) {
 fn a_pipelining_client_is_coalesced_and_its_data_verifies() {
     // A long window, so even a debug build finishes a batch well within it.
     let s = Serve::start_with(&["mem=emu:dram,size=64M"], &["--coalesce-us", "1000"]);
-    let out = run(
-        "fio",
-        &[
-            "--name=pipelined",
-            "--ioengine=nbd",
-            &format!("--uri={}", s.uri("mem")),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--size=16M",
-            "--iodepth=32",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-        ],
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("err= 0"), "{text}");
+    fio_writes_and_verifies(&s, "16M", 32);
     let (gathered, windows) = coalescing(&s);
     // 4096 requests: the trial at 1024 gathers many, and coalescing stays on.
     assert!(windows >= 1.0, "no coalescing window at queue depth 32");

@@ -288,9 +288,9 @@ impl Distribution {
     }
 
     /// A stand-in for a censored latency, known only to lie in `(lo_ns, hi_ns]`: one of the
-    /// exact samples (I/Os not slept through) in that interval, picked by `draw` (a random
-    /// number); failing that one of all the learnt samples there; failing that the middle of
-    /// the interval. Drawing from the distribution conditioned on the interval keeps its
+    /// exact samples (I/Os not slept through) in that interval, picked by `draw` (a counter,
+    /// so successive draws take the samples in turn); failing that one of all the learnt
+    /// samples there; failing that the middle of the interval. Drawing from the distribution conditioned on the interval keeps its
     /// shape below the wake-up. The middle of a sleep lies far below every real completion
     /// when the sleep is long (a 60 us sleep for an 80 us NAND read puts it at 30 us), and
     /// such low samples make the plan wake earlier and spin longer than its budget needs.
@@ -371,7 +371,8 @@ pub struct Adaptive {
     /// Whether the latest budgeted decision (step 3) was a sleep: interrupt probes are only
     /// worth their cost while sleeps pay.
     budget_sleeps: bool,
-    /// Censored latencies stood in for: the counter behind their (deterministic) draws.
+    /// Censored latencies stood in for: picks the stand-in among the samples in its
+    /// interval, in turn (deterministic, and every sample gets its share).
     draws: u64,
 }
 impl std::fmt::Debug for Adaptive {
@@ -633,14 +634,6 @@ impl Adaptive {
     }
 }
 
-/// SplitMix64's output for counter value `state`: well-mixed bits from consecutive counters.
-fn splitmix(state: u64) -> u64 {
-    let mut z = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 impl Default for Adaptive {
     fn default() -> Self {
         Adaptive::new(ADAPTIVE_BUDGET_PCT)
@@ -834,7 +827,7 @@ impl PollPolicy for Adaptive {
                 self.buckets[bucket.index()].impute_ns(
                     seen.latency_ns.saturating_sub(slept.actual_ns),
                     seen.latency_ns,
-                    splitmix(self.draws),
+                    self.draws,
                 )
             }
             // It woke the reactor from an interrupt wait: it completed about one interrupt
