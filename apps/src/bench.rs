@@ -96,6 +96,8 @@ pub struct RunResult {
     pub sleeps: u64,
     pub interrupt_waits: u64,
     pub overshoot_ns: u64,
+    /// Sum of the sleeps' requested lengths.
+    pub slept_ns: u64,
     pub mismatches: u64,
 }
 
@@ -132,6 +134,7 @@ struct ReactorReport {
     sleeps: u64,
     interrupt_waits: u64,
     overshoot_ns: u64,
+    slept_ns: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -159,11 +162,13 @@ struct Job {
     sleeps_start: u64,
     waits_start: u64,
     overshoot_start: u64,
+    slept_start: u64,
     wall_ns: u64,
     cpu_ns: u64,
     sleeps: u64,
     waits: u64,
     overshoot_ns: u64,
+    slept_ns: u64,
     report: Option<Sender<ReactorReport>>,
 }
 
@@ -257,6 +262,7 @@ fn begin_measure(r: &mut Reactor) {
         job.sleeps_start = c.sleeps;
         job.waits_start = c.interrupt_waits;
         job.overshoot_start = c.overshoot_ns;
+        job.slept_start = c.slept_ns;
     });
 }
 
@@ -270,6 +276,7 @@ fn end_measure(r: &mut Reactor) {
         job.sleeps = c.sleeps - job.sleeps_start;
         job.waits = c.interrupt_waits - job.waits_start;
         job.overshoot_ns = c.overshoot_ns - job.overshoot_start;
+        job.slept_ns = c.slept_ns - job.slept_start;
     });
     if r.outstanding() == 0 {
         finish(r);
@@ -289,6 +296,7 @@ fn finish(_r: &mut Reactor) {
                 sleeps: job.sleeps,
                 interrupt_waits: job.waits,
                 overshoot_ns: job.overshoot_ns,
+                slept_ns: job.slept_ns,
             });
         }
     }
@@ -340,11 +348,13 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
                     sleeps_start: 0,
                     waits_start: 0,
                     overshoot_start: 0,
+                    slept_start: 0,
                     wall_ns: 0,
                     cpu_ns: 0,
                     sleeps: 0,
                     waits: 0,
                     overshoot_ns: 0,
+                    slept_ns: 0,
                     report: Some(tx),
                 })
             });
@@ -370,6 +380,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         sleeps: 0,
         interrupt_waits: 0,
         overshoot_ns: 0,
+        slept_ns: 0,
         mismatches: 0,
     };
     let wait = work.ramp + work.runtime + REPORT_GRACE;
@@ -384,6 +395,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         total.sleeps += rep.sleeps;
         total.interrupt_waits += rep.interrupt_waits;
         total.overshoot_ns += rep.overshoot_ns;
+        total.slept_ns += rep.slept_ns;
         total.latency.add(&rep.latency).expect("same bounds");
     }
     if work.verify {

@@ -30,6 +30,8 @@ pub struct JsonRow<'a> {
     pub interrupt_waits: u64,
     /// Mean wake-up overshoot of the sleeps (actual minus requested), if any.
     pub overshoot_mean_ns: Option<u64>,
+    /// Mean requested length of the sleeps, if any.
+    pub sleep_mean_ns: Option<u64>,
     pub runs: usize,
 }
 
@@ -125,6 +127,7 @@ pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec
             sleeps: r.sleeps,
             interrupt_waits: r.interrupt_waits,
             overshoot_mean_ns: (r.sleeps > 0).then(|| r.overshoot_ns / r.sleeps),
+            sleep_mean_ns: (r.sleeps > 0).then(|| r.slept_ns / r.sleeps),
             runs,
         })
         .collect()
