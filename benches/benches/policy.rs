@@ -8,7 +8,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use hypoll_policy::{
     build, Bucket, BucketStats, DeviceStats, Direction, InFlight, Observation, OvershootStats,
-    PollContext, Slept, Snapshot,
+    PollContext, PollPolicy, Slept, Snapshot,
 };
 
 /// Latencies to cycle through, so the histogram counters touched vary as in a real run.
@@ -121,5 +121,114 @@ fn decide(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, record, decide);
+/// `adaptive` after a warm-up: calibrated (sleeps measured) and with its reservoirs full.
+fn warmed_adaptive(bucket: Option<Bucket>, latencies_ns: &[u64]) -> Box<dyn PollPolicy> {
+    let mut policy = build("adaptive").unwrap();
+    for (i, &latency_ns) in latencies_ns.iter().enumerate() {
+        policy.on_completion(&Observation {
+            bucket,
+            submit_ns: i as u64 * 100_000,
+            latency_ns,
+            slept: None,
+            idle_polls: 10,
+            censored: false,
+            after_interrupt: false,
+        });
+    }
+    for _ in 0..64 {
+        let slept = Slept {
+            requested_ns: 2_000,
+            actual_ns: 9_000,
+        };
+        policy.on_sleep(&slept, Some(9_000));
+    }
+    policy
+}
+
+/// The adaptive policy's per-I/O costs: the decision it makes for every poll of an I/O it
+/// already decided for (the spin path), the one for a new I/O (its plan, cached between
+/// refreshes of the samples), and learning a completion, polled or hidden by a sleep.
+fn adaptive(c: &mut Criterion) {
+    let bucket = Bucket::new(Direction::Read, 4096);
+    let latencies_ns = latencies_ns();
+    let published = BucketStats {
+        count: 1000,
+        mean_ns: 12_000,
+        min_ns: 6_000,
+        max_ns: 18_000,
+        p50_ns: 12_000,
+        p90_ns: 16_800,
+        p99_ns: 17_900,
+        window: 7,
+    };
+    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), published);
+    let overshoot = OvershootStats::new();
+    let ctx = |outstanding: usize, submit_ns: u64, now_ns: u64| PollContext {
+        now_ns,
+        outstanding,
+        oldest: InFlight {
+            bucket,
+            submit_ns,
+            slept: false,
+        },
+        stats: &snapshot,
+        overshoot: &overshoot,
+        interrupts: true,
+        oracle_deadline_ns: None,
+    };
+    let mut policy = warmed_adaptive(bucket, &latencies_ns);
+    let settled = ctx(1, 1_000_000_000, 1_000_003_000);
+    policy.decide(&settled);
+    c.bench_function("decide (adaptive, an I/O already decided for)", |b| {
+        b.iter(|| policy.decide(black_box(&settled)))
+    });
+    for outstanding in [1, 32] {
+        let mut policy = warmed_adaptive(bucket, &latencies_ns);
+        let mut submit_ns = 2_000_000_000;
+        c.bench_function(
+            &format!("decide (adaptive, a new I/O, {outstanding} outstanding)"),
+            |b| {
+                b.iter(|| {
+                    submit_ns += 10_000;
+                    policy.decide(black_box(&ctx(outstanding, submit_ns, submit_ns + 1_000)))
+                })
+            },
+        );
+    }
+    let mut policy = warmed_adaptive(bucket, &latencies_ns);
+    let mut next = 0;
+    c.bench_function("on_completion (adaptive, polled)", |b| {
+        b.iter(|| {
+            next = (next + 1) % LATENCIES;
+            policy.on_completion(black_box(&Observation {
+                bucket,
+                submit_ns: next as u64,
+                latency_ns: latencies_ns[next],
+                slept: None,
+                idle_polls: 10,
+                censored: false,
+                after_interrupt: false,
+            }))
+        })
+    });
+    c.bench_function("on_completion (adaptive, hidden by its sleep)", |b| {
+        b.iter(|| {
+            next = (next + 1) % LATENCIES;
+            policy.on_completion(black_box(&Observation {
+                bucket,
+                submit_ns: next as u64,
+                latency_ns: latencies_ns[next] + 4_000,
+                slept: Some(Slept {
+                    requested_ns: 6_000,
+                    actual_ns: 9_000,
+                }),
+                idle_polls: 0,
+                censored: true,
+                after_interrupt: false,
+            }))
+        })
+    });
+}
+
+criterion_group!(benches, record, decide, adaptive);
 criterion_main!(benches);
