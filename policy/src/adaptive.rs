@@ -316,7 +316,9 @@ impl Distribution {
             let first = xs.partition_point(|&x| x <= lo_ns);
             let end = xs.partition_point(|&x| x <= hi_ns);
             if first < end {
-                return xs[first + (draw % (end - first) as u64) as usize];
+                // In 32 bits: a 64-bit division costs as much as the rest of the draw, and
+                // the turn only needs to wrap (at most 256 samples).
+                return xs[first + (draw as u32 % (end - first) as u32) as usize];
             }
         }
         lo_ns + (hi_ns - lo_ns) / 2
