@@ -123,7 +123,8 @@ struct BenchArgs {
     /// Span of the device the workload touches (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size_bytes)]
     size: u64,
-    /// Runs per policy; the run with the median IOPS is reported.
+    /// Runs per policy, in rounds (every policy once per round); the run with the median
+    /// IOPS is reported.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99))]
     repeat: u16,
     /// Write one JSON object per policy to this file.
@@ -295,10 +296,15 @@ fn bench_command(args: BenchArgs) -> ExitCode {
     } else {
         ProgressBar::hidden()
     };
-    let mut rows: Vec<RunResult> = Vec::new();
-    for policy in &policies {
-        let mut runs = Vec::with_capacity(repeat);
-        for run in 0..repeat {
+    // Repeats go in rounds (every policy once, then again), not policy by policy: a slow
+    // stretch of a shared machine then falls on every policy alike, not on whichever policy
+    // happened to run during it.
+    let mut runs: Vec<Vec<RunResult>> = policies
+        .iter()
+        .map(|_| Vec::with_capacity(repeat))
+        .collect();
+    for run in 0..repeat {
+        for (policy, runs) in policies.iter().zip(&mut runs) {
             progress.set_message(format!("{policy} (run {}/{repeat})", run + 1));
             match bench::run_policy(&work, policy) {
                 Ok(result) => runs.push(result),
@@ -310,9 +316,14 @@ fn bench_command(args: BenchArgs) -> ExitCode {
             }
             progress.inc(1);
         }
-        runs.sort_by(|a, b| a.iops().total_cmp(&b.iops()));
-        rows.push(runs.swap_remove((runs.len() - 1) / 2));
     }
+    let rows: Vec<RunResult> = runs
+        .into_iter()
+        .map(|mut runs| {
+            runs.sort_by(|a, b| a.iops().total_cmp(&b.iops()));
+            runs.swap_remove((runs.len() - 1) / 2)
+        })
+        .collect();
     progress.finish_and_clear();
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = report::print_table(&mut stdout, &work, &rows) {

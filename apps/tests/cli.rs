@@ -30,6 +30,8 @@ fn bench_writes_json_with_every_field_and_verify_finds_no_mismatch() {
         "0.3",
         "--ramp",
         "0.2",
+        "--repeat",
+        "2",
         "--verify",
         "--json",
         json.to_str().unwrap(),
@@ -51,8 +53,20 @@ fn bench_writes_json_with_every_field_and_verify_finds_no_mismatch() {
     let rows: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
-    assert_eq!(rows.len(), 3);
+    // One row per policy, in the order asked for, each the median of its 2 runs (the
+    // repeats go in rounds).
+    let names: Vec<_> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["classic", "hybrid", "oracle"]);
+    // classic never sleeps; hybrid sleeps half the mean, so its mean requested sleep is
+    // somewhere below nand's ~80 us median.
+    assert!(rows[0]["sleep_mean_ns"].is_null(), "{}", rows[0]);
+    let hybrid_sleep_ns = rows[1]["sleep_mean_ns"].as_u64().unwrap();
+    assert!(
+        (1_000..80_000).contains(&hybrid_sleep_ns),
+        "{hybrid_sleep_ns}"
+    );
     for row in rows {
+        assert_eq!(row["runs"], 2);
         for field in [
             "policy",
             "device",
