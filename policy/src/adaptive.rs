@@ -1051,6 +1051,20 @@ mod tests {
         assert_eq!(d.wake_within_budget(95_000, 10_000), None);
         assert_eq!(d.median_remaining_ns(40_000), Some(31_000));
         assert_eq!(d.mean_ns(), 50_500);
+        // The shortcut that skips the search agrees with it everywhere, past the largest
+        // sample too (where the median of nothing exceeds nothing).
+        for elapsed_ns in (0..=110_000).step_by(2_500) {
+            for limit_ns in (0..=100_000).step_by(5_000) {
+                let searched = d
+                    .median_remaining_ns(elapsed_ns)
+                    .is_some_and(|r| r > limit_ns);
+                assert_eq!(
+                    d.median_remaining_exceeds(elapsed_ns, limit_ns),
+                    searched,
+                    "elapsed {elapsed_ns}, limit {limit_ns}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -1279,6 +1293,35 @@ mod tests {
                 "{d:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_exact_samples_are_sorted_once_per_32_draws_and_32_new_samples() {
+        let mut d = Distribution::EMPTY;
+        for x in 1..=EXACT_SAMPLES as u64 {
+            d.exact.add(x * 1_000);
+        }
+        let sorted = d.exact.refreshes;
+        // New samples but no draws: nothing sorts them.
+        for x in 0..100 {
+            d.exact.add(200_000 + x);
+        }
+        assert_eq!(d.exact.refreshes, sorted);
+        // 31 draws see the old order (a stand-in for (150, 250] us falls back to the
+        // midpoint: no sorted sample lies there yet); the 32nd sorts, and draws from the
+        // new samples.
+        for _ in 0..EXACT_REFRESH_EVERY - 1 {
+            assert_eq!(d.impute_ns(150_000, 250_000, 0), 200_000);
+        }
+        assert_eq!(d.exact.refreshes, sorted);
+        let drawn = d.impute_ns(150_000, 250_000, 0);
+        assert_eq!(d.exact.refreshes, sorted + 1);
+        assert!((200_000..200_100).contains(&drawn), "{drawn}");
+        // Many draws and no new samples: no further sort.
+        for _ in 0..100 {
+            d.impute_ns(150_000, 250_000, 0);
+        }
+        assert_eq!(d.exact.refreshes, sorted + 1);
     }
 
     #[test]
