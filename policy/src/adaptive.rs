@@ -651,22 +651,14 @@ impl Adaptive {
     /// A burst that starts after the policy stopped sleeping also replaces the overshoots
     /// measured before (see [`Adaptive::on_sleep`]).
     fn probe_due(&mut self, now_ns: u64) -> bool {
-        if self.probed_io == self.ios_seen {
+        if !self.probe_may_be_due(now_ns) {
             return false;
         }
-        if self.probe_burst_at_ns == 0 {
-            self.probe_burst_at_ns = now_ns;
-        }
-        if self.probe_burst_left == 0
-            && (self.ios_seen.is_multiple_of(PROBE_EVERY)
-                || now_ns >= self.probe_burst_at_ns + PROBE_EVERY_NS)
-        {
+        // Not in a burst, yet due: a new burst starts.
+        if self.probe_burst_left == 0 {
             self.probe_burst_left = PROBE_BURST;
             self.probe_burst_at_ns = now_ns;
             self.overshoot_restart = true;
-        }
-        if self.probe_burst_left == 0 {
-            return false;
         }
         self.probe_burst_left -= 1;
         self.probed_io = self.ios_seen;
@@ -978,17 +970,36 @@ mod tests {
         interrupts: bool,
         slept: bool,
     ) -> Decision {
-        let snapshot = Snapshot::EMPTY;
+        let oldest = InFlight {
+            bucket: Some(READ_4K),
+            submit_ns,
+            slept,
+        };
+        decide_ctx(
+            policy,
+            &Snapshot::EMPTY,
+            oldest,
+            now_ns,
+            outstanding,
+            interrupts,
+        )
+    }
+
+    /// The one place the tests build a decision's context.
+    fn decide_ctx(
+        policy: &mut Adaptive,
+        stats: &Snapshot,
+        oldest: InFlight,
+        now_ns: u64,
+        outstanding: usize,
+        interrupts: bool,
+    ) -> Decision {
         let overshoot = OvershootStats::new();
         policy.decide(&PollContext {
             now_ns,
             outstanding,
-            oldest: InFlight {
-                bucket: Some(READ_4K),
-                submit_ns,
-                slept,
-            },
-            stats: &snapshot,
+            oldest,
+            stats,
             overshoot: &overshoot,
             interrupts,
             oracle_deadline_ns: None,
@@ -1004,21 +1015,13 @@ mod tests {
         outstanding: usize,
         mean_ns: u64,
     ) -> Decision {
-        let snapshot = snapshot(stats(mean_ns, mean_ns / 2));
-        let overshoot = OvershootStats::new();
-        policy.decide(&PollContext {
-            now_ns,
-            outstanding,
-            oldest: InFlight {
-                bucket: Some(READ_4K),
-                submit_ns,
-                slept: false,
-            },
-            stats: &snapshot,
-            overshoot: &overshoot,
-            interrupts: true,
-            oracle_deadline_ns: None,
-        })
+        let oldest = InFlight {
+            bucket: Some(READ_4K),
+            submit_ns,
+            slept: false,
+        };
+        let published = snapshot(stats(mean_ns, mean_ns / 2));
+        decide_ctx(policy, &published, oldest, now_ns, outstanding, true)
     }
 
     /// A full reservoir of latencies evenly spread over `from_ns..from_ns + width_ns`.
