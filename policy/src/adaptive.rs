@@ -197,6 +197,9 @@ impl<const N: usize> Reservoir<N> {
 const OVERSHOOT_TRIM_DIVISOR: usize = 10;
 /// Load classes with their own plan: 1, 2-3, 4-7, 8-15, 16+ I/Os outstanding.
 const PLAN_CLASSES: usize = 5;
+/// When even the fastest latency seen is too late a wake-up, the plan searches below it to
+/// this fraction of it.
+const WAKE_BELOW_FASTEST_STEPS: u64 = 64;
 /// Latencies of I/Os nobody slept through, kept per bucket: what a censored completion's
 /// stand-in is drawn from. Sorted only when a draw needs it, and then at most once per
 /// [`EXACT_REFRESH_EVERY`] new samples and as many draws: a policy that never sleeps never
@@ -578,9 +581,28 @@ impl Adaptive {
             total / m
         };
         // Lateness grows with w: binary search the last sample value within budget.
-        if xs.is_empty() || lateness(xs[0]) > budget_ns {
+        if xs.is_empty() {
             dist.plans[kind][class] = Some(0);
             return 0;
+        }
+        if lateness(xs[0]) > budget_ns {
+            // Even waking at the fastest latency seen is too late on average: the
+            // overshoot's spread carries the late wake-ups past it. An earlier wake-up can
+            // still save CPU where the device has a floor well above zero (a virtio disk
+            // whose reads all take 30 us or more; a slowly drifting device): the latest one
+            // within budget, to 1/64 of that fastest latency (at most 6 more steps).
+            let (mut lo, mut hi) = (0u64, xs[0]);
+            let step_ns = (xs[0] / WAKE_BELOW_FASTEST_STEPS).max(1);
+            while hi - lo > step_ns {
+                let mid = lo + (hi - lo) / 2;
+                if lateness(mid) <= budget_ns {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            dist.plans[kind][class] = Some(lo);
+            return lo;
         }
         let (mut lo, mut hi) = (0usize, xs.len() - 1);
         while lo < hi {
@@ -1276,6 +1298,40 @@ mod tests {
             p.planned_wake_ns(READ_4K.index(), 1, false)
         };
         assert!(plan(4_000) < plan(0), "{} vs {}", plan(4_000), plan(0));
+    }
+
+    #[test]
+    fn wakes_before_the_fastest_latency_when_the_overshoot_spread_requires_it() {
+        // A device with a floor: every read takes 40-44 us. Overshoots of 1, 7 and 22 us in
+        // equal shares (the top 10 % left out: 21, 21 and 15 of them), so the median is
+        // 7 us and a third of wake-ups come 15 us past the plan. Waking at 40 us is then
+        // late by 15/57 * 13 us = 3.4 us on average, past the 1.05 us budget (2.5 % of
+        // 42 us), yet waking ~31 us into the read is within it: late only on the +15 us
+        // wake-ups, by (15/57) * E[(46 - T)+] = (15/57) * 4 us = 1.05 us. A plan that
+        // searched only among the latencies seen would give up and spin.
+        let mut p = Adaptive::default();
+        for i in 0..ADAPTIVE_RESERVOIR as u64 {
+            observe(&mut p, 40_000 + (i % 64) * 62, false);
+        }
+        for i in 0..63u64 {
+            let ov = [1_000, 7_000, 22_000][(i % 3) as usize];
+            p.on_sleep(
+                &Slept {
+                    requested_ns: 20_000,
+                    actual_ns: 20_000 + ov,
+                },
+                Some(5_000),
+            );
+        }
+        let wake_ns = p.planned_wake_ns(READ_4K.index(), 1, false);
+        assert!((29_000..33_000).contains(&wake_ns), "{wake_ns}");
+        // A new I/O sleeps toward it, less the median overshoot.
+        match decide(&mut p, 1_000_000, 1_000_000, 1) {
+            Decision::Sleep(d) => {
+                assert_eq!(d.as_nanos() as u64, wake_ns - 7_000, "{d:?} for {wake_ns}")
+            }
+            other => panic!("expected a sleep, got {other:?}"),
+        }
     }
 
     #[test]
