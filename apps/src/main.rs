@@ -95,7 +95,7 @@ struct SimArgs {
 #[derive(Parser)]
 struct BenchArgs {
     /// Device spec: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
-    /// [,size=...][,iopoll=auto|on|off|hybrid] (see `hypoll devices`).
+    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceSpec,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus
@@ -211,7 +211,8 @@ fn main() -> ExitCode {
             println!(
                 "{:<13} io_uring on a file or block device: keys direct=0|1 (O_DIRECT, default 1), \
                  size=, lba=512|4096, iopoll=auto|on|off|hybrid (auto: polled when the device \
-                 has poll queues, else interrupts)",
+                 has poll queues, else interrupts), taskrun=defer|signal (defer, the default: \
+                 completions posted when the reactor next enters the kernel, Linux 6.1+)",
                 "uring:/path"
             );
             println!(

@@ -44,5 +44,7 @@ pub use qpair::{
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
-pub use uring::{CompletionMode, IopollMode, UringConfig, UringController, UringQueuePair};
+pub use uring::{
+    CompletionMode, IopollMode, TaskRun, UringConfig, UringController, UringQueuePair,
+};
 pub use vfio::{VfioConfig, VfioController, VfioQueuePair};

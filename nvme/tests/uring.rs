@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use hypoll_nvme::{
     wait_readable, Command, CompletionMode, Controller, DeviceSpec, IoBuf, IoError, QueuePair,
-    Status, SubmitError, SyncIo, UringConfig, UringController,
+    Status, SubmitError, SyncIo, TaskRun, UringConfig, UringController,
 };
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
@@ -197,10 +197,30 @@ fn without_polled_io_completions_arrive_by_interrupt_on_the_eventfd() {
         // On an NVMe namespace with poll queues the probe finds IOPOLL.
         CompletionMode::Poll | CompletionMode::HybridPoll => {}
     }
+    // Both ways the kernel can post the completions: deferred to the queue pair's own
+    // io_uring_enter (the default, where the kernel has it), and signalled to the thread.
+    for taskrun in [TaskRun::Defer, TaskRun::Signal] {
+        completions_arrive_on_the_eventfd(&file, taskrun);
+    }
+}
+
+fn completions_arrive_on_the_eventfd(file: &DataFile, taskrun: TaskRun) {
     let mut off = UringConfig::new(&file.path);
     off.iopoll = hypoll_nvme::IopollMode::Off;
+    off.taskrun = taskrun;
     let ctrl = UringController::open(&off).expect("open with iopoll=off");
     assert_eq!(ctrl.mode(), CompletionMode::Interrupt);
+    let described = ctrl.describe();
+    match taskrun {
+        TaskRun::Defer => assert!(
+            described.contains("DEFER_TASKRUN"),
+            "says whether task work is deferred: {described}"
+        ),
+        TaskRun::Signal => assert!(
+            described.contains("completions signalled (taskrun=signal)"),
+            "{described}"
+        ),
+    }
     let mut qp = ctrl.queue_pair(4).expect("queue pair");
     let fd = qp.interrupt_fd().expect("an eventfd in interrupt mode");
     let _ = fd.as_fd();

@@ -1,5 +1,6 @@
 //! The `uring` device: NVMe-shaped queue pairs over io_uring, on a regular file or a block
-//! device. `uring:/path[,direct=0|1][,size=...][,lba=512|4096][,iopoll=auto|on|off|hybrid]`.
+//! device. `uring:/path[,direct=0|1][,size=...][,lba=512|4096][,iopoll=auto|on|off|hybrid]
+//! [,taskrun=defer|signal]`.
 //!
 //! Each queue pair owns one ring, with the file registered (fixed file 0). Commands map to
 //! io_uring operations: Read and Write (Write with FUA becomes a write with `RWF_DSYNC`),
@@ -17,7 +18,12 @@
 //! - **interrupt** (everything else, e.g. virtio disks and most file systems): the device
 //!   interrupts, the kernel posts the completion into the ring, and the reactor's policy
 //!   chooses between spinning on the ring from user space, sleeping then spinning, and
-//!   blocking on the ring's registered eventfd (the queue pair's interrupt fd).
+//!   blocking on the ring's registered eventfd (the queue pair's interrupt fd). The kernel
+//!   posts a read's completion by task work in the submitting thread; with
+//!   `IORING_SETUP_DEFER_TASKRUN` (the default where the kernel has it, see [`TaskRun`])
+//!   that work waits for the queue pair's next `io_uring_enter`, made when the ring's
+//!   `IORING_SQ_TASKRUN` flag shows work pending, so a completion neither wakes a sleeping
+//!   reactor early nor interrupts a spinning one.
 //!
 //! Submissions are batched: `submit` only writes the submission entry, and the next
 //! `process_completions` (or `arm_interrupt`) hands every pending entry to the kernel with
@@ -48,7 +54,7 @@ use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
 /// Keys `uring:` accepts.
-pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll"];
+pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll", "taskrun"];
 
 /// Largest transfer one command may move: larger reads and writes complete with Invalid
 /// Field, as on a controller with this MDTS. The kernel splits requests for the device.
@@ -110,6 +116,21 @@ impl fmt::Display for CompletionMode {
     }
 }
 
+/// Where the kernel finishes a completion in interrupt mode. A read's completion is posted
+/// into the ring by task work that runs in the submitting thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskRun {
+    /// `IORING_SETUP_DEFER_TASKRUN` (Linux 6.1+; the default where the kernel has it): the
+    /// task work waits for the reactor's next `io_uring_enter`, which the queue pair makes
+    /// as soon as the ring's `IORING_SQ_TASKRUN` flag shows some pending, and the ring's
+    /// eventfd fires for it. A sleeping reactor is not woken by a completion, nor a spinning
+    /// one interrupted by an inter-processor interrupt.
+    Defer,
+    /// The kernel's default: a completion signals the thread, which runs the task work at
+    /// once, waking it from a sleep (which then resumes) or interrupting its spin.
+    Signal,
+}
+
 /// A parsed `uring:` spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UringConfig {
@@ -121,6 +142,8 @@ pub struct UringConfig {
     /// Logical block size; by default the block device's, or 4 KiB for a file.
     pub lba_bytes: Option<u32>,
     pub iopoll: IopollMode,
+    /// Interrupt mode only: when completions are posted into the ring.
+    pub taskrun: TaskRun,
 }
 
 impl UringConfig {
@@ -131,6 +154,7 @@ impl UringConfig {
             size_bytes: None,
             lba_bytes: None,
             iopoll: IopollMode::Auto,
+            taskrun: TaskRun::Defer,
         }
     }
 
@@ -173,6 +197,13 @@ impl UringConfig {
                     _ => return Err(bad("auto, on, off or hybrid")),
                 }
             }
+            "taskrun" => {
+                self.taskrun = match value {
+                    "defer" => TaskRun::Defer,
+                    "signal" => TaskRun::Signal,
+                    _ => return Err(bad("defer or signal")),
+                }
+            }
             _ => {
                 return Err(SpecError::UnknownKey {
                     device: "uring".into(),
@@ -200,6 +231,9 @@ impl fmt::Display for UringConfig {
         }
         if self.iopoll != IopollMode::Auto {
             write!(f, ",iopoll={}", self.iopoll.as_str())?;
+        }
+        if self.taskrun == TaskRun::Signal {
+            write!(f, ",taskrun=signal")?;
         }
         Ok(())
     }
@@ -301,6 +335,10 @@ pub struct UringController {
     mode_note: String,
     /// Whether the pinned pool registers as fixed buffers, for `describe`.
     fixed_note: String,
+    /// Whether queue pairs defer task work to their `io_uring_enter` (interrupt mode with
+    /// `taskrun=defer`, on a kernel that takes it), and why, for `describe`.
+    defer_taskrun: bool,
+    taskrun_note: String,
 }
 
 impl UringController {
@@ -376,6 +414,24 @@ impl UringController {
         };
         drop(probe);
         let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes)?;
+        let (defer_taskrun, taskrun_note) = match (mode, cfg.taskrun) {
+            (CompletionMode::Interrupt, TaskRun::Defer) => match deferred_ring(2) {
+                Ok(_) => (
+                    true,
+                    "completions posted on the reactor's io_uring_enter (DEFER_TASKRUN)"
+                        .to_string(),
+                ),
+                Err(e) => (
+                    false,
+                    format!("completions signalled: DEFER_TASKRUN refused ({e}; Linux 6.1+)"),
+                ),
+            },
+            (CompletionMode::Interrupt, TaskRun::Signal) => {
+                (false, "completions signalled (taskrun=signal)".to_string())
+            }
+            // Polled rings post completions from the reactor's own io_uring_enter already.
+            _ => (false, String::new()),
+        };
         Ok(UringController {
             cfg: cfg.clone(),
             file: Arc::new(file),
@@ -388,6 +444,8 @@ impl UringController {
             mode,
             mode_note,
             fixed_note,
+            defer_taskrun,
+            taskrun_note,
         })
     }
 
@@ -398,8 +456,24 @@ impl UringController {
 
     /// Opens a queue pair of `depth` commands on its own ring.
     pub fn queue_pair(&self, depth: usize) -> Result<UringQueuePair, QueuePairError> {
-        UringQueuePair::new(self.file.clone(), self.ns, self.mode, depth)
+        UringQueuePair::new(
+            self.file.clone(),
+            self.ns,
+            self.mode,
+            self.defer_taskrun,
+            depth,
+        )
     }
+}
+
+/// A ring whose task work waits for `io_uring_enter` with GETEVENTS, and which flags pending
+/// work in the submission ring (`IORING_SQ_TASKRUN`). One thread only, as every queue pair.
+fn deferred_ring(entries: u32) -> io::Result<IoUring> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .build(entries)
 }
 
 fn open_file(path: &Path, direct: bool) -> Result<File, UringOpenError> {
@@ -515,8 +589,13 @@ fn probe_iopoll(file: &File, lba_bytes: u32, hybrid: bool) -> Result<(), String>
 
 impl Controller for UringController {
     fn describe(&self) -> String {
+        let taskrun = if self.taskrun_note.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", self.taskrun_note)
+        };
         format!(
-            "{} ({}, {} completions: {}; {})",
+            "{} ({}, {} completions: {}{taskrun}; {})",
             self.cfg,
             if self.cfg.direct {
                 "O_DIRECT"
@@ -586,6 +665,8 @@ pub struct UringQueuePair {
     zero_range_unsupported: bool,
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
+    /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
+    defer_taskrun: bool,
     /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
     fixed_region: Option<(usize, usize)>,
     /// Reads and writes that went through the fixed buffer.
@@ -600,6 +681,7 @@ impl UringQueuePair {
         file: Arc<File>,
         ns: NamespaceInfo,
         mode: CompletionMode,
+        defer_taskrun: bool,
         depth: usize,
     ) -> Result<UringQueuePair, QueuePairError> {
         if depth == 0 || depth > MAX_QUEUE_DEPTH {
@@ -610,6 +692,7 @@ impl UringQueuePair {
         }
         let entries = depth.next_power_of_two() as u32;
         let ring = match mode {
+            CompletionMode::Interrupt if defer_taskrun => deferred_ring(entries)?,
             CompletionMode::Interrupt => IoUring::builder()
                 .setup_single_issuer()
                 .build(entries)
@@ -653,6 +736,7 @@ impl UringQueuePair {
             retry_zeroes: Vec::with_capacity(depth),
             zero_range_unsupported: false,
             event_fd,
+            defer_taskrun,
             fixed_region,
             fixed_ios: 0,
             cancels_in_kernel: 0,
@@ -696,9 +780,17 @@ impl UringQueuePair {
         }
     }
 
-    /// In polled modes the kernel finds completions only when asked.
+    /// In polled modes the kernel finds completions only when asked; with deferred task work,
+    /// it posts them only when asked. Either way one `io_uring_enter` with GETEVENTS, and in
+    /// interrupt mode only when the ring flags work pending (a shared-memory load; no
+    /// syscall while the device is still busy).
     fn poll_kernel(&mut self) {
-        if self.mode != CompletionMode::Interrupt && self.in_kernel > self.unsubmitted {
+        let asked = if self.mode == CompletionMode::Interrupt {
+            self.defer_taskrun && self.ring.submission().taskrun()
+        } else {
+            self.in_kernel > self.unsubmitted
+        };
+        if asked {
             match self.ring.submit_and_wait(0) {
                 Ok(_) => {}
                 Err(e) if transient(&e) => {}
@@ -948,7 +1040,11 @@ impl QueuePair for UringQueuePair {
         // then make it readable again if completions already wait in the ring, so a reactor
         // blocking on it cannot miss them.
         efd.drain();
-        let ready = !self.local.is_empty() || !self.ring.completion().is_empty();
+        // Deferred task work pending: the kernel signalled the eventfd for it (possibly before
+        // the drain); the completion is posted once the reactor polls.
+        let ready = !self.local.is_empty()
+            || !self.ring.completion().is_empty()
+            || (self.defer_taskrun && self.ring.submission().taskrun());
         if ready {
             efd.signal().expect("signalling our own eventfd");
         }
@@ -1048,10 +1144,17 @@ mod tests {
         cfg.set("size", "64M").unwrap();
         cfg.set("lba", "512").unwrap();
         cfg.set("iopoll", "hybrid").unwrap();
+        cfg.set("taskrun", "signal").unwrap();
         assert_eq!(
             cfg.to_string(),
-            "uring:/tmp/disk.img,direct=0,size=64M,lba=512,iopoll=hybrid"
+            "uring:/tmp/disk.img,direct=0,size=64M,lba=512,iopoll=hybrid,taskrun=signal"
         );
+        cfg.set("taskrun", "defer").unwrap();
+        assert_eq!(cfg.taskrun, TaskRun::Defer);
+        assert!(matches!(
+            cfg.set("taskrun", "later"),
+            Err(SpecError::BadValue { .. })
+        ));
         assert!(matches!(
             cfg.set("iopoll", "sometimes"),
             Err(SpecError::BadValue { .. })
