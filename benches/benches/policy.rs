@@ -55,33 +55,51 @@ fn record(c: &mut Criterion) {
     });
 }
 
-fn decide(c: &mut Criterion) {
-    let bucket = Bucket::new(Direction::Read, 4096);
-    let published = BucketStats {
+/// A bucket's published statistics over 1000 completions: mean, then [min, p50, p90, p99,
+/// max].
+fn published(mean_ns: u64, [min_ns, p50_ns, p90_ns, p99_ns, max_ns]: [u64; 5]) -> BucketStats {
+    BucketStats {
         count: 1000,
-        mean_ns: 9001,
-        min_ns: 8000,
-        max_ns: 30_000,
-        p50_ns: 8900,
-        p90_ns: 11_000,
-        p99_ns: 20_000,
+        mean_ns,
+        min_ns,
+        max_ns,
+        p50_ns,
+        p90_ns,
+        p99_ns,
         window: 7,
-    };
-    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), published);
-    let overshoot = OvershootStats::new();
-    let ctx = PollContext {
-        now_ns: 1_000,
-        outstanding: 1,
+    }
+}
+
+/// The context of a decision for the oldest I/O, of `bucket`, submitted at `submit_ns`.
+fn context<'a>(
+    snapshot: &'a Snapshot,
+    overshoot: &'a OvershootStats,
+    bucket: Option<Bucket>,
+    outstanding: usize,
+    submit_ns: u64,
+    now_ns: u64,
+) -> PollContext<'a> {
+    PollContext {
+        now_ns,
+        outstanding,
         oldest: InFlight {
             bucket,
-            submit_ns: 0,
+            submit_ns,
             slept: false,
         },
-        stats: &snapshot,
-        overshoot: &overshoot,
+        stats: snapshot,
+        overshoot,
         interrupts: true,
         oracle_deadline_ns: None,
-    };
+    }
+}
+
+fn decide(c: &mut Criterion) {
+    let bucket = Bucket::new(Direction::Read, 4096);
+    let stats = published(9001, [8000, 8900, 11_000, 20_000, 30_000]);
+    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), stats);
+    let overshoot = OvershootStats::new();
+    let ctx = context(&snapshot, &overshoot, bucket, 1, 0, 1_000);
     for spec in [
         "classic",
         "hybrid",
@@ -151,30 +169,18 @@ fn warmed_adaptive(bucket: Option<Bucket>, latencies_ns: &[u64]) -> Box<dyn Poll
 fn adaptive(c: &mut Criterion) {
     let bucket = Bucket::new(Direction::Read, 4096);
     let latencies_ns = latencies_ns();
-    let published = BucketStats {
-        count: 1000,
-        mean_ns: 12_000,
-        min_ns: 6_000,
-        max_ns: 18_000,
-        p50_ns: 12_000,
-        p90_ns: 16_800,
-        p99_ns: 17_900,
-        window: 7,
-    };
-    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), published);
+    let stats = published(12_000, [6_000, 12_000, 16_800, 17_900, 18_000]);
+    let snapshot = Snapshot::EMPTY.with_bucket(bucket.unwrap(), stats);
     let overshoot = OvershootStats::new();
-    let ctx = |outstanding: usize, submit_ns: u64, now_ns: u64| PollContext {
-        now_ns,
-        outstanding,
-        oldest: InFlight {
+    let ctx = |outstanding: usize, submit_ns: u64, now_ns: u64| {
+        context(
+            &snapshot,
+            &overshoot,
             bucket,
+            outstanding,
             submit_ns,
-            slept: false,
-        },
-        stats: &snapshot,
-        overshoot: &overshoot,
-        interrupts: true,
-        oracle_deadline_ns: None,
+            now_ns,
+        )
     };
     let mut policy = warmed_adaptive(bucket, &latencies_ns);
     let settled = ctx(1, 1_000_000_000, 1_000_003_000);
