@@ -428,7 +428,7 @@ impl std::fmt::Debug for Adaptive {
             .field("budget_scale", &self.budget_scale)
             .field("sleep_share", &self.sleep_share)
             .field("batch_trials", &self.batch_trial.trials)
-            .field("batching_refused", &self.batch_trial.refused())
+            .field("batch_fraction", &self.batch_trial.held_fraction())
             .finish()
     }
 }
@@ -838,32 +838,21 @@ impl PollPolicy for Adaptive {
             // completions.
             let interruptible =
                 self.interruptible && ctx.interrupts && self.interrupt_cost_ns().is_some();
-            // It looks saturated; whether batching pays there, a trial says (a device merely
-            // wide looks the same).
-            let budget_fraction = self.budget_pct / 100.0;
-            let batching = ctx.outstanding >= 2
-                && queueing_ns > floor_ns
-                && self.batch_trial.allows(ctx.now_ns, budget_fraction);
-            // Not batching under load, on a device that interrupts: where one wake-up (the
-            // interrupt's price, else the median overshoot) is within the budget of the mean
-            // latency, wait on the interrupt, as `interrupt` does. It wakes at the first of
-            // many completions and reaps whatever came meanwhile, each at most one wake-up
-            // late, where a spin burns the core (the virtio disk at queue depth 32, where
-            // `interrupt` keeps classic's latency at a third of its CPU). Asked again on
-            // every poll.
-            if !batching
-                && ctx.outstanding >= 2
-                && ctx.interrupts
-                && self.interrupt_wake_ns() as f64 <= published_mean_ns as f64 * budget_fraction
-            {
-                self.current_settled = false;
-                return Decision::WaitInterrupt;
-            }
-            let (sleep_ns, interruptible) = if batching {
+            // It looks saturated; how long a batch may be there, if any, a trial says (a
+            // device merely wide looks the same).
+            let batch_fraction = if ctx.outstanding >= 2 && queueing_ns > floor_ns {
+                let budget_fraction = self.budget_pct / 100.0;
+                self.batch_trial
+                    .batch_fraction(ctx.now_ns, published_mean_ns, budget_fraction)
+            } else {
+                None
+            };
+            let batching = batch_fraction.is_some();
+            let (sleep_ns, interruptible) = if let Some(fraction) = batch_fraction {
                 // Saturated: queued commands keep the device busy while we sleep. A late
                 // wake-up past the queue's end idles the device briefly, which costs far less
                 // than polling every completion.
-                let batch_ns = (queueing_ns as f64 * ADAPTIVE_BATCH_FRACTION) as u64;
+                let batch_ns = (queueing_ns as f64 * fraction) as u64;
                 (batch_ns.saturating_sub(median_ov_ns), false)
             } else {
                 let wake_ns = self.planned_wake_ns(bucket.index(), ctx.outstanding, interruptible);
@@ -1757,8 +1746,8 @@ mod tests {
             let submit_ns = i * 100_000_000;
             decide_published(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000);
         }
-        // (Half a second later, so that the batch trial starts afresh, in a batching arm.)
-        let submit_ns = 60_500_000_000;
+        // (Two seconds later, so that the batch trial starts afresh, in a batching arm.)
+        let submit_ns = 62_000_000_000;
         let last = decide_published(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000);
         assert!(
             matches!(last, Decision::Sleep(d) if d.as_nanos() > 20_000),
@@ -1767,14 +1756,20 @@ mod tests {
     }
 
     /// Runs `ios` I/Os at depth 4 on a device whose published mean is 88 us, one decided for
-    /// every 20 us: an I/O given a batch sleep of `batch_ns` is seen `batched_latency_ns`
-    /// after submission, any other at 88 us. Returns how many were batched.
-    fn run_at_depth_4(p: &mut Adaptive, ios: u64, batch_ns: u64, batched_latency_ns: u64) -> u64 {
+    /// every 20 us: an I/O given one of the `batches` (sleep lengths) is seen
+    /// `batched_latency_ns` after submission, any other at 88 us. Returns how many were
+    /// batched.
+    fn run_at_depth_4(
+        p: &mut Adaptive,
+        ios: u64,
+        batches: &[Decision],
+        batched_latency_ns: u64,
+    ) -> u64 {
         let mut batched = 0;
         for i in 0..ios {
             let submit_ns = 1_000_000 + i * 20_000;
             let d = decide_published(p, submit_ns, submit_ns + 10_000, 4, 88_000);
-            let batch = d == Decision::sleep_ns(batch_ns);
+            let batch = batches.contains(&d);
             batched += u64::from(batch);
             let latency_ns = if batch { batched_latency_ns } else { 88_000 };
             // Outstanding while another I/O was decided for: only the trial learns from it.
@@ -1793,73 +1788,42 @@ mod tests {
 
     /// A device whose fastest read took 30 us and most 70-90 us: at a published mean of 88
     /// us it looks saturated (58 us of "queueing" against a 30 us floor). Returns the batch
-    /// sleep it would get.
-    fn wide_unqueued(p: &mut Adaptive) -> u64 {
+    /// sleeps it may get, longest first: 3/4 of the queueing time, 3/8, 3/16.
+    fn wide_unqueued(p: &mut Adaptive) -> Vec<Decision> {
         observe(p, 30_000, false);
         nand_like(p);
         calibrate(p, 5_000, 7_000);
-        (58_000.0 * ADAPTIVE_BATCH_FRACTION) as u64 - p.overshoot_plan_ns().unwrap()
+        let median_ov_ns = p.overshoot_plan_ns().unwrap();
+        [0.75, 0.375, 0.1875]
+            .iter()
+            .map(|f| Decision::sleep_ns((58_000.0 * f) as u64 - median_ov_ns))
+            .collect()
     }
 
     #[test]
-    fn batching_that_makes_a_wide_device_late_is_tried_then_refused() {
+    fn batches_that_make_a_wide_device_late_are_tried_then_refused() {
         let mut p = Adaptive::default();
-        let batch_ns = wide_unqueued(&mut p);
-        // 400 ms: one whole trial (16 arms of 10 ms) and more. Batching leaves units idle:
-        // its I/Os are seen 30 % late.
-        let batched = run_at_depth_4(&mut p, 20_000, batch_ns, 115_000);
-        assert!(p.batch_trial.refused());
-        // It batched in the trial's batching arms (8 of 10 ms, 500 I/Os each), then no more.
-        assert!((3_000..5_000).contains(&batched), "{batched}");
-        let after = run_at_depth_4(&mut p, 1_000, batch_ns, 115_000);
+        let batches = wide_unqueued(&mut p);
+        // 800 ms: a trial of each batch length (16 arms of 11 ms: 128 mean latencies), and
+        // more. Batching leaves units idle: its I/Os are seen 30 % late.
+        let batched = run_at_depth_4(&mut p, 40_000, &batches, 115_000);
+        assert_eq!(p.batch_trial.trials, 3);
+        assert_eq!(p.batch_trial.held_fraction(), None);
+        // It batched in each trial's batching arms (8 of 11 ms, 563 I/Os each), then no more.
+        assert!((12_000..15_000).contains(&batched), "{batched}");
+        let after = run_at_depth_4(&mut p, 1_000, &batches, 115_000);
         assert_eq!(after, 0);
     }
 
     #[test]
     fn batching_that_costs_no_latency_is_kept() {
         let mut p = Adaptive::default();
-        let batch_ns = wide_unqueued(&mut p);
+        let batches = wide_unqueued(&mut p);
         // A saturated device: the same latency whether the reactor batches or not.
-        run_at_depth_4(&mut p, 20_000, batch_ns, 88_000);
-        assert!(!p.batch_trial.refused());
+        run_at_depth_4(&mut p, 20_000, &batches, 88_000);
         assert_eq!(p.batch_trial.trials, 1);
-        // The verdict holds: every I/O is batched.
-        assert_eq!(run_at_depth_4(&mut p, 1_000, batch_ns, 88_000), 1_000);
-    }
-
-    #[test]
-    fn under_load_it_waits_on_the_interrupt_when_one_wake_up_is_within_the_budget() {
-        let mut p = Adaptive::default();
-        // 300-340 us reads, a 10 us overshoot; 440 us published under load (queueing 140
-        // us, under the floor: not taken for saturation).
-        uniform(&mut p, 300_000, 40_000);
-        calibrate(&mut p, 10_000, 7_000);
-        // About 310 us to go is under 33 overshoots, but one wake-up (10 us) is within 2.5 %
-        // of the 440 us mean: each completion is at most that late.
-        assert_eq!(
-            decide_published(&mut p, 0, 10_000, 8, 440_000),
-            Decision::WaitInterrupt
-        );
-        // Alone, the I/O has the budget to itself and sleeps to its plan instead.
-        assert!(matches!(
-            decide_published(&mut p, 1, 10_000, 1, 440_000),
-            Decision::Sleep(_)
-        ));
-        // Where the mean is short, a wake-up is past the budget: no interrupt wait.
-        assert_ne!(
-            decide_published(&mut p, 2, 10_000, 8, 360_000),
-            Decision::WaitInterrupt
-        );
-        // Nor without an interrupt line.
-        let oldest = InFlight {
-            bucket: Some(READ_4K),
-            submit_ns: 3,
-            slept: false,
-        };
-        let published = snapshot(stats(440_000, 220_000));
-        assert_ne!(
-            decide_ctx(&mut p, &published, oldest, 10_000, 8, false),
-            Decision::WaitInterrupt
-        );
+        assert_eq!(p.batch_trial.held_fraction(), Some(ADAPTIVE_BATCH_FRACTION));
+        // The length found holds: every I/O is batched, for 3/4 of the queueing time.
+        assert_eq!(run_at_depth_4(&mut p, 1_000, &batches[..1], 88_000), 1_000);
     }
 }

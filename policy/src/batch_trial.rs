@@ -1,4 +1,4 @@
-//! The experiment that tells `adaptive` whether batching under load pays.
+//! The experiment that tells `adaptive` how long a batch under load may be.
 //!
 //! Batching (sleeping through most of the queueing time with several I/Os outstanding)
 //! assumes a saturated device, whose queued commands keep it busy while the reactor sleeps.
@@ -7,30 +7,51 @@
 //! read, yet it never queues, and every completion left unreaped while the reactor sleeps
 //! idles a unit (measured: batching made it 1.18-1.30 x classic's latency).
 //!
-//! So the reactor tries both. Arms of [`ARM_NS`] alternately batch and do not, in the order
-//! batch, not, not, batch (a drift in the device's latency then weighs on both alike), for
-//! [`PAIRS`] pairs. Each arm's mean latency, as seen (lateness included), counts the I/Os
-//! submitted and completed within it, so that no arm is charged for its neighbour's
-//! queue. At a fixed queue depth Little's law ties that mean to the throughput, so it is
-//! the one figure to compare. Batching is refused only when it was later than the other arm
-//! by more than the latency budget in at least [`WORSE_PAIRS`] of the pairs: a wide device
-//! that does not queue loses 18-30 % to it, every pair, while on a noisy device (the virtio
-//! disk: 10 ms means scatter by 10-20 %) where batching is harmless a refusal needs a run of
-//! bad luck (under 4 % when each pair is a coin flip). The verdict holds for [`HOLD_NS`],
-//! then the device is tried again (its load and its state change).
+//! So the reactor tries both. Arms of at least [`ARM_LATENCIES`] mean latencies (and
+//! [`ARM_MIN_NS`]) alternately batch and do not (the per-I/O plan, which under load mostly
+//! spins, as classic does), in the order batch, not, not, batch: a drift in the device's
+//! latency then weighs on both alike. [`PAIRS`] pairs. Each arm's mean latency, as seen
+//! (lateness included), counts the I/Os submitted after its first quarter and completed
+//! within it: the device's queue takes a while to settle after a switch, and an arm is not
+//! to be charged for the one before it. (On the virtio disk at queue depth 32, 440 us
+//! reads, batching lost to spinning by 0-7 % in 10 ms arms and by 5-60 % in 50 ms ones,
+//! and by 10-30 % over whole 3 s runs.) At a fixed queue depth Little's law ties that mean
+//! to the throughput, so it is the one figure to compare.
+//!
+//! A batch length is refused when it was later than the other arm by more than the latency
+//! budget in at least [`WORSE_PAIRS`] of the pairs; one half as long is then tried at once,
+//! [`LEVELS`] lengths in all, past which the reactor does not batch. A wide device that does
+//! not queue loses 18-30 % to batching, every pair. On `emu:optane` at depth 32, while the
+//! machine's wake-ups overshoot by ~10 us, the longest batch was 3-6 % late in every pair
+//! (whole runs in that state: 0.94 x classic's IOPS). Where a batch is harmless, a refusal
+//! needs bad luck: at most 15 % of trials if each pair is a coin flip. On a device as noisy
+//! as the virtio disk (its 50 ms means scatter by 20-40 %), a cost smaller than the noise is
+//! not always seen. The length found holds for [`HOLD_NS`]; then trials start again from the
+//! longest, since the device's load and state change.
 
-/// How long an arm lasts at least; it also waits for [`ARM_MIN_IOS`] completions.
-pub(crate) const ARM_NS: u64 = 10_000_000;
-/// How long an arm lasts at most: a slower device's pair is then left out of the count.
-pub(crate) const ARM_MAX_NS: u64 = 100_000_000;
-/// Completions an arm waits for, up to [`ARM_MAX_NS`].
+use crate::adaptive::ADAPTIVE_BATCH_FRACTION;
+
+/// An arm lasts this many of the device's mean latencies, within [`ARM_MIN_NS`] and
+/// [`ARM_MAX_NS`]; it also waits for [`ARM_MIN_IOS`] counted completions.
+pub(crate) const ARM_LATENCIES: u64 = 128;
+pub(crate) const ARM_MIN_NS: u64 = 10_000_000;
+pub(crate) const ARM_MAX_NS: u64 = 1_000_000_000;
+/// Counted completions an arm waits for, up to [`ARM_GIVE_UP`] times its length; a pair
+/// with an arm short of them is left out of the count.
 pub(crate) const ARM_MIN_IOS: u64 = 16;
+pub(crate) const ARM_GIVE_UP: u64 = 4;
+/// A trial not asked about for this long (the load went away) starts afresh.
+pub(crate) const STALE_NS: u64 = 1_000_000_000;
 /// Pairs of arms per trial.
 pub(crate) const PAIRS: u32 = 8;
 /// Pairs in which batching must be late past the budget for it to be refused.
-pub(crate) const WORSE_PAIRS: u32 = 7;
-/// How long a verdict holds.
-pub(crate) const HOLD_NS: u64 = 5_000_000_000;
+pub(crate) const WORSE_PAIRS: u32 = 6;
+/// How long the batch length found holds.
+pub(crate) const HOLD_NS: u64 = 10_000_000_000;
+
+/// Batch lengths tried: the policy's fraction of the queueing time, then half of it, and so
+/// on, this many; past the last, no batching.
+pub(crate) const LEVELS: u32 = 3;
 
 /// One arm's completions: their latencies' sum and count.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,19 +69,24 @@ impl ArmTotal {
 /// The trial's state; see the module's documentation.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BatchTrial {
-    /// The arm in progress (0..2 * PAIRS), while a trial runs, and when it began.
+    /// The batch length on trial or held: [`ADAPTIVE_BATCH_FRACTION`] halved this many times
+    /// ([`LEVELS`]: none).
+    level: u32,
+    /// Until when the level found is held, once a trial is over.
+    held_until_ns: Option<u64>,
+    /// The arm in progress (0..2 * PAIRS), while a trial runs, when it began, how long it
+    /// lasts and from when the I/Os submitted count.
     arm: Option<u32>,
     arm_start_ns: u64,
+    arm_ns: u64,
+    count_from_ns: u64,
     current: ArmTotal,
     /// The pair's first arm, once over.
     first: ArmTotal,
     /// Pairs compared so far, and those in which batching was late past the budget.
     compared: u32,
     worse: u32,
-    /// The last verdict (batching allowed) and when it was reached.
-    verdict: Option<(bool, u64)>,
-    /// When the policy last asked: a trial not asked about for [`ARM_MAX_NS`] (the load
-    /// went) starts afresh.
+    /// When the policy last asked (see [`STALE_NS`]).
     asked_ns: u64,
     /// Trials concluded.
     pub(crate) trials: u64,
@@ -72,26 +98,38 @@ fn arm_batches(arm: u32) -> bool {
 }
 
 impl BatchTrial {
-    /// Whether a device that looks saturated is batched now, at `now_ns`: the verdict while
-    /// it holds, otherwise the current arm of the trial (started, moved on or concluded
-    /// here). `budget_fraction` is the latency budget, a fraction of the mean.
-    pub(crate) fn allows(&mut self, now_ns: u64, budget_fraction: f64) -> bool {
-        let stale = now_ns > self.asked_ns.saturating_add(ARM_MAX_NS);
+    /// The share of the queueing time a device that looks saturated is slept through now,
+    /// at `now_ns`, if any: the level found while it holds, otherwise the current arm of a
+    /// trial (started, moved on or concluded here). `mean_ns` is the device's mean latency
+    /// now, `budget_fraction` the latency budget, a fraction of the mean.
+    pub(crate) fn batch_fraction(
+        &mut self,
+        now_ns: u64,
+        mean_ns: u64,
+        budget_fraction: f64,
+    ) -> Option<f64> {
+        let stale = now_ns > self.asked_ns.saturating_add(STALE_NS);
         self.asked_ns = now_ns;
-        if let Some((allowed, at_ns)) = self.verdict {
-            if now_ns < at_ns.saturating_add(HOLD_NS) {
-                return allowed;
+        if let Some(until_ns) = self.held_until_ns {
+            if now_ns < until_ns && !stale {
+                return self.fraction();
             }
+            // The device's load or state may have changed: from the longest batch again.
+            self.held_until_ns = None;
+            self.arm = None;
         }
         let arm = match self.arm {
             Some(arm) if !stale => arm,
-            _ => return self.start(now_ns),
+            _ => {
+                self.level = 0;
+                return self.start(now_ns, mean_ns);
+            }
         };
         let elapsed_ns = now_ns.saturating_sub(self.arm_start_ns);
-        let over =
-            (elapsed_ns >= ARM_NS && self.current.ios >= ARM_MIN_IOS) || elapsed_ns >= ARM_MAX_NS;
+        let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_MIN_IOS)
+            || elapsed_ns >= ARM_GIVE_UP * self.arm_ns;
         if !over {
-            return arm_batches(arm);
+            return self.arm_fraction(arm);
         }
         if arm % 2 == 1 {
             let (batched, other) = if arm_batches(arm) {
@@ -106,44 +144,70 @@ impl BatchTrial {
         } else {
             self.first = self.current;
         }
-        self.current = ArmTotal::default();
-        self.arm_start_ns = now_ns;
         let next = arm + 1;
         if next < 2 * PAIRS {
-            self.arm = Some(next);
-            return arm_batches(next);
+            self.begin_arm(next, now_ns, mean_ns);
+            return self.arm_fraction(next);
         }
-        // Pairs an arm of which saw too few completions are not counted either way: with
-        // too little evidence, batching stays, which is what the policy did before trials.
-        let allowed = self.worse < WORSE_PAIRS;
-        self.arm = None;
-        self.verdict = Some((allowed, now_ns));
         self.trials += 1;
-        allowed
+        self.arm = None;
+        // Pairs an arm of which saw too few completions are not counted either way: with
+        // too little evidence, the batch stays.
+        if self.worse >= WORSE_PAIRS {
+            self.level += 1;
+            if self.level < LEVELS {
+                return self.start(now_ns, mean_ns);
+            }
+        }
+        self.held_until_ns = Some(now_ns.saturating_add(HOLD_NS));
+        self.fraction()
     }
 
-    /// A new trial from `now_ns`, in its first arm (which batches).
-    fn start(&mut self, now_ns: u64) -> bool {
-        self.arm = Some(0);
-        self.arm_start_ns = now_ns;
-        self.current = ArmTotal::default();
+    /// The batch length of the current level, if it batches.
+    fn fraction(&self) -> Option<f64> {
+        (self.level < LEVELS).then(|| ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << self.level))
+    }
+
+    /// What arm `arm` of a trial sleeps through.
+    fn arm_fraction(&self, arm: u32) -> Option<f64> {
+        if arm_batches(arm) {
+            self.fraction()
+        } else {
+            None
+        }
+    }
+
+    /// A trial of the current level from `now_ns`.
+    fn start(&mut self, now_ns: u64, mean_ns: u64) -> Option<f64> {
         self.compared = 0;
         self.worse = 0;
-        arm_batches(0)
+        self.begin_arm(0, now_ns, mean_ns);
+        self.arm_fraction(0)
+    }
+
+    /// Arm `arm` from `now_ns`, on a device whose mean latency is `mean_ns`.
+    fn begin_arm(&mut self, arm: u32, now_ns: u64, mean_ns: u64) {
+        self.arm = Some(arm);
+        self.arm_start_ns = now_ns;
+        self.arm_ns = mean_ns
+            .saturating_mul(ARM_LATENCIES)
+            .clamp(ARM_MIN_NS, ARM_MAX_NS);
+        self.count_from_ns = now_ns + self.arm_ns / 4;
+        self.current = ArmTotal::default();
     }
 
     /// A completion seen `latency_ns` after its submission at `submit_ns`: it counts for the
-    /// current arm if the arm saw it submitted.
+    /// current arm if submitted after the arm's first quarter.
     pub(crate) fn record(&mut self, submit_ns: u64, latency_ns: u64) {
-        if self.arm.is_some() && submit_ns >= self.arm_start_ns {
+        if self.arm.is_some() && submit_ns >= self.count_from_ns {
             self.current.latency_sum_ns += latency_ns;
             self.current.ios += 1;
         }
     }
 
-    /// Whether the last trial refused batching (none yet: no).
-    pub(crate) fn refused(&self) -> bool {
-        matches!(self.verdict, Some((false, _)))
+    /// The batch length held, once a trial has found it.
+    pub(crate) fn held_fraction(&self) -> Option<f64> {
+        self.held_until_ns.and_then(|_| self.fraction())
     }
 }
 
@@ -152,121 +216,197 @@ mod tests {
     use super::*;
 
     const BUDGET: f64 = 0.025;
+    /// A device fast enough for the shortest arms.
+    const MEAN_NS: u64 = 50_000;
 
-    /// Runs one whole trial from `start_ns` on a device whose mean latency is `batched_ns`
-    /// in the arms that batch and `other_ns` in the others, times `noise(arm)`; 100
-    /// completions per arm. Returns the verdict and the order of the arms.
+    /// Runs arms of 10 ms from `start_ns`, 100 completions each (75 counted), until
+    /// `trials` more trials are over, on a device whose latency, for an arm that sleeps
+    /// through a `fraction` of the queueing time (or none), is `latency_ns(fraction, arm)`.
+    /// Returns when it stopped and what each arm slept through.
     fn run(
         trial: &mut BatchTrial,
         start_ns: u64,
-        batched_ns: u64,
-        other_ns: u64,
-        noise: impl Fn(u32) -> f64,
-    ) -> (bool, Vec<bool>) {
+        trials: u64,
+        latency_ns: impl Fn(Option<f64>, u32) -> u64,
+    ) -> (u64, Vec<Option<f64>>) {
         let mut now_ns = start_ns;
         let mut arms = Vec::new();
-        let mut batching = trial.allows(now_ns, BUDGET);
-        for arm in 0..2 * PAIRS {
-            arms.push(batching);
-            let mean_ns = if batching { batched_ns } else { other_ns };
-            let latency_ns = (mean_ns as f64 * noise(arm)) as u64;
+        let until = trial.trials + trials;
+        let mut fraction = trial.batch_fraction(now_ns, MEAN_NS, BUDGET);
+        while trial.trials < until {
+            assert!(arms.len() < 1000, "the trials should end");
+            let arm = arms.len() as u32;
+            arms.push(fraction);
             for i in 0..100 {
-                let submit_ns = now_ns + i * (ARM_NS / 100);
-                trial.record(submit_ns, latency_ns);
-                assert_eq!(trial.allows(submit_ns + 1, BUDGET), batching);
+                let submit_ns = now_ns + i * (ARM_MIN_NS / 100);
+                trial.record(submit_ns, latency_ns(fraction, arm));
+                assert_eq!(
+                    trial.batch_fraction(submit_ns + 1, MEAN_NS, BUDGET),
+                    fraction
+                );
             }
-            now_ns += ARM_NS;
-            batching = trial.allows(now_ns, BUDGET);
+            now_ns += ARM_MIN_NS;
+            fraction = trial.batch_fraction(now_ns, MEAN_NS, BUDGET);
         }
-        assert_eq!(trial.trials, 1, "the trial ends after {} arms", 2 * PAIRS);
-        (batching, arms)
+        (now_ns, arms)
+    }
+
+    /// 88 us, or `batched_ns` in an arm that batches.
+    fn batch_late(batched_ns: u64) -> impl Fn(Option<f64>, u32) -> u64 {
+        move |fraction, _| {
+            if fraction.is_some() {
+                batched_ns
+            } else {
+                88_000
+            }
+        }
     }
 
     #[test]
     fn arms_alternate_batch_not_not_batch() {
         let mut trial = BatchTrial::default();
-        let (_, arms) = run(&mut trial, 1_000, 50_000, 50_000, |_| 1.0);
-        let expected: Vec<bool> = (0..2 * PAIRS).map(|a| matches!(a % 4, 0 | 3)).collect();
+        let (_, arms) = run(&mut trial, 1_000, 1, batch_late(88_000));
+        let expected: Vec<Option<f64>> = (0..2 * PAIRS)
+            .map(|a| matches!(a % 4, 0 | 3).then_some(ADAPTIVE_BATCH_FRACTION))
+            .collect();
         assert_eq!(arms, expected);
     }
 
     #[test]
-    fn batching_that_makes_every_pair_late_is_refused_and_the_verdict_holds() {
+    fn a_batch_late_in_every_pair_is_halved_then_dropped_and_that_holds() {
         let mut trial = BatchTrial::default();
-        let (allowed, _) = run(&mut trial, 1_000, 115_000, 88_000, |_| 1.0);
-        assert!(!allowed);
-        assert!(trial.refused());
-        // Held: no new trial until the verdict has aged.
-        let later_ns = 1_000 + 2 * u64::from(PAIRS) * ARM_NS + HOLD_NS / 2;
-        assert!(!trial.allows(later_ns, BUDGET));
-        assert_eq!(trial.trials, 1);
-        // Then the device is tried again, from a batching arm.
-        assert!(trial.allows(later_ns + HOLD_NS, BUDGET));
+        let (end_ns, arms) = run(&mut trial, 1_000, u64::from(LEVELS), batch_late(115_000));
+        // One trial per length, each straight after the one before.
+        assert_eq!(arms.len(), (2 * PAIRS * LEVELS) as usize);
+        let lengths: Vec<f64> = arms.iter().flatten().copied().collect();
+        assert_eq!(lengths[0], 0.75);
+        assert_eq!(lengths[lengths.len() / 2], 0.375);
+        assert_eq!(lengths[lengths.len() - 1], 0.1875);
+        assert_eq!(trial.held_fraction(), None);
+        assert!(trial.held_until_ns.is_some());
+        // Held, asked about all along: no batching and no new trial until it has aged.
+        for ask_ns in (end_ns..end_ns + HOLD_NS).step_by(500_000_000) {
+            assert_eq!(trial.batch_fraction(ask_ns, MEAN_NS, BUDGET), None);
+        }
+        assert_eq!(trial.trials, u64::from(LEVELS));
+        // Then the device is tried again, from the longest batch.
+        let again_ns = end_ns + HOLD_NS;
+        assert_eq!(trial.batch_fraction(again_ns, MEAN_NS, BUDGET), Some(0.75));
     }
 
     #[test]
-    fn batching_within_the_budget_stays() {
+    fn a_load_that_went_away_and_came_back_is_tried_again() {
         let mut trial = BatchTrial::default();
-        let (allowed, _) = run(&mut trial, 1_000, 49_000, 48_000, |_| 1.0);
-        assert!(allowed);
-        assert!(!trial.refused());
+        let (end_ns, _) = run(&mut trial, 1_000, u64::from(LEVELS), batch_late(115_000));
+        assert_eq!(
+            trial.batch_fraction(end_ns + STALE_NS, MEAN_NS, BUDGET),
+            None
+        );
+        let back_ns = end_ns + 2 * STALE_NS + 1;
+        assert_eq!(trial.batch_fraction(back_ns, MEAN_NS, BUDGET), Some(0.75));
     }
 
     #[test]
-    fn noise_alone_does_not_refuse_batching() {
+    fn a_shorter_batch_within_the_budget_is_kept() {
+        let mut trial = BatchTrial::default();
+        // The longest batch is 10 % late, half of it 2 % (within the budget).
+        let latency = |fraction: Option<f64>, _| match fraction {
+            Some(f) if f > 0.5 => 96_800,
+            Some(_) => 89_760,
+            None => 88_000,
+        };
+        run(&mut trial, 1_000, 2, latency);
+        assert_eq!(trial.held_fraction(), Some(0.375));
+    }
+
+    #[test]
+    fn a_batch_within_the_budget_stays() {
+        let mut trial = BatchTrial::default();
+        run(&mut trial, 1_000, 1, batch_late(89_000));
+        assert_eq!(trial.held_fraction(), Some(0.75));
+    }
+
+    #[test]
+    fn noise_alone_does_not_refuse_a_batch() {
         // Each arm's mean off by up to 15 % either way, the same device behind both: batching
         // loses some pairs past the budget, not nearly all.
         let mut trial = BatchTrial::default();
-        let noise = |arm: u32| 1.0 + 0.15 * (((arm * 7 + 3) % 5) as f64 - 2.0) / 2.0;
-        let (allowed, _) = run(&mut trial, 1_000, 400_000, 400_000, noise);
+        let noise = |_, arm: u32| {
+            (400_000.0 * (1.0 + 0.15 * (((arm * 7 + 3) % 5) as f64 - 2.0) / 2.0)) as u64
+        };
+        run(&mut trial, 1_000, 1, noise);
         assert!(trial.worse > 0, "the noise should cost batching some pairs");
-        assert!(allowed);
+        assert_eq!(trial.held_fraction(), Some(0.75));
     }
 
     #[test]
-    fn completions_submitted_in_the_arm_before_do_not_count() {
+    fn only_completions_submitted_after_the_arms_first_quarter_count() {
         let mut trial = BatchTrial::default();
-        assert!(trial.allows(0, BUDGET));
-        for i in 0..ARM_MIN_IOS {
-            trial.record(i, 50_000);
+        assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
+        // Submitted in the first quarter, while the device's queue settles: not counted.
+        trial.record(ARM_MIN_NS / 4 - 1, 50_000);
+        assert_eq!(trial.current.ios, 0);
+        for _ in 0..ARM_MIN_IOS {
+            trial.record(ARM_MIN_NS / 2, 50_000);
         }
         // Arm 1 (not batching) begins; the batching arm's queue drains into it, late.
-        assert!(!trial.allows(ARM_NS, BUDGET));
+        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_none());
         for _ in 0..1000 {
-            trial.record(ARM_NS - 1, 500_000);
+            trial.record(ARM_MIN_NS - 1, 500_000);
         }
         assert_eq!(trial.current.ios, 0);
     }
 
     #[test]
+    fn an_arm_lasts_128_mean_latencies_on_a_slow_device() {
+        let mut trial = BatchTrial::default();
+        // 500 us reads: 64 ms arms, counting from 16 ms.
+        assert!(trial.batch_fraction(0, 500_000, BUDGET).is_some());
+        trial.record(15_999_999, 500_000);
+        assert_eq!(trial.current.ios, 0);
+        for _ in 0..ARM_MIN_IOS {
+            trial.record(16_000_000, 500_000);
+        }
+        assert!(trial.batch_fraction(63_999_999, 500_000, BUDGET).is_some());
+        assert!(trial.batch_fraction(64_000_000, 500_000, BUDGET).is_none());
+    }
+
+    #[test]
     fn an_arm_waits_for_enough_completions_then_gives_up() {
         let mut trial = BatchTrial::default();
-        assert!(trial.allows(0, BUDGET));
+        assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
         // 10 ms and only 3 completions: the arm goes on.
-        for i in 0..3 {
-            trial.record(i, 2_000_000);
+        for _ in 0..3 {
+            trial.record(ARM_MIN_NS / 2, 2_000_000);
         }
-        assert!(trial.allows(ARM_NS, BUDGET));
-        assert!(trial.allows(ARM_NS * 5, BUDGET));
-        // At ARM_MAX_NS it ends anyway; the pair will not be counted.
-        assert!(!trial.allows(ARM_MAX_NS, BUDGET));
+        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_some());
+        assert!(trial
+            .batch_fraction(ARM_MIN_NS * 3, MEAN_NS, BUDGET)
+            .is_some());
+        // At 4 times its length it ends anyway; the pair will not be counted.
+        let give_up_ns = ARM_GIVE_UP * ARM_MIN_NS;
+        assert!(trial.batch_fraction(give_up_ns, MEAN_NS, BUDGET).is_none());
         for _ in 0..ARM_MIN_IOS {
-            trial.record(ARM_MAX_NS, 1_000_000);
+            trial.record(give_up_ns + ARM_MIN_NS / 2, 1_000_000);
         }
-        assert!(!trial.allows(ARM_MAX_NS + ARM_NS, BUDGET));
+        assert!(trial
+            .batch_fraction(give_up_ns + ARM_MIN_NS, MEAN_NS, BUDGET)
+            .is_none());
         assert_eq!((trial.compared, trial.worse), (0, 0));
     }
 
     #[test]
     fn a_trial_left_unasked_starts_again() {
         let mut trial = BatchTrial::default();
-        assert!(trial.allows(0, BUDGET));
-        for i in 0..ARM_MIN_IOS {
-            trial.record(i, 50_000);
+        assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
+        for _ in 0..ARM_MIN_IOS {
+            trial.record(ARM_MIN_NS / 2, 50_000);
         }
-        assert!(!trial.allows(ARM_NS, BUDGET));
+        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_none());
         // The load went away for a second: the next question starts a trial, batching.
-        assert!(trial.allows(ARM_NS + 1_000_000_000, BUDGET));
+        assert!(trial
+            .batch_fraction(ARM_MIN_NS + STALE_NS + 1, MEAN_NS, BUDGET)
+            .is_some());
         assert_eq!(trial.arm, Some(0));
     }
 }
