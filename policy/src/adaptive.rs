@@ -30,7 +30,10 @@
 //! 2. **Load.** With several I/Os outstanding on a device whose mean latency is mostly
 //!    queueing (the published mean minus the service-time floor exceeds the floor), sleep
 //!    through three quarters of the queueing time: queued commands keep the device busy,
-//!    completions arrive in batches.
+//!    completions arrive in batches. A device merely wide looks the same, so a trial
+//!    (`batch_trial`) alternates batching and spinning and keeps the longest batch, of
+//!    3/4, 3/8 or 3/16 of the queueing time, that is not late past the budget; none if all
+//!    are.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
 //!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
