@@ -57,7 +57,8 @@ pub const ADAPTIVE_MIN_SAMPLES: usize = 16;
 pub const ADAPTIVE_BUDGET_PCT: f64 = 2.5;
 /// Wait for the interrupt when the median remaining time exceeds this many overshoots.
 pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
-/// Share of the device's queueing time slept through under load.
+/// Share of the device's queueing time slept through under load: the longest batch, which
+/// the batch trial halves while it is late past the budget.
 pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
 /// Sleeps shorter than this are not attempted (except probes).
 const MIN_SLEEP_NS: u64 = 1_000;

@@ -14,9 +14,9 @@
 //! (lateness included), counts the I/Os submitted after its first quarter and completed
 //! within it: the device's queue takes a while to settle after a switch, and an arm is not
 //! to be charged for the one before it. (On the virtio disk at queue depth 32, 440 us
-//! reads, batching lost to spinning by 0-7 % in 10 ms arms and by 5-60 % in 50 ms ones,
-//! and by 10-30 % over whole 3 s runs.) At a fixed queue depth Little's law ties that mean
-//! to the throughput, so it is the one figure to compare.
+//! reads, batching was late past the budget in 4-6 pairs of 8 with 10 ms arms, in 5-7 with
+//! 50 ms arms, by up to 60 %, and 10-30 % over whole 3 s runs.) At a fixed queue depth
+//! Little's law ties that mean to the throughput, so it is the one figure to compare.
 //!
 //! A batch length is refused when it was later than the other arm by more than the latency
 //! budget in at least [`WORSE_PAIRS`] of the pairs; one half as long is then tried at once,
