@@ -201,6 +201,31 @@ fn adaptive(c: &mut Criterion) {
             },
         );
     }
+    // Under load on a device that looks saturated (a 48 us mean against a 6 us floor): the
+    // batch trial is asked for the batch's length.
+    let saturated = Snapshot::EMPTY.with_bucket(
+        bucket.unwrap(),
+        published(48_000, [6_000, 45_000, 60_000, 80_000, 120_000]),
+    );
+    let mut policy = warmed_adaptive(bucket, &latencies_ns);
+    let mut submit_ns = 2_000_000_000;
+    c.bench_function(
+        "decide (adaptive, a new I/O, 32 outstanding, saturated)",
+        |b| {
+            b.iter(|| {
+                submit_ns += 10_000;
+                let ctx = context(
+                    &saturated,
+                    &overshoot,
+                    bucket,
+                    32,
+                    submit_ns,
+                    submit_ns + 1_000,
+                );
+                policy.decide(black_box(&ctx))
+            })
+        },
+    );
     let mut policy = warmed_adaptive(bucket, &latencies_ns);
     let mut next = 0;
     c.bench_function("on_completion (adaptive, polled)", |b| {
