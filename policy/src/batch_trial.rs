@@ -23,7 +23,8 @@
 //! [`LEVELS`] lengths in all, past which the reactor does not batch. A wide device that does
 //! not queue loses 18-30 % to batching, every pair. On `emu:optane` at depth 32, while the
 //! machine's wake-ups overshoot by ~10 us, the longest batch was 3-6 % late in every pair
-//! (whole runs in that state: 0.94 x classic's IOPS). Where a batch is harmless, a refusal
+//! (campaign runs in which every sleeping policy lost IOPS measured adaptive at 0.94-0.96 x
+//! classic's). Where a batch is harmless, a refusal
 //! needs bad luck: at most 15 % of trials if each pair is a coin flip. On a device as noisy
 //! as the virtio disk (its 50 ms means scatter by 20-40 %), a cost smaller than the noise is
 //! not always seen. The length found holds for [`HOLD_NS`], through pauses in the load;
