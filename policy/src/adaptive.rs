@@ -73,9 +73,10 @@ const PROBE_BURST: u32 = 16;
 /// overshoot nor their CPU): the first sleeps after a stretch of spinning measure the VM
 /// waking up to a vCPU that halts again, a cost that a reactor sleeping for every I/O does
 /// not pay. Measured on `emu:zssd` (28 bursts of 16): 30.4, 15.5, 30.2 and 11.3 us of
-/// overshoot on average for the first four sleeps, 6.4-8.8 us from the tenth on; a test
-/// program sleeping 7 us in a 16 us loop, every loop or one loop in 16, saw 7.0-9.8 against
-/// 13.4-15.8 us at the median and 7.1-8.9 against 10.4-11.8 us of CPU per sleep.
+/// overshoot on average for the first four sleeps, 6.4-8.8 us from the tenth on. The
+/// `sleep_regimes` example (reactor crate), 7 us sleeps in a 16 us loop, five runs: sleeping
+/// every loop, a p90 overshoot of 7.8-12.2 us and 6.8-9.3 us of CPU per sleep; one loop in
+/// 16, 16.3-21.8 us and 8.0-14.0 us.
 const PROBE_WARMUP: u32 = 8;
 const PROBE_EVERY: u64 = 16_384;
 /// A probe burst is also due when this long has passed since the last one: on a slow

@@ -45,5 +45,7 @@ pub use set::{
     MAILBOX_CAPACITY, REACTOR_TIMER_SLACK_NS,
 };
 pub use stats::{Counters, ReactorStats};
-pub use sys::{allowed_cores, sleep_until_ns, thread_cores, timer_slack_ns};
+pub use sys::{
+    allowed_cores, set_timer_slack_ns, sleep_until_ns, thread_cores, timer_slack_ns, ThreadCpuClock,
+};
 pub use timer::TimerId;
