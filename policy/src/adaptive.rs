@@ -721,8 +721,8 @@ impl Adaptive {
     }
 
     /// A probe sleep for this I/O. Probes come in bursts of [`PROBE_WARMUP`] +
-    /// [`PROBE_BURST`] consecutive I/Os, one burst at the start and one every [`PROBE_EVERY`] I/Os or
-    /// [`PROBE_EVERY_NS`], whichever comes first: on a VM, a sleep
+    /// [`PROBE_BURST`] consecutive I/Os, one burst at the start and one every
+    /// [`PROBE_EVERY`] I/Os or [`PROBE_EVERY_NS`], whichever comes first: on a VM, a sleep
     /// after a long stretch of spinning wakes far later (tens of us; most likely the host
     /// no longer polls a vCPU that rarely halts) than sleeps that follow each other (~7 us),
     /// so lone probes would measure a cost that sleeping regularly does not have, and a

@@ -8,8 +8,8 @@
 //! lasts `period_us`, spun, except that every `k`-th one first sleeps `sleep_us` (the
 //! reactor's own sleep, timer slack 1 ns) and spins the rest. For each spacing `k` in 1, 2,
 //! 4, 8 and 16 it prints the overshoot's quantiles (wake-up past the deadline), the median
-//! CPU a sleep costs (the thread's CPU clock around it, which includes one clock read), and
-//! the thread's CPU share over the whole loop. On the development VM (five runs), a sleep
+//! CPU a sleep costs (the thread's CPU clock around it, which includes one clock read, whose
+//! own cost it prints first), and the thread's CPU share over the whole loop. On the development VM (five runs), a sleep
 //! every iteration overshot by 7.8-12.2 us at the 90th percentile and cost 6.8-9.3 us of
 //! CPU; one every 16 iterations, 16.3-21.8 us and 8.0-14.0 us.
 
@@ -18,6 +18,8 @@ use hypoll_reactor::{set_timer_slack_ns, sleep_until_ns, ThreadCpuClock};
 
 /// The spacings measured: a sleep every this many iterations.
 const SPACINGS: [u64; 5] = [1, 2, 4, 8, 16];
+/// Reads of the thread's CPU clock timed to price one.
+const CLOCK_READS: u64 = 100_000;
 
 fn arg(index: usize, default: u64) -> u64 {
     match std::env::args().nth(index) {
@@ -51,8 +53,15 @@ fn main() {
     }
     let clock = ThreadCpuClock::current().expect("the thread's CPU clock");
     let cpu_ns = || clock.cpu_ns().expect("a running thread's CPU time");
+    // What one read of the CPU clock costs: a sampled sleep's measured CPU includes one.
+    let reads_start_ns = monotonic_ns();
+    for _ in 0..CLOCK_READS {
+        std::hint::black_box(cpu_ns());
+    }
+    let read_ns = (monotonic_ns() - reads_start_ns) / CLOCK_READS;
     println!(
-        "sleep {} us in a {} us loop, {sleeps} sleeps per spacing",
+        "sleep {} us in a {} us loop, {sleeps} sleeps per spacing; a CPU clock read takes \
+         {read_ns} ns",
         sleep_ns / 1_000,
         period_ns / 1_000
     );
