@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use hypoll_nbd::server::{
-    COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT,
-    IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
+    COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
+    HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig};
@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// Largest read or write one request may carry (a multiple of 4K).
     #[arg(long, default_value_t = REQUEST_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
     max_request_bytes: u64,
+    /// Data one connection may hold: replies waiting for its socket plus the writes and reads
+    /// it has in flight. Past it, its requests wait unread (by at most one request more), so a
+    /// client that pipelines and never reads cannot grow the server (64K to 64G).
+    #[arg(long, default_value_t = CONNECTION_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
+    max_connection_bytes: u64,
     /// Queue depth of each reactor's queue pair on each export.
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -132,6 +137,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         metrics: args.metrics,
         connections_max: args.max_connections,
         request_bytes_max,
+        connection_bytes_max: usize::try_from(args.max_connection_bytes).unwrap_or(usize::MAX),
         queue_depth: usize::from(args.queue_depth),
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,

@@ -79,10 +79,13 @@ const SPIN_BATCH_MAX: f64 = 2.0;
 const BATCH_EWMA_WEIGHT: f64 = 8.0;
 /// Requests one connection may have in flight; beyond this its socket is not read.
 pub const REQUESTS_INFLIGHT_MAX: usize = 256;
-/// Reply bytes queued on one connection beyond which its socket is not read.
-pub const OUT_BYTES_MAX: usize = 64 << 20;
+/// Default of [`ServerConfig::connection_bytes_max`].
+pub const CONNECTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Bounds of [`ServerConfig::connection_bytes_max`].
+pub const CONNECTION_BYTES_MAX_RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(64 << 30);
 /// What one queued reply costs beyond its bytes (its allocation and queue entry), counted
-/// against [`OUT_BYTES_MAX`] so a flood of small refusals cannot hide behind their 16 bytes.
+/// against the connection's byte bound so a flood of small refusals cannot hide behind their
+/// 16 bytes.
 const OUT_MSG_OVERHEAD_BYTES: usize = 128;
 /// Bytes read from one socket per poll, so one busy client cannot starve the others.
 pub const READ_BYTES_PER_POLL: usize = 1 << 20;
@@ -150,6 +153,11 @@ pub struct ServerConfig {
     pub metrics: Option<SocketAddr>,
     pub connections_max: usize,
     pub request_bytes_max: u32,
+    /// Data one connection may hold: replies queued for its socket (with
+    /// `OUT_MSG_OVERHEAD_BYTES` each) plus the payloads of its writes and the lengths of its
+    /// reads in flight. Past it (by at most one request) the connection's requests wait
+    /// unread, so a client that pipelines and never reads cannot grow the server.
+    pub connection_bytes_max: usize,
     pub queue_depth: usize,
     /// How long a reactor with nothing in flight watches its sockets before it parks, while
     /// its clients send one request at a time (parked, their next request costs a wake-up).
@@ -170,6 +178,7 @@ impl ServerConfig {
             metrics: None,
             connections_max: CONNECTIONS_MAX_DEFAULT,
             request_bytes_max: crate::session::REQUEST_BYTES_MAX_DEFAULT,
+            connection_bytes_max: CONNECTION_BYTES_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
@@ -192,6 +201,8 @@ pub enum ServeError {
     RequestBytes(u32),
     #[error("--max-connections {0}: expected 1 to {CONNECTIONS_PER_REACTOR_MAX}")]
     Connections(usize),
+    #[error("--max-connection-bytes {0}: expected 64K to 64G")]
+    ConnectionBytes(usize),
     #[error("listening on {addr}: {error}")]
     Listen { addr: String, error: io::Error },
     #[error("metrics endpoint on {addr}: {error}")]
@@ -303,6 +314,9 @@ impl Server {
         if cfg.connections_max == 0 || cfg.connections_max > CONNECTIONS_PER_REACTOR_MAX {
             return Err(ServeError::Connections(cfg.connections_max));
         }
+        if !CONNECTION_BYTES_MAX_RANGE.contains(&cfg.connection_bytes_max) {
+            return Err(ServeError::ConnectionBytes(cfg.connection_bytes_max));
+        }
         let mut devices = Vec::new();
         let mut infos = Vec::new();
         for (name, spec) in &cfg.exports {
@@ -340,6 +354,7 @@ impl Server {
         let shard_metrics = metrics.clone();
         let shard_open = open.clone();
         let depth = cfg.queue_depth;
+        let connection_bytes_max = cfg.connection_bytes_max;
         let idle_spin_ns = cfg.idle_spin_ns;
         let handshake_timeout = cfg.handshake_timeout;
         let coalesce_ns = cfg.coalesce_ns.min(COALESCE_NS_MAX);
@@ -383,6 +398,7 @@ impl Server {
                     exports,
                     infos: shard_infos.clone(),
                     limits,
+                    connection_bytes_max,
                     conns: Slab::new(),
                     dirty: Vec::new(),
                     ready: Vec::new(),
@@ -668,6 +684,8 @@ struct Shard {
     exports: Vec<ShardExport>,
     infos: Arc<[ExportInfo]>,
     limits: Limits,
+    /// [`ServerConfig::connection_bytes_max`].
+    connection_bytes_max: usize,
     conns: Slab<Conn>,
     /// Connections with replies to send or buffered input to parse.
     dirty: Vec<usize>,
@@ -882,7 +900,7 @@ struct Conn {
     out_sent: usize,
     out_bytes: usize,
     /// Data held for requests in flight: write payloads and read lengths. With `out_bytes`
-    /// it is bounded by [`OUT_BYTES_MAX`] (plus one request), so a client that pipelines
+    /// it is bounded by [`ServerConfig::connection_bytes_max`] (plus one request), so a client that pipelines
     /// large requests and never reads its socket cannot grow the server's memory.
     inflight_bytes: usize,
     write_blocked: bool,
@@ -914,12 +932,12 @@ fn held_bytes(p: &Pending) -> usize {
 }
 
 impl Conn {
-    fn can_parse(&self, draining: bool) -> bool {
+    fn can_parse(&self, draining: bool, bytes_max: usize) -> bool {
         self.closing.is_none()
             && !self.gone
             && !draining
             && self.inflight.len() < REQUESTS_INFLIGHT_MAX
-            && self.out_bytes + self.inflight_bytes < OUT_BYTES_MAX
+            && self.out_bytes + self.inflight_bytes < bytes_max
     }
 
     fn push_out(&mut self, msg: OutMsg) {
@@ -1174,6 +1192,7 @@ impl Shard {
                 self.index
             );
         }
+        let bytes_max = self.connection_bytes_max;
         for &(token, events) in &ready {
             let key = token as usize;
             let limit = self.inbuf_limit();
@@ -1184,7 +1203,7 @@ impl Shard {
             if events & WRITE_BITS != 0 {
                 conn.write_blocked = false;
             }
-            if events & READ_BITS != 0 && conn.can_parse(self.draining) && !conn.eof {
+            if events & READ_BITS != 0 && conn.can_parse(self.draining, bytes_max) && !conn.eof {
                 conn.read_in(limit);
             } else if events & HANGUP_BITS != 0 && !conn.gone {
                 // Hung up while we were not reading: nobody will take the replies.
@@ -1301,10 +1320,12 @@ impl Shard {
         conn.dirty = false;
         let mut work = self.parse(r, key);
         let draining = self.draining;
+        let bytes_max = self.connection_bytes_max;
         let Some(conn) = self.conns.get_mut(key) else {
             return work;
         };
         if !conn.gone && !conn.out.is_empty() && !conn.write_blocked {
+            let held_back = !conn.can_parse(draining, bytes_max) && conn.in_start < conn.in_end;
             match conn.write_out(&mut self.bufs) {
                 Ok(n) => work += usize::from(n > 0),
                 Err(e) => {
@@ -1313,8 +1334,17 @@ impl Shard {
                     conn.closing = Some(format!("writing the socket: {e}"));
                 }
             }
+            if held_back && conn.can_parse(draining, bytes_max) {
+                // The replies sent made room for requests already read off the socket: no
+                // socket event will come for them, so parse them now (their replies go out
+                // when their commands complete, which marks the connection again).
+                work += self.parse(r, key);
+            }
         }
-        if conn.eof && conn.closing.is_none() && conn.can_parse(draining) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return work;
+        };
+        if conn.eof && conn.closing.is_none() && conn.can_parse(draining, bytes_max) {
             // Parsing stopped for want of input, not for a limit: every whole request the
             // client sent has started. Close once they finish.
             conn.closing = Some("the client closed the connection".into());
@@ -1330,7 +1360,7 @@ impl Shard {
             return work + 1;
         }
         let want = Interest {
-            read: conn.can_parse(draining) && !conn.eof,
+            read: conn.can_parse(draining, bytes_max) && !conn.eof,
             write: conn.write_blocked,
         };
         let result = if conn.gone && conn.registered {
@@ -1378,11 +1408,12 @@ impl Shard {
     /// Runs the session over the buffered input while the connection may take requests.
     fn parse(&mut self, r: &mut Reactor, key: usize) -> usize {
         let draining = self.draining;
+        let bytes_max = self.connection_bytes_max;
         let mut work = 0;
         let mut out = std::mem::take(&mut self.scratch);
         loop {
             let conn = &mut self.conns[key];
-            if !conn.can_parse(draining) || conn.in_start == conn.in_end {
+            if !conn.can_parse(draining, bytes_max) || conn.in_start == conn.in_end {
                 break;
             }
             out.clear();
@@ -1796,6 +1827,12 @@ mod tests {
         assert!(matches!(
             Server::start(c),
             Err(ServeError::RequestBytes(1000))
+        ));
+        let mut c = cfg(vec![("a", "null")]);
+        c.connection_bytes_max = 4096;
+        assert!(matches!(
+            Server::start(c),
+            Err(ServeError::ConnectionBytes(4096))
         ));
     }
 }
