@@ -1025,43 +1025,56 @@ fn a_client_that_pipelines_large_reads_and_never_reads_holds_bounded_memory() {
 
 #[test]
 fn requests_held_back_by_the_connection_bound_are_served_once_its_replies_drain() {
-    // 64 reads of 16 KiB against a bound of 64 KiB: four at a time are taken, and the rest
-    // wait in the server's input buffer, already read off the socket. Their replies fit the
-    // socket's buffers, so they drain in one write and no socket event follows: the waiting
-    // requests must still be parsed then, and, from a client that has shut down its side,
-    // answered before the connection closes.
+    // Against a bound of 64 KiB: 64 reads of 16 KiB (four are taken at a time), or 1000
+    // reads past the end (each refusal holds its 16 bytes and 128 of overhead, so about 450
+    // at a time). The rest wait in the server's input buffer, already read off the socket.
+    // The replies fit the socket's buffers, so they drain in one write and no socket event
+    // follows: the waiting requests must still be parsed then, their replies sent (a
+    // refusal has no device completion to send it), and, from a client that has shut down
+    // its side, every one answered before the connection closes.
     let s = Serve::start_with(
         &["mem=emu:dram,size=16M"],
         &["--max-connection-bytes", "64K"],
     );
-    for shut_down in [false, true] {
-        let mut c = handshake(s.port, "mem");
-        let mut burst = Vec::new();
-        for i in 0..64u64 {
-            burst.extend(client::request(CMD_READ, 0, i, i * (16 << 10), 16 << 10));
-        }
-        c.write_all(&burst).unwrap();
-        if shut_down {
-            c.shutdown(std::net::Shutdown::Write).unwrap();
-        }
-        // The first replies reach the socket before the client reads any.
-        std::thread::sleep(Duration::from_millis(300));
-        let mut data = vec![0u8; 16 << 10];
-        let mut cookies = Vec::new();
-        for _ in 0..64 {
-            let (cookie, error) = reply(&mut c);
-            assert_eq!(error, 0);
-            c.read_exact(&mut data).unwrap();
-            cookies.push(cookie);
-        }
-        cookies.sort_unstable();
-        assert_eq!(
-            cookies,
-            (0..64).collect::<Vec<u64>>(),
-            "shut down: {shut_down}"
-        );
-        if shut_down {
-            assert!(closed(&mut c), "closed once every request is answered");
+    for (requests, refused) in [(64u64, false), (1000, true)] {
+        for shut_down in [false, true] {
+            let case = format!("{requests} requests, refused: {refused}, shut down: {shut_down}");
+            let mut c = handshake(s.port, "mem");
+            let mut burst = Vec::new();
+            for i in 0..requests {
+                let (offset, length) = if refused {
+                    (32 << 20, 4096)
+                } else {
+                    (i * (16 << 10), 16 << 10)
+                };
+                burst.extend(client::request(CMD_READ, 0, i, offset, length));
+            }
+            c.write_all(&burst).unwrap();
+            if shut_down {
+                c.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            // The first replies reach the socket before the client reads any.
+            std::thread::sleep(Duration::from_millis(300));
+            let mut data = vec![0u8; 16 << 10];
+            let mut cookies = Vec::new();
+            for _ in 0..requests {
+                let (cookie, error) = reply(&mut c);
+                if refused {
+                    assert_eq!(error, EINVAL, "{case}");
+                } else {
+                    assert_eq!(error, 0, "{case}");
+                    c.read_exact(&mut data).unwrap();
+                }
+                cookies.push(cookie);
+            }
+            cookies.sort_unstable();
+            assert_eq!(cookies, (0..requests).collect::<Vec<u64>>(), "{case}");
+            if shut_down {
+                assert!(
+                    closed(&mut c),
+                    "{case}: closed once every request is answered"
+                );
+            }
         }
     }
 }

@@ -1336,9 +1336,14 @@ impl Shard {
             }
             if held_back && conn.can_parse(draining, bytes_max) {
                 // The replies sent made room for requests already read off the socket: no
-                // socket event will come for them, so parse them now (their replies go out
-                // when their commands complete, which marks the connection again).
-                work += self.parse(r, key);
+                // socket event will come for them, so parse them now. What that queues
+                // without a device command (a refusal, a handshake reply) has no completion
+                // to send it: the next turn does, and parses on if the bound holds them again.
+                let parsed = self.parse(r, key);
+                if parsed > 0 {
+                    self.mark_dirty(key);
+                }
+                work += parsed;
             }
         }
         let Some(conn) = self.conns.get_mut(key) else {
@@ -1368,8 +1373,13 @@ impl Shard {
             conn.registered = false;
             self.epoll.remove(conn.stream.fd())
         } else if !conn.gone && want != conn.interest {
-            conn.interest = want;
-            self.epoll.modify(conn.stream.fd(), want, key as u64)
+            // Kept only once the kernel has it: a failed change is tried again on the next turn
+            // that progresses the connection.
+            let changed = self.epoll.modify(conn.stream.fd(), want, key as u64);
+            if changed.is_ok() {
+                conn.interest = want;
+            }
+            changed
         } else {
             Ok(())
         };
