@@ -41,9 +41,10 @@ pub struct ServeArgs {
     /// Largest read or write one request may carry (a multiple of 4K).
     #[arg(long, default_value_t = REQUEST_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
     max_request_bytes: u64,
-    /// Data one connection may hold: replies waiting for its socket plus the writes and reads
-    /// it has in flight. Past it, its requests wait unread (by at most one request more), so a
-    /// client that pipelines and never reads cannot grow the server (64K to 64G).
+    /// Data one connection may hold: replies waiting for its socket plus the writes and
+    /// reads it has in flight. Past it, its requests wait unread (by at most one request
+    /// more), so a client that pipelines and never reads cannot grow the server (64K to
+    /// 64G).
     #[arg(long, default_value_t = CONNECTION_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
     max_connection_bytes: u64,
     /// Queue depth of each reactor's queue pair on each export.

@@ -84,8 +84,8 @@ pub const CONNECTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Bounds of [`ServerConfig::connection_bytes_max`].
 pub const CONNECTION_BYTES_MAX_RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(64 << 30);
 /// What one queued reply costs beyond its bytes (its allocation and queue entry), counted
-/// against the connection's byte bound so a flood of small refusals cannot hide behind their
-/// 16 bytes.
+/// against the connection's byte bound so a flood of small refusals cannot hide behind
+/// their 16 bytes.
 const OUT_MSG_OVERHEAD_BYTES: usize = 128;
 /// Bytes read from one socket per poll, so one busy client cannot starve the others.
 pub const READ_BYTES_PER_POLL: usize = 1 << 20;
@@ -154,9 +154,9 @@ pub struct ServerConfig {
     pub connections_max: usize,
     pub request_bytes_max: u32,
     /// Data one connection may hold: replies queued for its socket (with
-    /// `OUT_MSG_OVERHEAD_BYTES` each) plus the payloads of its writes and the lengths of its
-    /// reads in flight. Past it (by at most one request) the connection's requests wait
-    /// unread, so a client that pipelines and never reads cannot grow the server.
+    /// `OUT_MSG_OVERHEAD_BYTES` each) plus the payloads of its writes and the lengths of
+    /// its reads in flight. Past it (by at most one request) the connection's requests
+    /// wait unread, so a client that pipelines and never reads cannot grow the server.
     pub connection_bytes_max: usize,
     pub queue_depth: usize,
     /// How long a reactor with nothing in flight watches its sockets before it parks, while
@@ -900,8 +900,9 @@ struct Conn {
     out_sent: usize,
     out_bytes: usize,
     /// Data held for requests in flight: write payloads and read lengths. With `out_bytes`
-    /// it is bounded by [`ServerConfig::connection_bytes_max`] (plus one request), so a client that pipelines
-    /// large requests and never reads its socket cannot grow the server's memory.
+    /// it is bounded by [`ServerConfig::connection_bytes_max`] (plus one request), so a
+    /// client that pipelines large requests and never reads its socket cannot grow the
+    /// server's memory.
     inflight_bytes: usize,
     write_blocked: bool,
     inflight: Slab<Pending>,
@@ -1337,8 +1338,9 @@ impl Shard {
             if held_back && conn.can_parse(draining, bytes_max) {
                 // The replies sent made room for requests already read off the socket: no
                 // socket event will come for them, so parse them now. What that queues
-                // without a device command (a refusal, a handshake reply) has no completion
-                // to send it: the next turn does, and parses on if the bound holds them again.
+                // without a device command (a refusal, a handshake reply) has no
+                // completion to send it: the next turn does, and parses on if the bound
+                // holds them again.
                 let parsed = self.parse(r, key);
                 if parsed > 0 {
                     self.mark_dirty(key);
@@ -1373,8 +1375,8 @@ impl Shard {
             conn.registered = false;
             self.epoll.remove(conn.stream.fd())
         } else if !conn.gone && want != conn.interest {
-            // Kept only once the kernel has it: a failed change is tried again on the next turn
-            // that progresses the connection.
+            // Kept only once the kernel has it: a failed change is tried again on the next
+            // turn that progresses the connection.
             let changed = self.epoll.modify(conn.stream.fd(), want, key as u64);
             if changed.is_ok() {
                 conn.interest = want;
