@@ -204,6 +204,12 @@ impl EmuController {
     pub fn resets(&self) -> u64 {
         self.shared.reset_generation.load(Ordering::Relaxed)
     }
+
+    /// Times a file backing was made durable: once per Flush and per FUA write (0 for a
+    /// memory backing).
+    pub fn backing_syncs(&self) -> u64 {
+        self.shared.store.syncs()
+    }
 }
 
 impl Controller for EmuController {
@@ -243,6 +249,8 @@ struct DeviceSlot {
     len_bytes: u64,
     buf_ptr: *mut u8,
     deadline_ns: u64,
+    /// A write (or Write Zeroes) with Force Unit Access: durable before it completes.
+    fua: bool,
 }
 
 impl DeviceSlot {
@@ -254,6 +262,7 @@ impl DeviceSlot {
         len_bytes: 0,
         buf_ptr: std::ptr::null_mut(),
         deadline_ns: 0,
+        fua: false,
     };
 }
 
@@ -525,6 +534,8 @@ impl EmuQueuePair {
             len_bytes: 0,
             buf_ptr: sqe.prp1 as *mut u8,
             deadline_ns: now_ns,
+            fua: matches!(opcode, Some(Opcode::Write | Opcode::WriteZeroes))
+                && sqe.cdw12 & CDW12_FUA != 0,
         };
         let range = |slba: u64, count: u64| -> Result<(u64, u64), Status> {
             match slba.checked_add(count) {
@@ -662,7 +673,8 @@ impl EmuQueuePair {
         posted
     }
 
-    /// Moves the data of a successful command; an I/O error of a file backing becomes
+    /// Moves the data of a successful command, and makes a FUA write durable before it
+    /// completes (on a file backing: `sync_data`); an I/O error of a file backing becomes
     /// Internal Error.
     fn execute(&self, slot: &DeviceSlot) -> Status {
         let store = &self.shared.store;
@@ -684,6 +696,7 @@ impl EmuQueuePair {
             Opcode::DatasetManagement => store.zero(slot.offset_bytes, slot.len_bytes, true),
             Opcode::Flush => store.flush(),
         };
+        let result = result.and_then(|()| if slot.fua { store.flush() } else { Ok(()) });
         match result {
             Ok(()) => Status::SUCCESS,
             Err(_) => Status::INTERNAL_ERROR,

@@ -9,6 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -66,7 +67,18 @@ impl Store {
     pub fn flush(&self) -> io::Result<()> {
         match self {
             Store::Memory(_) => Ok(()),
-            Store::File(f) => f.file.sync_data(),
+            Store::File(f) => {
+                f.syncs.fetch_add(1, Ordering::Relaxed);
+                f.file.sync_data()
+            }
+        }
+    }
+
+    /// Times [`Store::flush`] made a file backing durable (0 for memory).
+    pub fn syncs(&self) -> u64 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::File(f) => f.syncs.load(Ordering::Relaxed),
         }
     }
 }
@@ -158,6 +170,8 @@ impl MemoryStore {
 
 pub struct FileStore {
     file: File,
+    /// `sync_data` calls so far (flushes and FUA writes).
+    syncs: AtomicU64,
 }
 
 impl FileStore {
@@ -171,7 +185,10 @@ impl FileStore {
         if file.metadata()?.len() < size_bytes {
             file.set_len(size_bytes)?;
         }
-        Ok(FileStore { file })
+        Ok(FileStore {
+            file,
+            syncs: AtomicU64::new(0),
+        })
     }
 
     fn zero(&self, offset: u64, len_bytes: u64) -> io::Result<()> {

@@ -856,6 +856,34 @@ fn file_backing_keeps_data_across_controllers() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 << 20);
 }
 
+#[test]
+fn a_fua_write_is_durable_before_it_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.img");
+    let (ctrl, clock) = virtual_controller(&format!(
+        "emu:dram,size=4M,lba=512,backing=file:{}",
+        path.display()
+    ));
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let data = pattern(8, 1, 3);
+    let mut run = |cmd: Command<'_>, tag: u64| {
+        // SAFETY: `data` outlives the command, which completes before `run` returns.
+        unsafe { qp.submit(&cmd, tag) }.unwrap();
+        clock.advance_to(qp.oracle_next_deadline_ns().unwrap());
+        let done = reap(&mut qp);
+        assert_eq!(done.len(), 1);
+        assert!(done[0].status.is_success(), "{}", done[0].status);
+    };
+    run(Command::write(8, 1, &data), 1);
+    assert_eq!(ctrl.backing_syncs(), 0, "a plain write waits for a flush");
+    run(Command::write(8, 1, &data).with_fua(true), 2);
+    assert_eq!(ctrl.backing_syncs(), 1, "a FUA write is synced");
+    run(Command::write_zeroes(16, 4).with_fua(true), 3);
+    assert_eq!(ctrl.backing_syncs(), 2, "so is a FUA Write Zeroes");
+    run(Command::flush(), 4);
+    assert_eq!(ctrl.backing_syncs(), 3);
+}
+
 /// Runs `n` single-block reads at queue depth 16 in virtual time; returns the statuses and
 /// the number of commands that never completed.
 fn run_with_faults(ctrl: &EmuController, clock: &VirtualClock, n: u64) -> (Vec<Status>, usize) {
