@@ -558,14 +558,19 @@ fn probe_iopoll(file: &File, lba_bytes: u32, hybrid: bool) -> Result<(), String>
         .offset(0)
         .build();
     // SAFETY: `buf` stays alive until the read completes: this function returns only after
-    // its completion is reaped, or leaks the buffer when the read never completes.
+    // its completion is reaped, or leaks the buffer when the read may still be in flight.
     unsafe { ring.submission().push(&read) }.map_err(|_| "probe ring is full".to_string())?;
     let deadline = Instant::now() + IOPOLL_PROBE_TIMEOUT;
     loop {
         match ring.submit_and_wait(0) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) => return Err(format!("io_uring_enter failed ({e})")),
+            Err(e) => {
+                // The read may have been entered before the failure: its buffer must
+                // outlive it, as on the timeout below.
+                std::mem::forget(buf);
+                return Err(format!("io_uring_enter failed ({e})"));
+            }
         }
         if let Some(cqe) = ring.completion().next() {
             return match cqe.result() {
@@ -1041,10 +1046,14 @@ impl QueuePair for UringQueuePair {
         // blocking on it cannot miss them.
         efd.drain();
         // Deferred task work pending: the kernel signalled the eventfd for it (possibly before
-        // the drain); the completion is posted once the reactor polls.
+        // the drain); the completion is posted once the reactor polls. Entries a transient
+        // `io_uring_enter` failure left unsubmitted, and Write Zeroes with a next step, wait
+        // for the reactor's next poll too: nothing in the kernel would signal for them.
         let ready = !self.local.is_empty()
             || !self.ring.completion().is_empty()
-            || (self.defer_taskrun && self.ring.submission().taskrun());
+            || (self.defer_taskrun && self.ring.submission().taskrun())
+            || self.unsubmitted > 0
+            || !self.retry_zeroes.is_empty();
         if ready {
             efd.signal().expect("signalling our own eventfd");
         }
