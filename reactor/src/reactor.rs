@@ -1347,6 +1347,7 @@ impl Reactor {
         if self.live() == 0 {
             let since = *self.idle_since_ns.get_or_insert(self.now_ns);
             if self.now_ns - since >= self.tuning.idle_spin_ns {
+                self.arm_interrupts();
                 self.park(false, None);
             } else {
                 std::hint::spin_loop();
@@ -1396,9 +1397,16 @@ impl Reactor {
             .all(|d| d.has_irq || d.qp.outstanding() == 0)
     }
 
+    /// Arms every interrupt line before the reactor blocks: on the devices with commands
+    /// outstanding, so that a completion wakes it (abandoned ones included: their slots come
+    /// back when they complete), and on the idle ones too. An idle line may have been left
+    /// readable by completions that were polled for (an io_uring eventfd counts every
+    /// completion, armed or not); it is in the reactor's epoll set, so it would end every
+    /// park at once, and the idle reactor would spin. Arming clears it. One syscall or so
+    /// per device and wait.
     fn arm_interrupts(&mut self) {
         for dev in &mut self.devices {
-            if dev.qp.outstanding() > 0 {
+            if dev.has_irq {
                 dev.qp.arm_interrupt();
             }
         }
