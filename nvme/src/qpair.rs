@@ -248,6 +248,14 @@ pub trait QueuePair {
     /// completion disarms them. Polling paths never call this, so they pay no syscall.
     fn arm_interrupt(&mut self);
 
+    /// Says no interrupt is wanted until the next [`QueuePair::arm_interrupt`]. The reactor
+    /// calls it on an idle queue pair before it blocks on the others' interrupts, or parks:
+    /// the interrupt fd stays in its epoll set, and must not be readable for completions
+    /// already reaped. The default does nothing, which suits a device whose reaping disarms
+    /// and clears its line. (An io_uring eventfd counts every completion, armed or not: the
+    /// uring queue pair drains it.)
+    fn disarm_interrupt(&mut self) {}
+
     /// Commands submitted and not yet reaped.
     fn outstanding(&self) -> usize;
 

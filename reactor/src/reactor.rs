@@ -1397,17 +1397,21 @@ impl Reactor {
             .all(|d| d.has_irq || d.qp.outstanding() == 0)
     }
 
-    /// Arms every interrupt line before the reactor blocks: on the devices with commands
-    /// outstanding, so that a completion wakes it (abandoned ones included: their slots come
-    /// back when they complete), and on the idle ones too. An idle line may have been left
+    /// Readies every interrupt line before the reactor blocks. Devices with commands
+    /// outstanding are armed, so that a completion wakes it (abandoned commands included:
+    /// their slots come back when they complete). Idle ones are disarmed: a line left
     /// readable by completions that were polled for (an io_uring eventfd counts every
-    /// completion, armed or not); it is in the reactor's epoll set, so it would end every
-    /// park at once, and the idle reactor would spin. Arming clears it. One syscall or so
-    /// per device and wait.
+    /// completion, armed or not) is in the reactor's epoll set, and would end every park at
+    /// once, leaving an idle reactor spinning.
     fn arm_interrupts(&mut self) {
         for dev in &mut self.devices {
-            if dev.has_irq {
+            if !dev.has_irq {
+                continue;
+            }
+            if dev.qp.outstanding() > 0 {
                 dev.qp.arm_interrupt();
+            } else {
+                dev.qp.disarm_interrupt();
             }
         }
     }

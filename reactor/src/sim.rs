@@ -397,6 +397,10 @@ impl QueuePair for LimitedQp {
         self.inner.arm_interrupt()
     }
 
+    fn disarm_interrupt(&mut self) {
+        self.inner.disarm_interrupt()
+    }
+
     fn outstanding(&self) -> usize {
         self.inner.outstanding()
     }
