@@ -1080,6 +1080,40 @@ fn requests_held_back_by_the_connection_bound_are_served_once_its_replies_drain(
 }
 
 #[test]
+fn a_read_from_a_device_that_moves_no_data_never_returns_another_requests_bytes() {
+    // One reactor serves both exports and recycles I/O buffers between them. The `null`
+    // device completes a read without writing its buffer: the server must zero it, or the
+    // reply would carry what a request on the other export left there.
+    let s = Serve::start(&["disk=emu:dram,size=1M", "nul=null,size=1M"]);
+    let secret = vec![0x5au8; 4096];
+    let mut c = handshake(s.port, "disk");
+    for cookie in 0..8u64 {
+        let mut m = client::request(CMD_WRITE, 0, cookie, 0, 4096);
+        m.extend_from_slice(&secret);
+        c.write_all(&m).unwrap();
+        assert_eq!(reply(&mut c), (cookie, 0));
+        c.write_all(&client::request(CMD_READ, 0, 100 + cookie, 0, 4096))
+            .unwrap();
+        assert_eq!(reply(&mut c), (100 + cookie, 0));
+        let mut data = vec![0u8; 4096];
+        c.read_exact(&mut data).unwrap();
+        assert_eq!(data, secret);
+    }
+    let mut n = handshake(s.port, "nul");
+    for cookie in 0..8u64 {
+        n.write_all(&client::request(CMD_READ, 0, cookie, 0, 4096))
+            .unwrap();
+        assert_eq!(reply(&mut n), (cookie, 0));
+        let mut data = vec![0xffu8; 4096];
+        n.read_exact(&mut data).unwrap();
+        assert!(
+            data.iter().all(|&b| b == 0),
+            "read {cookie} carried old bytes"
+        );
+    }
+}
+
+#[test]
 fn a_client_that_never_finishes_its_handshake_is_closed() {
     let s = Serve::start_with(&["mem=emu:dram,size=1M"], &["--handshake-timeout-s", "0.5"]);
     let mut silent = TcpStream::connect(("127.0.0.1", s.port)).unwrap();

@@ -386,6 +386,7 @@ impl Server {
                         lba_bytes: ns.lba_size_bytes,
                         rw_piece_bytes: ns.max_transfer_bytes.max(ns.lba_size_bytes),
                         zero_piece_blocks: hypoll_nvme::spec::MAX_NLB,
+                        reads_fill: device.ctrl.reads_fill_buffer(),
                         io,
                         connections,
                         backlog: VecDeque::new(),
@@ -670,6 +671,10 @@ struct ShardExport {
     rw_piece_bytes: u32,
     /// Most blocks per write zeroes or deallocate command.
     zero_piece_blocks: u32,
+    /// Whether the device writes all of a read's buffer (`Controller::reads_fill_buffer`):
+    /// if not, a recycled buffer is zeroed first, or the reply would carry what another
+    /// request left in it.
+    reads_fill: bool,
     io: [IoMetrics; 5],
     /// Connections that chose this export.
     connections: prometheus_client::metrics::counter::Counter,
@@ -818,7 +823,8 @@ struct Pending {
 /// from the pool zeroes it and takes the pool's lock, and a reactor at queue depth 32 takes
 /// tens of thousands a second. A recycled buffer keeps old bytes, which is safe because
 /// every use overwrites it whole: a write's payload is copied in, a read's data only goes
-/// out when the device filled all of it (a short read is an error).
+/// out when the device filled all of it (a short read is an error). A device that fills
+/// nothing (`null`) gets its read buffers zeroed (`ShardExport::reads_fill`).
 #[derive(Default)]
 struct BufCache {
     /// (buffer length, idle buffers of that length).
@@ -1553,7 +1559,11 @@ impl Shard {
                         Op::Read | Op::Write => {
                             let n = data_left.min(u64::from(ex.rw_piece_bytes));
                             let (op, buf) = if p.op == Op::Read {
-                                (IoOp::Read, self.bufs.take(n as usize))
+                                let mut buf = self.bufs.take(n as usize);
+                                if !ex.reads_fill {
+                                    buf.fill(0);
+                                }
+                                (IoOp::Read, buf)
                             } else {
                                 let buf = p.write_bufs.pop_front().expect("one buffer a piece");
                                 (IoOp::Write, buf)

@@ -126,6 +126,11 @@ impl Controller for NullController {
     fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError> {
         Ok(Box::new(self.queue_pair(depth)?))
     }
+
+    /// No: a read moves no data.
+    fn reads_fill_buffer(&self) -> bool {
+        false
+    }
 }
 
 /// A queue pair whose commands are complete the moment they are submitted.

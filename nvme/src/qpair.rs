@@ -342,6 +342,13 @@ pub trait Controller: Send + Sync {
 
     /// Creates an I/O queue pair of `depth` entries for the calling thread.
     fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError>;
+
+    /// Whether a successful Read writes every byte of its buffer: true for every device that
+    /// stores data. The `null` device moves none, so a caller that recycles buffers must
+    /// zero a read's buffer for it, or the reply would carry the buffer's old bytes.
+    fn reads_fill_buffer(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
