@@ -448,9 +448,11 @@ impl Session {
             CMD_DISC => return self.close(consumed, Close::Disconnect),
             _ => return refuse(out, EINVAL, "unsupported command"),
         };
+        // FUA is accepted on every command once advertised: the protocol says the server
+        // MUST accept it (even by ignoring it), and clients are known to set it on a flush.
+        // On a read or a flush there is no write of the command's own to make durable.
         let allowed_flags = match op {
-            Op::Read | Op::Flush => 0,
-            Op::Write | Op::Trim => CMD_FLAG_FUA,
+            Op::Read | Op::Flush | Op::Write | Op::Trim => CMD_FLAG_FUA,
             Op::WriteZeroes => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
         };
         if flags & !allowed_flags != 0 {
@@ -501,7 +503,7 @@ impl Session {
                 cookie,
                 offset: if op == Op::Flush { 0 } else { offset },
                 length: if op == Op::Flush { 0 } else { length },
-                fua: flags & CMD_FLAG_FUA != 0,
+                fua: flags & CMD_FLAG_FUA != 0 && !matches!(op, Op::Read | Op::Flush),
                 no_hole: flags & CMD_FLAG_NO_HOLE != 0,
                 payload,
             }),

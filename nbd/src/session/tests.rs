@@ -219,6 +219,28 @@ fn ready(export: &str) -> Session {
 }
 
 #[test]
+fn fua_is_accepted_on_every_command_and_ignored_where_nothing_is_written() {
+    // The protocol: once SEND_FUA is advertised the server MUST accept FUA on all commands
+    // (qemu's old client set it on every flush).
+    let mut s = ready("mem");
+    let mut out = Vec::new();
+    for (kind, op, length, fua) in [
+        (CMD_READ, Op::Read, 4096, false),
+        (CMD_FLUSH, Op::Flush, 0, false),
+        (CMD_TRIM, Op::Trim, 4096, true),
+    ] {
+        let input = request(kind, CMD_FLAG_FUA, 9, 0, length);
+        let (n, step) = s.step(&input, &mut out);
+        assert_eq!(n, input.len());
+        let Step::Request(r) = step else {
+            panic!("{kind}: {step:?}")
+        };
+        assert_eq!((r.op, r.fua), (op, fua), "{kind}");
+        assert!(out.is_empty(), "{kind}: refused");
+    }
+}
+
+#[test]
 fn requests_parse_with_their_payload_only_once_it_is_whole() {
     let mut s = ready("mem");
     let mut out = Vec::new();
@@ -272,7 +294,7 @@ fn bad_requests_get_the_right_error_and_consume_their_payload() {
         (CMD_WRITE, 0, 0, 100, EINVAL),
         (CMD_READ, 0, 0, 0, EINVAL),
         (CMD_READ, 0, 0, REQUEST_BYTES_MAX_DEFAULT + 512, EINVAL),
-        (CMD_READ, CMD_FLAG_FUA, 0, 512, EINVAL),
+        (CMD_READ, CMD_FLAG_NO_HOLE, 0, 512, EINVAL),
         (CMD_WRITE, 1 << 4, 0, 512, EINVAL),
         (5, 0, 0, 512, EINVAL),
         (7, 0, 0, 512, EINVAL),
