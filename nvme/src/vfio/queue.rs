@@ -447,11 +447,14 @@ impl QueuePair for VfioQueuePair {
 
     fn arm_interrupt(&mut self) {
         let Some(v) = self.vector else { return };
+        // Forget interrupts of completions reaped while polling, then look: a completion
+        // posted after the look raises MSI-X, which makes the eventfd readable again. The
+        // drain comes before catching up with a controller reset, which signals this eventfd
+        // after it bumps the generation: a reset after the drain is either caught up here or
+        // leaves the eventfd readable (drained after the catch-up, its signal was lost).
+        self.ctrl.irqs[usize::from(v)].drain();
         self.catch_up_with_reset();
         let irq = &self.ctrl.irqs[usize::from(v)];
-        // Forget interrupts of completions reaped while polling, then look: a completion
-        // posted after the look raises MSI-X, which makes the eventfd readable again.
-        irq.drain();
         if !self.armed {
             self.armed = true;
             self.gate
