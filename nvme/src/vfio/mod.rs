@@ -576,7 +576,10 @@ impl Inner {
         self.admin.lock().run(&self.bar, what, cmd).map(drop)
     }
 
-    /// Creates I/O completion queue and submission queue `qid`, `entries` each.
+    /// Creates I/O completion queue and submission queue `qid`, `entries` each. Returns the
+    /// generation of the controller they were created on, read under the admin lock that a
+    /// reset holds while it bumps it: read before, a reset between the read and the
+    /// creation would pass for one the new queues had missed.
     fn create_io_queues(
         &self,
         qid: u16,
@@ -584,13 +587,15 @@ impl Inner {
         cq_iova: u64,
         sq_iova: u64,
         vector: Option<u16>,
-    ) -> Result<(), VfioError> {
+    ) -> Result<u64, VfioError> {
         let size = u32::from(qid) | ((u32::from(entries) - 1) << 16);
         let (ien, iv) = match vector {
             Some(v) => (1 << 1, u32::from(v) << 16),
             None => (0, 0),
         };
-        self.admin_run(
+        let mut admin = self.admin.lock();
+        admin.run(
+            &self.bar,
             "Create I/O Completion Queue",
             SubmissionEntry {
                 opcode: admin_op::CREATE_IO_CQ,
@@ -601,7 +606,8 @@ impl Inner {
                 ..Default::default()
             },
         )?;
-        self.admin_run(
+        admin.run(
+            &self.bar,
             "Create I/O Submission Queue",
             SubmissionEntry {
                 opcode: admin_op::CREATE_IO_SQ,
@@ -611,7 +617,8 @@ impl Inner {
                 cdw11: 1 | (u32::from(qid) << 16),
                 ..Default::default()
             },
-        )
+        )?;
+        Ok(self.generation.load(Ordering::SeqCst))
     }
 
     /// Deletes I/O queues `qid` (submission queue first, as the spec requires).

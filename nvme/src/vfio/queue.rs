@@ -114,8 +114,7 @@ impl VfioQueuePair {
             ),
             None => None,
         };
-        let generation = ctrl.generation.load(Ordering::SeqCst);
-        ctrl.create_io_queues(qid, entries, cq.iova(), sq.iova(), vector)?;
+        let generation = ctrl.create_io_queues(qid, entries, cq.iova(), sq.iova(), vector)?;
         Ok(VfioQueuePair {
             ns: ctrl.ns,
             ctrl,
@@ -260,16 +259,21 @@ impl VfioQueuePair {
         self.sq_tail = 0;
         self.cq_head = 0;
         self.phase = true;
-        self.live = self
-            .ctrl
-            .create_io_queues(
-                self.qid,
-                self.entries,
-                self.cq.iova(),
-                self.sq.iova(),
-                self.vector,
-            )
-            .is_ok();
+        match self.ctrl.create_io_queues(
+            self.qid,
+            self.entries,
+            self.cq.iova(),
+            self.sq.iova(),
+            self.vector,
+        ) {
+            Ok(generation) => {
+                // A second reset may have come before the queues were created: they live
+                // on its controller.
+                self.generation = generation;
+                self.live = true;
+            }
+            Err(_) => self.live = false,
+        }
     }
 
     fn post(&mut self, mut sqe: SubmissionEntry) {
