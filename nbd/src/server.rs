@@ -23,9 +23,9 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hypoll_nvme::{IoBuf, SubmitError};
+use hypoll_nvme::{IoBuf, Status, SubmitError};
 use hypoll_reactor::{
-    CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
+    CoreList, Device, DeviceId, IoDone, IoFailure, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
     ReactorSet, RejectReason,
 };
 use slab::Slab;
@@ -1072,6 +1072,15 @@ fn unpack(user: u64) -> (usize, usize, u32) {
     )
 }
 
+/// The NBD error a failed device command is answered with: `ENOSPC` when the device is out
+/// of space (the protocol asks for it on a write that fails so), `EIO` otherwise.
+fn nbd_error_of(failure: &IoFailure) -> u32 {
+    match failure {
+        IoFailure::Device(Status::CAPACITY_EXCEEDED) => proto::ENOSPC,
+        _ => proto::EIO,
+    }
+}
+
 /// Runs on the reactor when a device command of a request completes.
 fn piece_done(r: &mut Reactor, done: IoDone) {
     let (conn, req, piece) = unpack(done.user);
@@ -1656,9 +1665,15 @@ impl Shard {
             }
             Err(e) => {
                 if p.error == 0 {
-                    p.error = proto::EIO;
+                    let error = nbd_error_of(&e);
+                    p.error = error;
+                    let name = if error == proto::ENOSPC {
+                        "ENOSPC"
+                    } else {
+                        "EIO"
+                    };
                     let peer = self.conns[ck].peer.clone();
-                    self.log(&peer, &format!("device error, replying EIO: {e}"));
+                    self.log(&peer, &format!("device error, replying {name}: {e}"));
                 }
             }
         }
@@ -1792,6 +1807,20 @@ mod tests {
             ListenAddr::Unix("/a".into()).to_string(),
             "unix:/a".to_string()
         );
+    }
+
+    #[test]
+    fn a_device_out_of_space_is_answered_enospc_and_other_failures_eio() {
+        let enospc = IoFailure::Device(Status::CAPACITY_EXCEEDED);
+        assert_eq!(nbd_error_of(&enospc), proto::ENOSPC);
+        for other in [
+            IoFailure::Device(Status::WRITE_FAULT),
+            IoFailure::Device(Status::UNRECOVERED_READ_ERROR),
+            IoFailure::TimedOut,
+            IoFailure::Shutdown,
+        ] {
+            assert_eq!(nbd_error_of(&other), proto::EIO, "{other}");
+        }
     }
 
     #[test]
