@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hypoll_nvme::{IoBuf, Status, SubmitError};
+use hypoll_nvme::{IoBuf, Opcode, Status, SubmitError};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoFailure, IoOp, IoRequest, Poller, Reactor, ReactorConfig,
     ReactorSet, RejectReason,
@@ -286,14 +286,24 @@ fn export_info(name: &str, device: &Device) -> ExportInfo {
         name: name.to_string(),
         description: device.ctrl.describe(),
         size_bytes: ns.capacity_bytes(),
-        // Every device here has flush, write zeroes and deallocate. FUA is a write followed
-        // by a flush. A flush is device-wide (an NVMe flush covers the namespace), so a
-        // flush on one connection covers writes completed on all: MULTI_CONN holds.
+        // Every device has flush; trim and write zeroes only where the device carries out
+        // Dataset Management and Write Zeroes (optional in NVMe: a `vfio` controller says in
+        // ONCS). FUA is a write followed by a flush. A flush is device-wide (an NVMe flush
+        // covers the namespace), so a flush on one connection covers writes completed on
+        // all: MULTI_CONN holds.
         flags: proto::TFLAG_HAS_FLAGS
             | proto::TFLAG_SEND_FLUSH
             | proto::TFLAG_SEND_FUA
-            | proto::TFLAG_SEND_TRIM
-            | proto::TFLAG_SEND_WRITE_ZEROES
+            | if device.ctrl.supports(Opcode::DatasetManagement) {
+                proto::TFLAG_SEND_TRIM
+            } else {
+                0
+            }
+            | if device.ctrl.supports(Opcode::WriteZeroes) {
+                proto::TFLAG_SEND_WRITE_ZEROES
+            } else {
+                0
+            }
             | proto::TFLAG_CAN_MULTI_CONN,
         block_bytes: ns.lba_size_bytes,
         preferred_bytes: ns.lba_size_bytes.max(4096),
@@ -1847,6 +1857,38 @@ mod tests {
             assert_ne!(info.flags & flag, 0, "{flag:#x}");
         }
         assert_eq!(info.flags & proto::TFLAG_READ_ONLY, 0);
+    }
+
+    /// A controller with neither Dataset Management nor Write Zeroes, as a `vfio` one
+    /// reports in ONCS.
+    struct NoOptionalCommands(Arc<dyn hypoll_nvme::Controller>);
+
+    impl hypoll_nvme::Controller for NoOptionalCommands {
+        fn describe(&self) -> String {
+            "no optional commands".into()
+        }
+        fn namespace(&self) -> hypoll_nvme::NamespaceInfo {
+            self.0.namespace()
+        }
+        fn create_queue_pair(
+            &self,
+            depth: usize,
+        ) -> Result<Box<dyn hypoll_nvme::QueuePair>, hypoll_nvme::QueuePairError> {
+            self.0.create_queue_pair(depth)
+        }
+        fn supports(&self, opcode: Opcode) -> bool {
+            !matches!(opcode, Opcode::DatasetManagement | Opcode::WriteZeroes)
+        }
+    }
+
+    #[test]
+    fn trim_and_write_zeroes_are_advertised_only_where_the_device_has_them() {
+        let inner = Device::open("null").unwrap().ctrl;
+        let device = Device::new(Arc::new(NoOptionalCommands(inner)));
+        let info = export_info("bare", &device);
+        assert_eq!(info.flags & proto::TFLAG_SEND_TRIM, 0);
+        assert_eq!(info.flags & proto::TFLAG_SEND_WRITE_ZEROES, 0);
+        assert_ne!(info.flags & proto::TFLAG_SEND_FLUSH, 0);
     }
 
     #[test]

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::qpair::{Controller, QueuePair, QueuePairError, MAX_QUEUE_DEPTH};
-use crate::spec::{CompletionEntry, NamespaceInfo, Status, SubmissionEntry};
+use crate::spec::{CompletionEntry, NamespaceInfo, Opcode, Status, SubmissionEntry};
 use crate::sys::EventFd;
 
 pub use dma::{IovaAllocator, PagePool, IOVA_BASE, IOVA_END};
@@ -294,9 +294,20 @@ pub struct ControllerIdentity {
     pub mdts_bytes: Option<u64>,
     /// Number of namespaces (NN).
     pub namespaces: u32,
+    /// Optional NVM Command Support (ONCS): bit 2 Dataset Management, bit 3 Write Zeroes.
+    pub oncs: u16,
 }
 
 impl ControllerIdentity {
+    /// Whether the controller carries out `opcode` (see [`ControllerIdentity::oncs`]).
+    pub fn supports(&self, opcode: Opcode) -> bool {
+        match opcode {
+            Opcode::DatasetManagement => self.oncs & (1 << 2) != 0,
+            Opcode::WriteZeroes => self.oncs & (1 << 3) != 0,
+            Opcode::Read | Opcode::Write | Opcode::Flush => true,
+        }
+    }
+
     /// Decodes a 4096-byte Identify Controller data structure.
     pub fn parse(data: &[u8], mpsmin_bytes: u64) -> ControllerIdentity {
         // Space-padded by the spec; some controllers pad with NULs.
@@ -312,6 +323,7 @@ impl ControllerIdentity {
             firmware: text(64..72),
             mdts_bytes: (mdts != 0).then(|| mpsmin_bytes << mdts),
             namespaces: u32::from_le_bytes(data[516..520].try_into().expect("4 bytes")),
+            oncs: u16::from_le_bytes(data[520..522].try_into().expect("2 bytes")),
         }
     }
 }
@@ -766,6 +778,7 @@ impl VfioController {
                 firmware: String::new(),
                 mdts_bytes: None,
                 namespaces: 0,
+                oncs: 0,
             },
             irqs,
             pool,
@@ -874,6 +887,10 @@ impl Controller for VfioController {
 
     fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError> {
         Ok(Box::new(self.queue_pair(depth)?))
+    }
+
+    fn supports(&self, opcode: Opcode) -> bool {
+        self.inner.identity.supports(opcode)
     }
 }
 

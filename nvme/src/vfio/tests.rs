@@ -217,6 +217,14 @@ fn identify_data_decodes() {
     assert_eq!(id.firmware, "7.2.22");
     assert_eq!(id.mdts_bytes, Some(512 << 10));
     assert_eq!(id.namespaces, 256);
+    // ONCS 0: neither Dataset Management nor Write Zeroes.
+    assert!(!id.supports(Opcode::WriteZeroes) && !id.supports(Opcode::DatasetManagement));
+    assert!(id.supports(Opcode::Flush));
+    ctrl[520] = 1 << 3;
+    let id = ControllerIdentity::parse(&ctrl, 4096);
+    assert!(id.supports(Opcode::WriteZeroes) && !id.supports(Opcode::DatasetManagement));
+    ctrl[520] = 1 << 2;
+    assert!(ControllerIdentity::parse(&ctrl, 4096).supports(Opcode::DatasetManagement));
     ctrl[77] = 0;
     assert_eq!(ControllerIdentity::parse(&ctrl, 4096).mdts_bytes, None);
 
