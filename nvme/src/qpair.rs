@@ -353,8 +353,7 @@ pub trait Controller: Send + Sync {
     /// Whether the device carries out `opcode`. Read, Write and Flush are mandatory in
     /// NVMe; Write Zeroes and Dataset Management are not (a controller says which it has in
     /// ONCS). Every device here but a `vfio` controller without them has all five.
-    fn supports(&self, opcode: Opcode) -> bool {
-        let _ = opcode;
+    fn supports(&self, _opcode: Opcode) -> bool {
         true
     }
 }

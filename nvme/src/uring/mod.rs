@@ -928,24 +928,23 @@ impl UringQueuePair {
     }
 
     /// Reaps up to `max` completions from one ring (the side ring if `side`).
+    /// One look at the completion queue per batch: a batch that comes back short emptied it,
+    /// and the poll ends there without another look.
     fn reap(&mut self, side: bool, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
         let mut done = 0;
         let mut batch = [(0u64, 0i32); REAP_BATCH];
         while done < max {
+            let want = (max - done).min(REAP_BATCH);
             let mut n = 0;
-            for cqe in self
-                .ring_of(side)
-                .completion()
-                .take((max - done).min(REAP_BATCH))
-            {
+            for cqe in self.ring_of(side).completion().take(want) {
                 batch[n] = (cqe.user_data(), cqe.result());
                 n += 1;
             }
-            if n == 0 {
-                break;
-            }
             for &(user_data, result) in &batch[..n] {
                 done += self.take_cqe(user_data, result, side, out);
+            }
+            if n < want {
+                break;
             }
         }
         done
