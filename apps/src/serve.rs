@@ -36,17 +36,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
     /// Most connections open at once; more are closed as they arrive.
-    #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT)]
-    max_connections: usize,
+    #[arg(long = "max-connections", default_value_t = CONNECTIONS_MAX_DEFAULT)]
+    connections_max: usize,
     /// Largest read or write one request may carry (a multiple of 4K).
-    #[arg(long, default_value_t = REQUEST_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
-    max_request_bytes: u64,
+    #[arg(long = "max-request-bytes", default_value_t = REQUEST_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
+    request_bytes_max: u64,
     /// Data one connection may hold: replies waiting for its socket plus the writes and
     /// reads it has in flight. Past it, its requests wait unread (by at most one request
     /// more), so a client that pipelines and never reads cannot grow the server (64K to
     /// 64G).
-    #[arg(long, default_value_t = CONNECTION_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
-    max_connection_bytes: u64,
+    #[arg(long = "max-connection-bytes", default_value_t = CONNECTION_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
+    connection_bytes_max: u64,
     /// Queue depth of each reactor's queue pair on each export.
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -105,10 +105,10 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
 }
 
 pub fn serve_command(args: ServeArgs) -> ExitCode {
-    let Ok(request_bytes_max) = u32::try_from(args.max_request_bytes) else {
+    let Ok(request_bytes_max) = u32::try_from(args.request_bytes_max) else {
         return crate::usage_error(format!(
             "--max-request-bytes {}: at most 1G",
-            args.max_request_bytes
+            args.request_bytes_max
         ));
     };
     let cores = match args.cores {
@@ -136,9 +136,9 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         cores: Some(cores),
         policy: args.policy,
         metrics: args.metrics,
-        connections_max: args.max_connections,
+        connections_max: args.connections_max,
         request_bytes_max,
-        connection_bytes_max: usize::try_from(args.max_connection_bytes).unwrap_or(usize::MAX),
+        connection_bytes_max: usize::try_from(args.connection_bytes_max).unwrap_or(usize::MAX),
         queue_depth: usize::from(args.queue_depth),
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,

@@ -394,8 +394,8 @@ impl Server {
                     exports.push(ShardExport {
                         dev,
                         lba_bytes: ns.lba_size_bytes,
-                        rw_piece_bytes: ns.max_transfer_bytes.max(ns.lba_size_bytes),
-                        zero_piece_blocks: hypoll_nvme::spec::MAX_NLB,
+                        rw_piece_bytes: ns.transfer_bytes_max.max(ns.lba_size_bytes),
+                        zero_piece_blocks: hypoll_nvme::spec::NLB_MAX,
                         reads_fill: device.ctrl.reads_fill_buffer(),
                         io,
                         connections,

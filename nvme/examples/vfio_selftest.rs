@@ -79,7 +79,7 @@ fn identify(ctrl: &VfioController, expect_bytes: Option<u64>, serial: &str) -> C
         "   model {:?} serial {:?} firmware {:?} NVMe {major}.{minor}, MDTS {:?}, {} namespace(s); \
          namespace 1: {} blocks of {} bytes, {} bytes per command",
         id.model, id.serial, id.firmware, id.mdts_bytes, id.namespaces, ns.capacity_lbas,
-        ns.lba_size_bytes, ns.max_transfer_bytes
+        ns.lba_size_bytes, ns.transfer_bytes_max
     );
     ensure(id.model.contains("QEMU NVMe"), || {
         format!("model {:?}", id.model)
@@ -343,7 +343,7 @@ fn deep_queue(ctrl: &VfioController) -> Check {
     for (i, b) in bufs.iter().enumerate() {
         ensure(b[..] == datas[i][..], || format!("read {i} differs"))?;
     }
-    let max = qp.namespace().max_transfer_bytes as usize;
+    let max = qp.namespace().transfer_bytes_max as usize;
     let mut big = IoBuf::zeroed(max + 4096);
     // SAFETY: completes at once (Invalid Field) without reaching the device; reaped below.
     unsafe { qp.submit(&Command::read(0, ((max + 4096) / lba) as u32, &mut big), 5) }

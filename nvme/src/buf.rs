@@ -11,7 +11,7 @@ use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-pub use crate::pool::{pinned_region, POOL_CHUNK_MAX_BYTES};
+pub use crate::pool::{pinned_region, POOL_CHUNK_BYTES_MAX};
 
 /// Alignment of every [`IoBuf`].
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
@@ -56,7 +56,7 @@ impl IoBuf {
 
     /// A zeroed buffer from the pinned pool, which devices register once (see the module
     /// docs); from the heap when the pool is disabled, exhausted, or `len_bytes` is over
-    /// [`POOL_CHUNK_MAX_BYTES`].
+    /// [`POOL_CHUNK_BYTES_MAX`].
     pub fn pinned(len_bytes: usize) -> IoBuf {
         match crate::pool::take(len_bytes) {
             Some(ptr) => IoBuf {
@@ -154,7 +154,7 @@ mod tests {
         assert_eq!(b.as_ptr(), at);
         assert!(b.iter().all(|&x| x == 0));
         // Too large for the pool: the heap.
-        let big = IoBuf::pinned(POOL_CHUNK_MAX_BYTES + 1);
+        let big = IoBuf::pinned(POOL_CHUNK_BYTES_MAX + 1);
         assert!(!big.is_pinned() && !inside(&big));
     }
 }

@@ -176,7 +176,7 @@ fn set_null(cfg: &mut NullConfig, key: &str, value: &str) -> Result<(), SpecErro
                 as u32
         }
         "queues" => {
-            cfg.max_queues = value
+            cfg.queues_max = value
                 .parse::<u32>()
                 .ok()
                 .filter(|v| (1..=1024).contains(v))

@@ -39,7 +39,7 @@ pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
-    MAX_QUEUE_DEPTH,
+    QUEUE_DEPTH_MAX,
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::device::size_text;
 use crate::qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, MAX_QUEUE_DEPTH,
+    Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, QUEUE_DEPTH_MAX,
 };
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
@@ -20,7 +20,7 @@ pub struct NullConfig {
     pub size_bytes: u64,
     pub lba_bytes: u32,
     pub mdts_bytes: u32,
-    pub max_queues: u32,
+    pub queues_max: u32,
 }
 
 impl Default for NullConfig {
@@ -29,7 +29,7 @@ impl Default for NullConfig {
             size_bytes: 1 << 40,
             lba_bytes: 512,
             mdts_bytes: 128 << 10,
-            max_queues: 64,
+            queues_max: 64,
         }
     }
 }
@@ -52,8 +52,8 @@ impl fmt::Display for NullConfig {
         if self.mdts_bytes != d.mdts_bytes {
             write!(f, ",mdts={}", size_text(u64::from(self.mdts_bytes)))?;
         }
-        if self.max_queues != d.max_queues {
-            write!(f, ",queues={}", self.max_queues)?;
+        if self.queues_max != d.queues_max {
+            write!(f, ",queues={}", self.queues_max)?;
         }
         Ok(())
     }
@@ -62,7 +62,7 @@ impl fmt::Display for NullConfig {
 pub struct NullController {
     cfg: NullConfig,
     ns: NamespaceInfo,
-    max_queues: u32,
+    queues_max: u32,
     queues_live: Arc<AtomicU32>,
 }
 
@@ -74,21 +74,21 @@ impl NullController {
                 nsid: 1,
                 lba_size_bytes: cfg.lba_bytes,
                 capacity_lbas: cfg.size_bytes / u64::from(cfg.lba_bytes),
-                max_transfer_bytes: cfg.mdts_bytes,
+                transfer_bytes_max: cfg.mdts_bytes,
             },
-            max_queues: cfg.max_queues,
+            queues_max: cfg.queues_max,
             queues_live: Arc::new(AtomicU32::new(0)),
         }
     }
 
     pub fn queue_pair(&self, depth: usize) -> Result<NullQueuePair, QueuePairError> {
-        if depth == 0 || depth > MAX_QUEUE_DEPTH {
+        if depth == 0 || depth > QUEUE_DEPTH_MAX {
             return Err(QueuePairError::BadDepth {
                 depth,
-                max: MAX_QUEUE_DEPTH,
+                max: QUEUE_DEPTH_MAX,
             });
         }
-        let max = self.max_queues;
+        let max = self.queues_max;
         self.queues_live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
@@ -162,7 +162,7 @@ impl QueuePair for NullQueuePair {
         let status = if !in_range {
             Status::LBA_OUT_OF_RANGE
         } else if matches!(cmd.opcode(), Opcode::Read | Opcode::Write)
-            && bytes > u64::from(self.ns.max_transfer_bytes)
+            && bytes > u64::from(self.ns.transfer_bytes_max)
         {
             Status::INVALID_FIELD
         } else {

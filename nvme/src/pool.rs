@@ -17,16 +17,16 @@ use parking_lot::Mutex;
 use crate::device::parse_size_bytes;
 
 /// Smallest chunk (and alignment of every chunk).
-const CHUNK_MIN_BYTES: usize = 4096;
+const CHUNK_BYTES_MIN: usize = 4096;
 /// Largest chunk: bigger buffers come from the heap.
-pub const POOL_CHUNK_MAX_BYTES: usize = 1 << 20;
+pub const POOL_CHUNK_BYTES_MAX: usize = 1 << 20;
 /// Size classes: 4 KiB, 8 KiB, ..., 1 MiB.
-const CLASSES: usize = (POOL_CHUNK_MAX_BYTES / CHUNK_MIN_BYTES).trailing_zeros() as usize + 1;
+const CLASSES: usize = (POOL_CHUNK_BYTES_MAX / CHUNK_BYTES_MIN).trailing_zeros() as usize + 1;
 /// Pool size when `HYPOLL_PINNED_POOL` is unset.
-const POOL_DEFAULT_BYTES: usize = 32 << 20;
+const POOL_BYTES_DEFAULT: usize = 32 << 20;
 /// Largest pool `HYPOLL_PINNED_POOL` may ask for (io_uring registers at most 1 GiB per
 /// buffer).
-const POOL_MAX_BYTES: usize = 1 << 30;
+const POOL_BYTES_MAX: usize = 1 << 30;
 
 struct Pool {
     base: NonNull<u8>,
@@ -53,13 +53,13 @@ fn pool() -> Option<&'static Pool> {
     POOL.get_or_init(|| {
         let len_bytes = match std::env::var("HYPOLL_PINNED_POOL") {
             Ok(text) => match parse_size_bytes(&text) {
-                Ok(n) => (n as usize).min(POOL_MAX_BYTES) / CHUNK_MIN_BYTES * CHUNK_MIN_BYTES,
+                Ok(n) => (n as usize).min(POOL_BYTES_MAX) / CHUNK_BYTES_MIN * CHUNK_BYTES_MIN,
                 Err(e) => {
                     eprintln!("hypoll: HYPOLL_PINNED_POOL: {e}; using the default");
-                    POOL_DEFAULT_BYTES
+                    POOL_BYTES_DEFAULT
                 }
             },
-            Err(_) => POOL_DEFAULT_BYTES,
+            Err(_) => POOL_BYTES_DEFAULT,
         };
         if len_bytes == 0 {
             return None;
@@ -101,18 +101,18 @@ fn map_region(len_bytes: usize) -> Option<NonNull<u8>> {
 }
 
 fn class_of(len_bytes: usize) -> usize {
-    let chunks = len_bytes.div_ceil(CHUNK_MIN_BYTES).next_power_of_two();
+    let chunks = len_bytes.div_ceil(CHUNK_BYTES_MIN).next_power_of_two();
     chunks.trailing_zeros() as usize
 }
 
 /// A zeroed chunk of at least `len_bytes`, or `None` (pool off, exhausted, or too large).
 pub(crate) fn take(len_bytes: usize) -> Option<NonNull<u8>> {
-    if len_bytes == 0 || len_bytes > POOL_CHUNK_MAX_BYTES {
+    if len_bytes == 0 || len_bytes > POOL_CHUNK_BYTES_MAX {
         return None;
     }
     let pool = pool()?;
     let class = class_of(len_bytes);
-    let chunk_bytes = CHUNK_MIN_BYTES << class;
+    let chunk_bytes = CHUNK_BYTES_MIN << class;
     let (offset, reused) = {
         let mut lists = pool.lists.lock();
         match lists.free[class].pop() {
@@ -159,6 +159,6 @@ mod tests {
         assert_eq!(class_of(4096), 0);
         assert_eq!(class_of(4097), 1);
         assert_eq!(class_of(12288), 2);
-        assert_eq!(class_of(POOL_CHUNK_MAX_BYTES), CLASSES - 1);
+        assert_eq!(class_of(POOL_CHUNK_BYTES_MAX), CLASSES - 1);
     }
 }

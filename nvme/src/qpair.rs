@@ -12,7 +12,7 @@ pub const BUFFER_ALIGN_BYTES: usize = 4;
 
 /// Largest queue depth a queue pair may be created with (NVMe's MQES is 16 bits; real
 /// controllers commonly cap queues at 1024 entries).
-pub const MAX_QUEUE_DEPTH: usize = 1024;
+pub const QUEUE_DEPTH_MAX: usize = 1024;
 
 /// Why [`Command::check`] refuses a command of zero blocks.
 pub const ZERO_NLB: &str = "zero-length transfer (nlb = 0)";
@@ -157,7 +157,7 @@ impl<'buf> Command<'buf> {
         }
         let encodable = match self.opcode {
             Opcode::Flush | Opcode::DatasetManagement => true,
-            _ => self.nlb <= crate::spec::MAX_NLB,
+            _ => self.nlb <= crate::spec::NLB_MAX,
         };
         if !encodable {
             return Err(SubmitError::InvalidField(NLB_TOO_LARGE));
@@ -370,7 +370,7 @@ mod tests {
             Err(SubmitError::InvalidField("zero-length transfer (nlb = 0)"))
         );
         assert!(matches!(
-            Command::write_zeroes(0, crate::spec::MAX_NLB + 1).check(512),
+            Command::write_zeroes(0, crate::spec::NLB_MAX + 1).check(512),
             Err(SubmitError::InvalidField(_))
         ));
         assert_eq!(

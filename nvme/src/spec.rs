@@ -47,7 +47,7 @@ pub const CDW12_DEAC: u32 = 1 << 25;
 pub const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
 /// Largest number of logical blocks one Read/Write/Write Zeroes can name (NLB is 16 bits,
 /// 0-based).
-pub const MAX_NLB: u32 = 1 << 16;
+pub const NLB_MAX: u32 = 1 << 16;
 
 /// A 64-byte submission queue entry (Base spec, "Common Command Format").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -259,7 +259,7 @@ pub struct NamespaceInfo {
     /// Capacity in logical blocks (NSZE).
     pub capacity_lbas: u64,
     /// Largest data transfer of one command (MDTS), in bytes.
-    pub max_transfer_bytes: u32,
+    pub transfer_bytes_max: u32,
 }
 
 impl NamespaceInfo {

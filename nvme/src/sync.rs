@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
 use crate::qpair::{Command, Completion, QueuePair, SubmitError, NLB_TOO_LARGE, ZERO_NLB};
-use crate::spec::{Status, MAX_NLB};
+use crate::spec::{Status, NLB_MAX};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
@@ -34,11 +34,11 @@ pub enum IoError {
     /// the transfer).
     #[error(
         "a transfer of {len_bytes} bytes is over the namespace's maximum of \
-         {max_transfer_bytes} bytes per command (MDTS)"
+         {transfer_bytes_max} bytes per command (MDTS)"
     )]
     OverMaxTransfer {
         len_bytes: u64,
-        max_transfer_bytes: u32,
+        transfer_bytes_max: u32,
     },
 }
 
@@ -78,20 +78,20 @@ impl<'q> SyncIo<'q> {
     }
 
     /// The bytes `nlb` blocks move, once they are known to fit one command: 1 to
-    /// [`MAX_NLB`] blocks, at most the namespace's MDTS.
+    /// [`NLB_MAX`] blocks, at most the namespace's MDTS.
     fn transfer_bytes(&self, nlb: u32) -> Result<usize, IoError> {
         if nlb == 0 {
             return Err(SubmitError::InvalidField(ZERO_NLB).into());
         }
-        if nlb > MAX_NLB {
+        if nlb > NLB_MAX {
             return Err(SubmitError::InvalidField(NLB_TOO_LARGE).into());
         }
         let ns = self.qp.namespace();
         let len_bytes = u64::from(nlb) * u64::from(ns.lba_size_bytes);
-        if len_bytes > u64::from(ns.max_transfer_bytes) {
+        if len_bytes > u64::from(ns.transfer_bytes_max) {
             return Err(IoError::OverMaxTransfer {
                 len_bytes,
-                max_transfer_bytes: ns.max_transfer_bytes,
+                transfer_bytes_max: ns.transfer_bytes_max,
             });
         }
         // At most MDTS, a u32: fits usize.
@@ -128,7 +128,7 @@ impl<'q> SyncIo<'q> {
                 lba_bytes,
             });
         }
-        // A count past u32 is past MAX_NLB too, which `transfer_bytes` refuses.
+        // A count past u32 is past NLB_MAX too, which `transfer_bytes` refuses.
         let nlb = u32::try_from(data.len() / lba_bytes as usize).unwrap_or(u32::MAX);
         self.transfer_bytes(nlb)?;
         let buf = ManuallyDrop::new(IoBuf::from_slice(data));
@@ -329,7 +329,7 @@ mod tests {
                 nsid: 1,
                 lba_size_bytes: 512,
                 capacity_lbas: 1 << 20,
-                max_transfer_bytes: 128 << 10,
+                transfer_bytes_max: 128 << 10,
             }
         }
     }

@@ -52,7 +52,7 @@ use crate::stats::BUCKETS;
 /// those a sleep censored).
 pub const ADAPTIVE_RESERVOIR: usize = 256;
 /// Samples a bucket needs before the policy sleeps for its I/Os.
-pub const ADAPTIVE_MIN_SAMPLES: usize = 16;
+pub const ADAPTIVE_SAMPLES_MIN: usize = 16;
 /// Default latency budget, percent of the bucket's mean latency.
 pub const ADAPTIVE_BUDGET_PCT: f64 = 2.5;
 /// Wait for the interrupt when the median remaining time exceeds this many overshoots.
@@ -61,13 +61,13 @@ pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
 /// the batch trial halves while it is late past the budget.
 pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
 /// Sleeps shorter than this are not attempted (except probes).
-const MIN_SLEEP_NS: u64 = 1_000;
+const SLEEP_NS_MIN: u64 = 1_000;
 /// A sleep must save at least this much CPU over spinning.
-const MIN_SAVING_NS: u64 = 1_000;
+const SAVING_NS_MIN: u64 = 1_000;
 /// Probe sleeps: shortest and longest, I/Os per burst whose sleeps are learnt, a burst every
 /// this many I/Os, and how many sleeps must be measured before the plan trusts them.
 const PROBE_SLEEP_NS: u64 = 1_000;
-const PROBE_SLEEP_MAX_NS: u64 = 10_000;
+const PROBE_SLEEP_NS_MAX: u64 = 10_000;
 const PROBE_BURST: u32 = 16;
 /// A burst begins with this many more probes, whose sleeps are not learnt (neither their
 /// overshoot nor their CPU): the first sleeps after a stretch of spinning measure the VM
@@ -155,7 +155,7 @@ impl<const N: usize> Reservoir<N> {
         let filling = self.sorted_len < N
             && (self.len >= 2 * self.sorted_len
                 || self.len == N
-                || self.sorted_len < N.min(ADAPTIVE_MIN_SAMPLES));
+                || self.sorted_len < N.min(ADAPTIVE_SAMPLES_MIN));
         if filling || self.since_refresh >= self.refresh_every {
             self.refresh();
         }
@@ -292,13 +292,13 @@ impl Distribution {
 
     /// The latest wake-up time `w` (ns since submission) such that, over the samples above
     /// `elapsed_ns`, the expected lateness E[(w - T)+] is at most `budget_ns`; `None` when
-    /// fewer than [`ADAPTIVE_MIN_SAMPLES`] samples lie above `elapsed_ns`.
+    /// fewer than [`ADAPTIVE_SAMPLES_MIN`] samples lie above `elapsed_ns`.
     fn wake_within_budget(&self, elapsed_ns: u64, budget_ns: u64) -> Option<u64> {
         let r = &self.latencies;
         let xs = r.samples();
         let first = xs.partition_point(|&x| x <= elapsed_ns);
         let m = (xs.len() - first) as u64;
-        if m < ADAPTIVE_MIN_SAMPLES as u64 {
+        if m < ADAPTIVE_SAMPLES_MIN as u64 {
             return None;
         }
         // Waking at xs[j] is late, on average, by sum_{first <= i < j} (xs[j] - xs[i]) / m,
@@ -550,7 +550,7 @@ impl Adaptive {
     fn paying_sleep(&self, sleep_ns: u64, interruptible: bool) -> Option<Decision> {
         let cpu_ns = self.sleep_cpu_ns()?;
         let off_core_ns = sleep_ns + self.overshoot.quantile(0.5).unwrap_or(0);
-        (sleep_ns >= MIN_SLEEP_NS && off_core_ns >= cpu_ns + MIN_SAVING_NS).then(|| {
+        (sleep_ns >= SLEEP_NS_MIN && off_core_ns >= cpu_ns + SAVING_NS_MIN).then(|| {
             if interruptible {
                 Decision::sleep_interruptible_ns(sleep_ns)
             } else {
@@ -784,7 +784,7 @@ impl PollPolicy for Adaptive {
                 && ctx.interrupts
                 && ctx.outstanding == 1
                 && self.ios_seen.is_multiple_of(IRQ_PROBE_EVERY)
-                && self.buckets[bucket.index()].planned_samples() >= ADAPTIVE_MIN_SAMPLES
+                && self.buckets[bucket.index()].planned_samples() >= ADAPTIVE_SAMPLES_MIN
             {
                 self.irq_probes += 1;
                 self.irq_probe = Some((ctx.oldest.submit_ns, self.irq_probes.is_multiple_of(2)));
@@ -800,7 +800,7 @@ impl PollPolicy for Adaptive {
         if std::mem::take(&mut self.current_sleep_interruptible) && !ctx.oldest.slept {
             self.current_settled = false;
         }
-        if self.buckets[bucket.index()].planned_samples() < ADAPTIVE_MIN_SAMPLES {
+        if self.buckets[bucket.index()].planned_samples() < ADAPTIVE_SAMPLES_MIN {
             return Decision::Spin;
         }
         match self.irq_probe {
@@ -909,7 +909,7 @@ impl PollPolicy for Adaptive {
             // never measure them again (seen at queue depth 32).
             let dist = &self.buckets[bucket.index()];
             let unknown_room_ns = if ctx.outstanding >= 2 {
-                elapsed_ns + 2 * PROBE_SLEEP_MAX_NS
+                elapsed_ns + 2 * PROBE_SLEEP_NS_MAX
             } else {
                 elapsed_ns
             };
@@ -920,7 +920,7 @@ impl PollPolicy for Adaptive {
             // 10 us: a probe as long as the sleeps it calibrates (very short sleeps behave
             // differently on a VM), and short of the I/O's earliest completion.
             let probe_ns =
-                ((room - elapsed_ns.min(room)) / 2).clamp(PROBE_SLEEP_NS, PROBE_SLEEP_MAX_NS);
+                ((room - elapsed_ns.min(room)) / 2).clamp(PROBE_SLEEP_NS, PROBE_SLEEP_NS_MAX);
             if room >= elapsed_ns + 2 * PROBE_SLEEP_NS && self.probe_due(ctx.now_ns) {
                 decision = Decision::sleep_ns(probe_ns);
             }
@@ -1197,7 +1197,7 @@ mod tests {
         // fastest completion seen (70 us), capped at 10 us.
         assert_eq!(
             decide(&mut p, 0, 100, 1),
-            Decision::sleep_ns(PROBE_SLEEP_MAX_NS)
+            Decision::sleep_ns(PROBE_SLEEP_NS_MAX)
         );
     }
 
@@ -1738,7 +1738,7 @@ mod tests {
         let mut loaded = setup();
         assert_eq!(
             decide_published(&mut loaded, 0, 40_000, 32, 9_000),
-            Decision::sleep_ns(PROBE_SLEEP_MAX_NS)
+            Decision::sleep_ns(PROBE_SLEEP_NS_MAX)
         );
         // Alone, the same I/O may complete at any moment: no probe.
         let mut alone = setup();

@@ -8,7 +8,7 @@
 //! idles a unit (measured: batching made it 1.18-1.30 x classic's latency).
 //!
 //! So the reactor tries both. Arms of at least [`ARM_LATENCIES`] mean latencies (and
-//! [`ARM_MIN_NS`]) alternately batch and do not (the per-I/O plan, which under load mostly
+//! [`ARM_NS_MIN`]) alternately batch and do not (the per-I/O plan, which under load mostly
 //! spins, as classic does), in the order batch, not, not, batch: a drift in the device's
 //! latency then weighs on both alike. [`PAIRS`] pairs. Each arm's mean latency, as seen
 //! (lateness included), counts the I/Os submitted after its first quarter and completed
@@ -33,11 +33,11 @@
 
 use crate::adaptive::ADAPTIVE_BATCH_FRACTION;
 
-/// An arm lasts this many of the device's mean latencies, within [`ARM_MIN_NS`] and
-/// [`ARM_MAX_NS`]; it also waits for [`ARM_MIN_IOS`] counted completions.
+/// An arm lasts this many of the device's mean latencies, within [`ARM_NS_MIN`] and
+/// [`ARM_NS_MAX`]; it also waits for [`ARM_MIN_IOS`] counted completions.
 pub(crate) const ARM_LATENCIES: u64 = 128;
-pub(crate) const ARM_MIN_NS: u64 = 10_000_000;
-pub(crate) const ARM_MAX_NS: u64 = 1_000_000_000;
+pub(crate) const ARM_NS_MIN: u64 = 10_000_000;
+pub(crate) const ARM_NS_MAX: u64 = 1_000_000_000;
 /// Counted completions an arm waits for, up to [`ARM_GIVE_UP`] times its length; a pair
 /// with an arm short of them is left out of the count.
 pub(crate) const ARM_MIN_IOS: u64 = 16;
@@ -193,7 +193,7 @@ impl BatchTrial {
         self.arm_start_ns = now_ns;
         self.arm_ns = mean_ns
             .saturating_mul(ARM_LATENCIES)
-            .clamp(ARM_MIN_NS, ARM_MAX_NS);
+            .clamp(ARM_NS_MIN, ARM_NS_MAX);
         self.count_from_ns = now_ns + self.arm_ns / 4;
         self.current = ArmTotal::default();
     }
@@ -240,14 +240,14 @@ mod tests {
             let arm = arms.len() as u32;
             arms.push(fraction);
             for i in 0..100 {
-                let submit_ns = now_ns + i * (ARM_MIN_NS / 100);
+                let submit_ns = now_ns + i * (ARM_NS_MIN / 100);
                 trial.record(submit_ns, latency_ns(fraction, arm));
                 assert_eq!(
                     trial.batch_fraction(submit_ns + 1, MEAN_NS, BUDGET),
                     fraction
                 );
             }
-            now_ns += ARM_MIN_NS;
+            now_ns += ARM_NS_MIN;
             fraction = trial.batch_fraction(now_ns, MEAN_NS, BUDGET);
         }
         (now_ns, arms)
@@ -347,15 +347,15 @@ mod tests {
         let mut trial = BatchTrial::default();
         assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
         // Submitted in the first quarter, while the device's queue settles: not counted.
-        trial.record(ARM_MIN_NS / 4 - 1, 50_000);
+        trial.record(ARM_NS_MIN / 4 - 1, 50_000);
         assert_eq!(trial.current.ios, 0);
         for _ in 0..ARM_MIN_IOS {
-            trial.record(ARM_MIN_NS / 2, 50_000);
+            trial.record(ARM_NS_MIN / 2, 50_000);
         }
         // Arm 1 (not batching) begins; the batching arm's queue drains into it, late.
-        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_none());
+        assert!(trial.batch_fraction(ARM_NS_MIN, MEAN_NS, BUDGET).is_none());
         for _ in 0..1000 {
-            trial.record(ARM_MIN_NS - 1, 500_000);
+            trial.record(ARM_NS_MIN - 1, 500_000);
         }
         assert_eq!(trial.current.ios, 0);
     }
@@ -380,21 +380,21 @@ mod tests {
         assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
         // 10 ms and only 3 completions: the arm goes on.
         for _ in 0..3 {
-            trial.record(ARM_MIN_NS / 2, 2_000_000);
+            trial.record(ARM_NS_MIN / 2, 2_000_000);
         }
-        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_some());
+        assert!(trial.batch_fraction(ARM_NS_MIN, MEAN_NS, BUDGET).is_some());
         assert!(trial
-            .batch_fraction(ARM_MIN_NS * 3, MEAN_NS, BUDGET)
+            .batch_fraction(ARM_NS_MIN * 3, MEAN_NS, BUDGET)
             .is_some());
         // At 4 times its length it ends anyway; the pair will not be counted (counted, its
         // batching arm, at 2 ms against 1 ms, would be late past the budget).
-        let give_up_ns = ARM_GIVE_UP * ARM_MIN_NS;
+        let give_up_ns = ARM_GIVE_UP * ARM_NS_MIN;
         assert!(trial.batch_fraction(give_up_ns, MEAN_NS, BUDGET).is_none());
         for _ in 0..ARM_MIN_IOS {
-            trial.record(give_up_ns + ARM_MIN_NS / 2, 1_000_000);
+            trial.record(give_up_ns + ARM_NS_MIN / 2, 1_000_000);
         }
         assert!(trial
-            .batch_fraction(give_up_ns + ARM_MIN_NS, MEAN_NS, BUDGET)
+            .batch_fraction(give_up_ns + ARM_NS_MIN, MEAN_NS, BUDGET)
             .is_none());
         assert_eq!(trial.worse, 0);
     }
@@ -404,12 +404,12 @@ mod tests {
         let mut trial = BatchTrial::default();
         assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
         for _ in 0..ARM_MIN_IOS {
-            trial.record(ARM_MIN_NS / 2, 50_000);
+            trial.record(ARM_NS_MIN / 2, 50_000);
         }
-        assert!(trial.batch_fraction(ARM_MIN_NS, MEAN_NS, BUDGET).is_none());
+        assert!(trial.batch_fraction(ARM_NS_MIN, MEAN_NS, BUDGET).is_none());
         // The load went away for a second: the next question starts a trial, batching.
         assert!(trial
-            .batch_fraction(ARM_MIN_NS + STALE_NS + 1, MEAN_NS, BUDGET)
+            .batch_fraction(ARM_NS_MIN + STALE_NS + 1, MEAN_NS, BUDGET)
             .is_some());
         assert_eq!(trial.arm, Some(0));
     }

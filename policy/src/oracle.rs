@@ -18,7 +18,7 @@ pub const ORACLE_BOOTSTRAP_OVERSHOOT_NS: u64 = 5_000;
 /// budgets for a high percentile rather than the mean.
 pub const ORACLE_OVERSHOOT_PERCENTILE: f64 = 90.0;
 /// Sleeps shorter than this are not worth a wake-up: spin instead.
-pub const ORACLE_MIN_SLEEP_NS: u64 = 1_000;
+pub const ORACLE_SLEEP_NS_MIN: u64 = 1_000;
 /// The overshoot percentile is recomputed after this many new sleep samples.
 const REFRESH_SAMPLES: u64 = 64;
 
@@ -77,7 +77,7 @@ impl PollPolicy for Oracle {
         let sleep_ns = deadline_ns
             .saturating_sub(ctx.now_ns)
             .saturating_sub(self.overshoot_ns);
-        if sleep_ns < ORACLE_MIN_SLEEP_NS {
+        if sleep_ns < ORACLE_SLEEP_NS_MIN {
             Decision::Spin
         } else {
             Decision::sleep_ns(sleep_ns)

@@ -6,8 +6,8 @@ use crate::policy::{Decision, Observation, PollContext, PollPolicy};
 /// The sleep `io_hybrid_iopoll_delay` computes from the ring's `hybrid_poll_time`: half of
 /// it, or 0 (no sleep) before the first runtime is known (`LLONG_MAX`).
 #[inline]
-pub const fn sleep_ns(min_runtime_ns: Option<u64>) -> u64 {
-    match min_runtime_ns {
+pub const fn sleep_ns(runtime_ns_min: Option<u64>) -> u64 {
+    match runtime_ns_min {
         Some(ns) => ns / 2,
         None => 0,
     }
@@ -22,7 +22,7 @@ pub const fn sleep_ns(min_runtime_ns: Option<u64>) -> u64 {
 /// nothing: io_uring refuses them on a polled ring.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UringHybrid {
-    min_runtime_ns: Option<u64>,
+    runtime_ns_min: Option<u64>,
 }
 
 impl UringHybrid {
@@ -32,13 +32,13 @@ impl UringHybrid {
     /// A policy that has seen no I/O yet.
     pub const fn new() -> Self {
         Self {
-            min_runtime_ns: None,
+            runtime_ns_min: None,
         }
     }
 
     /// The shortest runtime seen so far (`hybrid_poll_time`), if any.
-    pub const fn min_runtime_ns(&self) -> Option<u64> {
-        self.min_runtime_ns
+    pub const fn runtime_ns_min(&self) -> Option<u64> {
+        self.runtime_ns_min
     }
 }
 
@@ -52,7 +52,7 @@ impl PollPolicy for UringHybrid {
         if ctx.oldest.slept {
             return Decision::Spin;
         }
-        Decision::sleep_ns(sleep_ns(self.min_runtime_ns))
+        Decision::sleep_ns(sleep_ns(self.runtime_ns_min))
     }
 
     #[inline]
@@ -62,7 +62,7 @@ impl PollPolicy for UringHybrid {
         }
         let requested_ns = seen.slept.map_or(0, |slept| slept.requested_ns);
         let runtime_ns = seen.latency_ns.saturating_sub(requested_ns);
-        self.min_runtime_ns = Some(match self.min_runtime_ns {
+        self.runtime_ns_min = Some(match self.runtime_ns_min {
             Some(min_ns) => min_ns.min(runtime_ns),
             None => runtime_ns,
         });
@@ -105,7 +105,7 @@ mod tests {
     fn sleeps_half_the_minimum_runtime_net_of_the_requested_sleep() {
         let mut policy = UringHybrid::new();
         policy.on_completion(&completed(10_001, None));
-        assert_eq!(policy.min_runtime_ns(), Some(10_001));
+        assert_eq!(policy.runtime_ns_min(), Some(10_001));
         // 10001 / 2 = 5000, for any bucket.
         assert_eq!(
             decide_with(&mut policy, BucketStats::EMPTY, |_| {}),
@@ -113,14 +113,14 @@ mod tests {
         );
         // Slept 5000 and completed at 10001: runtime 5001, the new minimum.
         policy.on_completion(&completed(10_001, Some(5000)));
-        assert_eq!(policy.min_runtime_ns(), Some(5001));
+        assert_eq!(policy.runtime_ns_min(), Some(5001));
         assert_eq!(
             decide_with(&mut policy, BucketStats::EMPTY, |_| {}),
             sleep(2500)
         );
         // Slept 2500 and completed at 10001: runtime 7501, not a new minimum.
         policy.on_completion(&completed(10_001, Some(2500)));
-        assert_eq!(policy.min_runtime_ns(), Some(5001));
+        assert_eq!(policy.runtime_ns_min(), Some(5001));
         // A slower I/O does not raise it; a flush teaches nothing.
         policy.on_completion(&completed(50_000, None));
         policy.on_completion(&Observation {
@@ -128,7 +128,7 @@ mod tests {
             submit_ns: 0,
             ..completed(10, None)
         });
-        assert_eq!(policy.min_runtime_ns(), Some(5001));
+        assert_eq!(policy.runtime_ns_min(), Some(5001));
     }
 
     #[test]

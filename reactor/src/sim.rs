@@ -52,9 +52,9 @@ const LBA_BYTES: usize = 512;
 /// Blocks in one chunk of the emulator's memory store.
 const CHUNK_BLOCKS: u64 = hypoll_nvme::emu::store::CHUNK_BYTES / LBA_BYTES as u64;
 /// Largest I/O of the workload, in blocks.
-const MAX_NLB: u32 = 8;
+const NLB_MAX: u32 = 8;
 /// Most steps one run takes before it is declared hung.
-const MAX_STEPS: u64 = 10_000_000;
+const STEPS_MAX: u64 = 10_000_000;
 /// How often (in steps) the run looks for an I/O that waited too long.
 const HANG_CHECK_EVERY_STEPS: u64 = 1_024;
 /// The threaded simulation's timeouts, in real time.
@@ -460,7 +460,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let blocks = [32u64, 64, 128, 256, 4096][rng.below(5) as usize];
     let depth = [1usize, 2, 8, 16, 32][rng.below(5) as usize];
     let wait_queue = [0usize, 4, 32][rng.below(3) as usize];
-    let max_step_ns = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
+    let step_ns_max = [1_000u64, 4_000, 16_000][rng.below(3) as usize];
     let factor = [0.5, 1.0, 2.0, 4.0][rng.below(4) as usize];
     let (abort, reset, recovery) = recovery_mode(&mut rng);
     // Half the runs attach a second queue pair on the same controller to every reactor,
@@ -479,7 +479,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     );
     let second_text = second.map_or(String::new(), |(_, _, r)| format!(" second={r}"));
     let shape = format!(
-        "{spec} depth={depth} wait_queue={wait_queue} step<={max_step_ns}ns \
+        "{spec} depth={depth} wait_queue={wait_queue} step<={step_ns_max}ns \
          recovery={recovery}{second_text} reactors={}",
         cfg.reactors
     );
@@ -513,7 +513,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         latency_ns_bound: ns(cfg.io_timeout)
             + ns(cfg.abort_timeout)
             + ns(cfg.reset_timeout)
-            + 3 * 64 * cfg.reactors as u64 * max_step_ns,
+            + 3 * 64 * cfg.reactors as u64 * step_ns_max,
         ..Model::default()
     }));
 
@@ -543,10 +543,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut steps = 0u64;
     loop {
         steps += 1;
-        if steps > MAX_STEPS {
+        if steps > STEPS_MAX {
             let outstanding: Vec<usize> = reactors.iter().map(|r| r.outstanding()).collect();
             return Err(fail(format!(
-                "hung: {MAX_STEPS} steps and I/O still outstanding per reactor: \
+                "hung: {STEPS_MAX} steps and I/O still outstanding per reactor: \
                  {outstanding:?}"
             )));
         }
@@ -596,7 +596,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         } else {
             reactors[i].sim_turn();
         }
-        vclock.advance_by(rng.below(max_step_ns + 1));
+        vclock.advance_by(rng.below(step_ns_max + 1));
         if let Some(e) = model.lock().errors.first() {
             return Err(fail(e.clone()));
         }
@@ -667,13 +667,13 @@ fn submit_random(
     let (slba, nlb) = if op == IoOp::Flush {
         (0, 0)
     } else {
-        let nlb = 1 + rng.below(u64::from(MAX_NLB).min(blocks)) as u32;
+        let nlb = 1 + rng.below(u64::from(NLB_MAX).min(blocks)) as u32;
         let last = blocks - u64::from(nlb);
         // On a namespace past one store chunk, a fifth of the I/Os sit on the chunk
         // boundary, where the store splits a transfer in two.
-        let boundary = CHUNK_BLOCKS.saturating_sub(u64::from(MAX_NLB) - 1);
+        let boundary = CHUNK_BLOCKS.saturating_sub(u64::from(NLB_MAX) - 1);
         let slba = if blocks > CHUNK_BLOCKS && rng.pct(20) {
-            (boundary + rng.below(u64::from(MAX_NLB))).min(last)
+            (boundary + rng.below(u64::from(NLB_MAX))).min(last)
         } else {
             rng.below(last + 1)
         };

@@ -65,7 +65,7 @@ pub struct EmuConfig {
     /// every command outstanding on it.
     pub reset_pct: f64,
     /// Most I/O queue pairs the controller hands out.
-    pub max_queues: u32,
+    pub queues_max: u32,
     /// Percent by which every service time grows per second since the controller was
     /// created: a device whose latency drifts slowly (wear, heat, a filling cache).
     pub drift_pct: f64,
@@ -307,7 +307,7 @@ impl EmuConfig {
             reset_pct: 0.0,
             stuck_pct: 0.0,
             drift_pct: 0.0,
-            max_queues: 64,
+            queues_max: 64,
         })
     }
 
@@ -382,7 +382,7 @@ impl EmuConfig {
             Key::ErrPct => self.err_pct = float()?,
             Key::LostPct => self.lost_pct = float()?,
             Key::ResetPct => self.reset_pct = float()?,
-            Key::Queues => self.max_queues = value.parse().ok()?,
+            Key::Queues => self.queues_max = value.parse().ok()?,
             Key::DriftPct => self.drift_pct = float()?,
             Key::StuckPct => self.stuck_pct = float()?,
         }
@@ -415,7 +415,7 @@ impl EmuConfig {
                 Backing::File(path) => !path.as_os_str().is_empty(),
                 Backing::Ram | Backing::Sparse => true,
             },
-            Key::Queues => (1..=MAX_QUEUES).contains(&self.max_queues),
+            Key::Queues => (1..=MAX_QUEUES).contains(&self.queues_max),
             Key::DriftPct => (0.0..=MAX_DRIFT_PCT).contains(&self.drift_pct),
         }
     }
@@ -442,7 +442,7 @@ impl EmuConfig {
             Key::ErrPct => self.err_pct.to_string(),
             Key::LostPct => self.lost_pct.to_string(),
             Key::ResetPct => self.reset_pct.to_string(),
-            Key::Queues => self.max_queues.to_string(),
+            Key::Queues => self.queues_max.to_string(),
             Key::DriftPct => self.drift_pct.to_string(),
             Key::StuckPct => self.stuck_pct.to_string(),
         }
@@ -653,8 +653,8 @@ mod tests {
             ("backing", "file:", |c| {
                 c.backing = Backing::File(PathBuf::new())
             }),
-            ("queues", "0", |c| c.max_queues = 0),
-            ("queues", "1025", |c| c.max_queues = 1025),
+            ("queues", "0", |c| c.queues_max = 0),
+            ("queues", "1025", |c| c.queues_max = 1025),
         ];
         for &(key, text, poke) in cases {
             let good = EmuConfig::profile("nand").unwrap();

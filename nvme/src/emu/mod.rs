@@ -47,7 +47,7 @@ use store::Store;
 use crate::clock::Clock;
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
-    MAX_QUEUE_DEPTH,
+    QUEUE_DEPTH_MAX,
 };
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_FUA,
@@ -127,10 +127,10 @@ impl EmuController {
             nsid: NSID,
             lba_size_bytes: cfg.lba_bytes,
             capacity_lbas: cfg.size_bytes / u64::from(cfg.lba_bytes),
-            max_transfer_bytes: cfg.mdts_bytes,
+            transfer_bytes_max: cfg.mdts_bytes,
         };
         let store = Store::open(&cfg.backing, cfg.size_bytes)?;
-        let max_queues = cfg.max_queues as usize;
+        let queues_max = cfg.queues_max as usize;
         Ok(EmuController {
             shared: Arc::new(Shared {
                 cfg,
@@ -141,7 +141,7 @@ impl EmuController {
                 queues_created: AtomicU64::new(0),
                 queues_live: AtomicU32::new(0),
                 reset_generation: AtomicU64::new(0),
-                irq_lines: Mutex::new(Vec::with_capacity(max_queues)),
+                irq_lines: Mutex::new(Vec::with_capacity(queues_max)),
             }),
         })
     }
@@ -153,13 +153,13 @@ impl EmuController {
     /// Creates an I/O queue pair, as the concrete type (tests and benchmarks use its extra
     /// methods; reactors go through [`Controller::create_queue_pair`]).
     pub fn queue_pair(&self, depth: usize) -> Result<EmuQueuePair, QueuePairError> {
-        if depth == 0 || depth > MAX_QUEUE_DEPTH {
+        if depth == 0 || depth > QUEUE_DEPTH_MAX {
             return Err(QueuePairError::BadDepth {
                 depth,
-                max: MAX_QUEUE_DEPTH,
+                max: QUEUE_DEPTH_MAX,
             });
         }
-        let max = self.shared.cfg.max_queues;
+        let max = self.shared.cfg.queues_max;
         self.shared
             .queues_live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -551,7 +551,7 @@ impl EmuQueuePair {
                 Some(Opcode::Flush) => Ok((0, 0)),
                 Some(Opcode::Read | Opcode::Write) => {
                     range(sqe.slba(), u64::from(sqe.block_count())).and_then(|(off, len)| {
-                        if len > u64::from(ns.max_transfer_bytes) {
+                        if len > u64::from(ns.transfer_bytes_max) {
                             Err(Status::INVALID_FIELD)
                         } else {
                             Ok((off, len))

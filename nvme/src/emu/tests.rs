@@ -429,7 +429,7 @@ fn queue_full_and_queue_limits_are_errors_not_blocks() {
         Err(QueuePairError::BadDepth { depth: 0, .. })
     ));
     assert!(matches!(
-        ctrl.queue_pair(MAX_QUEUE_DEPTH + 1),
+        ctrl.queue_pair(QUEUE_DEPTH_MAX + 1),
         Err(QueuePairError::BadDepth { .. })
     ));
     let second = ctrl.queue_pair(2).unwrap();
@@ -641,14 +641,14 @@ fn sync_io_checks_sizes_before_it_allocates_or_submits() {
         io.read(0, 257).map(drop),
         Err(IoError::OverMaxTransfer {
             len_bytes: 257 * 512,
-            max_transfer_bytes: 128 << 10
+            transfer_bytes_max: 128 << 10
         })
     );
     assert_eq!(
         io.write(0, &[0u8; 257 * 512]),
         Err(IoError::OverMaxTransfer {
             len_bytes: 257 * 512,
-            max_transfer_bytes: 128 << 10
+            transfer_bytes_max: 128 << 10
         })
     );
     // A write is never silently truncated to whole blocks.
@@ -687,12 +687,12 @@ const NS_BYTES: u64 = 2 << 20;
 /// MDTS of the data tests (the default): the largest transfer SyncIo accepts.
 const MDTS_BYTES: u64 = 128 << 10;
 
-/// Commands on a namespace of `blocks` blocks, each moving at most `max_nlb` blocks.
-fn op_strategy(blocks: u64, max_nlb: u32) -> impl Strategy<Value = Op> {
+/// Commands on a namespace of `blocks` blocks, each moving at most `nlb_max` blocks.
+fn op_strategy(blocks: u64, nlb_max: u32) -> impl Strategy<Value = Op> {
     let range = (0..blocks).prop_flat_map(move |slba| {
         (
             Just(slba),
-            1..=(blocks - slba).min(u64::from(max_nlb)) as u32,
+            1..=(blocks - slba).min(u64::from(nlb_max)) as u32,
         )
     });
     prop_oneof![
@@ -708,10 +708,10 @@ fn op_strategy(blocks: u64, max_nlb: u32) -> impl Strategy<Value = Op> {
 fn lba_and_ops() -> impl Strategy<Value = (u32, Vec<Op>)> {
     prop_oneof![Just(512u32), Just(4096u32)].prop_flat_map(|lba| {
         let blocks = NS_BYTES / u64::from(lba);
-        let max_nlb = (MDTS_BYTES / u64::from(lba)).min(64) as u32;
+        let nlb_max = (MDTS_BYTES / u64::from(lba)).min(64) as u32;
         (
             Just(lba),
-            proptest::collection::vec(op_strategy(blocks, max_nlb), 1..60),
+            proptest::collection::vec(op_strategy(blocks, nlb_max), 1..60),
         )
     })
 }

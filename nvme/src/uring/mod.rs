@@ -50,7 +50,7 @@ use crate::buf::IoBuf;
 use crate::device::{parse_size_bytes, size_text, SpecError};
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
-    MAX_QUEUE_DEPTH,
+    QUEUE_DEPTH_MAX,
 };
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
@@ -441,7 +441,7 @@ impl UringController {
                 nsid: 1,
                 lba_size_bytes: lba_bytes,
                 capacity_lbas: size_bytes / u64::from(lba_bytes),
-                max_transfer_bytes: URING_MAX_TRANSFER_BYTES,
+                transfer_bytes_max: URING_MAX_TRANSFER_BYTES,
             },
             mode,
             mode_note,
@@ -714,10 +714,10 @@ impl UringQueuePair {
         depth: usize,
         side_ring: bool,
     ) -> Result<UringQueuePair, QueuePairError> {
-        if depth == 0 || depth > MAX_QUEUE_DEPTH {
+        if depth == 0 || depth > QUEUE_DEPTH_MAX {
             return Err(QueuePairError::BadDepth {
                 depth,
-                max: MAX_QUEUE_DEPTH,
+                max: QUEUE_DEPTH_MAX,
             });
         }
         let entries = depth.next_power_of_two() as u32;
@@ -1079,7 +1079,7 @@ impl QueuePair for UringQueuePair {
         }
         let len_bytes = u64::from(cmd.nlb()) * u64::from(lba_bytes);
         let moves_data = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
-        if moves_data && len_bytes > u64::from(self.ns.max_transfer_bytes) {
+        if moves_data && len_bytes > u64::from(self.ns.transfer_bytes_max) {
             self.complete_locally(tag, Status::INVALID_FIELD);
             return Ok(());
         }

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::qpair::{Controller, QueuePair, QueuePairError, MAX_QUEUE_DEPTH};
+use crate::qpair::{Controller, QueuePair, QueuePairError, QUEUE_DEPTH_MAX};
 use crate::spec::{CompletionEntry, NamespaceInfo, Opcode, Status, SubmissionEntry};
 use crate::sys::EventFd;
 
@@ -50,16 +50,16 @@ pub const ADMIN_QUEUE_ENTRIES: u16 = 32;
 /// How long one admin command may take (generous: QEMU under software emulation is slow).
 pub const ADMIN_TIMEOUT_MS: u64 = 10_000;
 /// I/O queue pairs the driver asks the controller for (Set Features, Number of Queues).
-pub const MAX_IO_QUEUES: u16 = 63;
+pub const IO_QUEUES_MAX: u16 = 63;
 /// The largest transfer one command may move: the bounce pages of one command, and so the
 /// size of a slot's PRP list. The namespace reports min(MDTS, this).
-pub const MAX_TRANSFER_BYTES: u32 = 128 << 10;
-/// Bounce memory per queue pair is depth x MAX_TRANSFER_BYTES, capped at this: deep queues
+pub const TRANSFER_BYTES_MAX: u32 = 128 << 10;
+/// Bounce memory per queue pair is depth x TRANSFER_BYTES_MAX, capped at this: deep queues
 /// of small I/O share the pool, and a command that finds too few free pages is back-pressure
 /// ([`crate::SubmitError::QueueFull`]).
 pub const BOUNCE_POOL_BYTES_MAX: usize = 8 << 20;
 /// Longest wait for CSTS.RDY to follow CC.EN when CAP.TO says less (or nothing).
-const READY_TIMEOUT_MIN_MS: u64 = 2_000;
+const READY_TIMEOUT_MS_MIN: u64 = 2_000;
 
 /// Admin opcodes (Base spec, "Opcodes for Admin Commands").
 mod admin_op {
@@ -505,7 +505,7 @@ impl Inner {
     }
 
     fn wait_ready(&self, ready: bool) -> Result<(), VfioError> {
-        let timeout_ms = self.cap.timeout_ms.max(READY_TIMEOUT_MIN_MS);
+        let timeout_ms = self.cap.timeout_ms.max(READY_TIMEOUT_MS_MIN);
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         loop {
             let csts = self.bar.read32(regs::CSTS);
@@ -542,7 +542,7 @@ impl Inner {
         self.bar
             .write32(regs::CC, (cc & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL);
         let deadline =
-            Instant::now() + Duration::from_millis(self.cap.timeout_ms.max(READY_TIMEOUT_MIN_MS));
+            Instant::now() + Duration::from_millis(self.cap.timeout_ms.max(READY_TIMEOUT_MS_MIN));
         while self.bar.read32(regs::CSTS) & regs::CSTS_SHST_MASK != regs::CSTS_SHST_COMPLETE
             && Instant::now() < deadline
         {
@@ -573,7 +573,7 @@ impl Inner {
             regs::CC_IOSQES_64 | regs::CC_IOCQES_16 | regs::CC_EN,
         );
         self.wait_ready(true)?;
-        let want = u32::from(MAX_IO_QUEUES) - 1;
+        let want = u32::from(IO_QUEUES_MAX) - 1;
         let cmd = SubmissionEntry {
             opcode: admin_op::SET_FEATURES,
             cdw10: FEATURE_NUMBER_OF_QUEUES,
@@ -770,7 +770,7 @@ impl VfioController {
                 nsid: 1,
                 lba_size_bytes: 512,
                 capacity_lbas: 0,
-                max_transfer_bytes: MAX_TRANSFER_BYTES,
+                transfer_bytes_max: TRANSFER_BYTES_MAX,
             },
             identity: ControllerIdentity {
                 model: String::new(),
@@ -797,20 +797,20 @@ impl VfioController {
             let nsdata = admin.identify(&inner.bar, CNS_NAMESPACE, 1)?;
             let (capacity_lbas, lba_size_bytes) = parse_identify_namespace(&nsdata)
                 .map_err(|e| VfioError::Controller(format!("namespace 1: {e}")))?;
-            let max_transfer_bytes = identity.mdts_bytes.map_or(MAX_TRANSFER_BYTES, |m| {
-                m.min(u64::from(MAX_TRANSFER_BYTES)) as u32
+            let transfer_bytes_max = identity.mdts_bytes.map_or(TRANSFER_BYTES_MAX, |m| {
+                m.min(u64::from(TRANSFER_BYTES_MAX)) as u32
             });
             let ns = NamespaceInfo {
                 nsid: 1,
                 lba_size_bytes,
                 capacity_lbas,
-                max_transfer_bytes,
+                transfer_bytes_max,
             };
             (identity, ns)
         };
         inner.identity = identity;
         inner.ns = ns;
-        let mut queues = usize::from(MAX_IO_QUEUES).min(inner.bar.queues_mapped() - 1);
+        let mut queues = usize::from(IO_QUEUES_MAX).min(inner.bar.queues_mapped() - 1);
         if !inner.irqs.is_empty() {
             queues = queues.min(inner.irqs.len() - 1);
         }
@@ -846,11 +846,11 @@ impl VfioController {
 
     /// Creates an I/O queue pair (the concrete type; the trait method boxes it).
     pub fn queue_pair(&self, depth: usize) -> Result<VfioQueuePair, QueuePairError> {
-        if depth == 0 || depth > MAX_QUEUE_DEPTH || depth + 1 > self.inner.cap.mqes_entries as usize
+        if depth == 0 || depth > QUEUE_DEPTH_MAX || depth + 1 > self.inner.cap.mqes_entries as usize
         {
             return Err(QueuePairError::BadDepth {
                 depth,
-                max: MAX_QUEUE_DEPTH.min(self.inner.cap.mqes_entries as usize - 1),
+                max: QUEUE_DEPTH_MAX.min(self.inner.cap.mqes_entries as usize - 1),
             });
         }
         let qid = {
@@ -921,13 +921,13 @@ fn map_bar0(device: &OwnedFd) -> Result<regs::Bar, VfioError> {
     Ok(regs::Bar::new(map))
 }
 
-/// Routes every MSI-X vector (up to 1 + MAX_IO_QUEUES) to its own eventfd; none if the
+/// Routes every MSI-X vector (up to 1 + IO_QUEUES_MAX) to its own eventfd; none if the
 /// function has no MSI-X.
 fn setup_msix(device: &OwnedFd) -> Result<Vec<EventFd>, VfioError> {
     let info = sys::irq_info(device, sys::VFIO_PCI_MSIX_IRQ_INDEX)
         .map_err(os("reading the MSI-X interrupt info"))?;
     let count = (info.count as usize)
-        .min(usize::from(MAX_IO_QUEUES) + 1)
+        .min(usize::from(IO_QUEUES_MAX) + 1)
         .min(sys::MAX_IRQ_VECTORS);
     if count < 2 {
         return Ok(Vec::new());

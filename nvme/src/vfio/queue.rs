@@ -15,18 +15,18 @@ use std::sync::Arc;
 use super::dma::{DmaRegion, PagePool};
 use super::prp::{self, PAGE_BYTES};
 use super::sys::Gate;
-use super::{Inner, VfioError, MAX_TRANSFER_BYTES};
+use super::{Inner, VfioError, TRANSFER_BYTES_MAX};
 use crate::qpair::{Command, Completion, QueuePair, RecoveryError, SubmitError};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_DEAC,
     CDW12_FUA, DSM_ATTR_DEALLOCATE,
 };
 
-/// Bounce pages one command may take: MAX_TRANSFER_BYTES of 4 KiB pages.
-const MAX_PAGES_PER_COMMAND: usize = MAX_TRANSFER_BYTES as usize / PAGE_BYTES;
+/// Bounce pages one command may take: TRANSFER_BYTES_MAX of 4 KiB pages.
+const PAGES_PER_COMMAND_MAX: usize = TRANSFER_BYTES_MAX as usize / PAGE_BYTES;
 /// Bytes of PRP list per slot: one entry per page after the first (rounded to a power of
 /// two so a slot's list never crosses a page).
-const LIST_BYTES_PER_SLOT: usize = (MAX_PAGES_PER_COMMAND * 8).next_power_of_two();
+const LIST_BYTES_PER_SLOT: usize = (PAGES_PER_COMMAND_MAX * 8).next_power_of_two();
 const _: () = assert!(
     LIST_BYTES_PER_SLOT >= 16,
     "a slot's list also holds a DSM range"
@@ -37,7 +37,7 @@ const _: () = assert!(PAGE_BYTES.is_multiple_of(LIST_BYTES_PER_SLOT));
 struct Slot {
     busy: bool,
     tag: u64,
-    pages: [u32; MAX_PAGES_PER_COMMAND],
+    pages: [u32; PAGES_PER_COMMAND_MAX],
     npages: u8,
     /// For a Read: where the data goes once the command completes.
     read_dst: *mut u8,
@@ -47,7 +47,7 @@ struct Slot {
 const IDLE_SLOT: Slot = Slot {
     busy: false,
     tag: 0,
-    pages: [0; MAX_PAGES_PER_COMMAND],
+    pages: [0; PAGES_PER_COMMAND_MAX],
     npages: 0,
     read_dst: std::ptr::null_mut(),
     read_len_bytes: 0,
@@ -98,8 +98,8 @@ impl VfioQueuePair {
         let sq = DmaRegion::new(container, usize::from(entries) * 64)?;
         let cq = DmaRegion::new(container, usize::from(entries) * 16)?;
         let lists = DmaRegion::new(container, depth * LIST_BYTES_PER_SLOT)?;
-        let pool_bytes = (depth * MAX_TRANSFER_BYTES as usize)
-            .min(super::BOUNCE_POOL_BYTES_MAX.max(MAX_TRANSFER_BYTES as usize));
+        let pool_bytes = (depth * TRANSFER_BYTES_MAX as usize)
+            .min(super::BOUNCE_POOL_BYTES_MAX.max(TRANSFER_BYTES_MAX as usize));
         let bounce = DmaRegion::new(container, pool_bytes)?;
         let pages = (bounce.len_bytes() / PAGE_BYTES) as u32;
         let vector = (usize::from(qid) < ctrl.irqs.len()).then_some(qid);
@@ -307,7 +307,7 @@ impl QueuePair for VfioQueuePair {
             .free_cids
             .last()
             .expect("a free command id below depth");
-        if data_bytes > self.ns.max_transfer_bytes as usize {
+        if data_bytes > self.ns.transfer_bytes_max as usize {
             // What the controller answers a transfer over MDTS with; the bounce pages of one
             // command cannot hold it either.
             self.free_cids.pop();
@@ -338,7 +338,7 @@ impl QueuePair for VfioQueuePair {
         match opcode {
             Opcode::Read | Opcode::Write => {
                 let npages = prp::pages_spanned(0, data_bytes);
-                let mut iovas = [0u64; MAX_PAGES_PER_COMMAND];
+                let mut iovas = [0u64; PAGES_PER_COMMAND_MAX];
                 let direct = self
                     .ctrl
                     .pool
@@ -378,7 +378,7 @@ impl QueuePair for VfioQueuePair {
                     slot.read_dst = cmd.buf_ptr();
                     slot.read_len_bytes = data_bytes;
                 }
-                let mut list = [0u64; MAX_PAGES_PER_COMMAND];
+                let mut list = [0u64; PAGES_PER_COMMAND_MAX];
                 let (prp1, prp2) =
                     prp::build(&iovas[..npages], 0, data_bytes, &mut list, list_iova)
                         .expect("page-aligned pool or bounce pages always make valid PRPs");
