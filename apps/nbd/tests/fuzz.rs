@@ -1,5 +1,5 @@
 //! Fuzzing the NBD handshake and request parser: proptest mutates the seed streams of
-//! `nbd/fuzz-corpus/` (and makes up streams of its own) and feeds them to a [`Session`] in
+//! `apps/nbd/fuzz-corpus/` (and makes up streams of its own) and feeds them to a [`Session`] in
 //! random chunks. Whatever the bytes, the session must not panic, must consume only what it
 //! was given and at least one byte per event, must say the same things whether the stream
 //! comes whole or in pieces, and must only ever hand out requests that are in range,
