@@ -6,9 +6,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use hypoll_nvme::{DeviceSpec, SyncIo};
+//! use hypoll_nvme::{DeviceConfig, SyncIo};
 //!
-//! let ctrl = "emu:optane,size=64M".parse::<DeviceSpec>()?.open()?;
+//! let ctrl = "emu:optane,size=64M".parse::<DeviceConfig>()?.open()?;
 //! let mut qp = ctrl.create_queue_pair(32)?;
 //! let mut io = SyncIo::new(&mut *qp, Duration::from_secs(1));
 //! io.write(8, &[0xab; 4096])?;
@@ -21,6 +21,7 @@
 
 pub mod buf;
 pub mod clock;
+pub mod config;
 pub mod device;
 pub mod emu;
 pub mod null;
@@ -34,7 +35,8 @@ pub mod vfio;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
-pub use device::{parse_size_bytes, DeviceSpec, SpecError};
+pub use config::{parse_size_bytes, ConfigError};
+pub use device::DeviceConfig;
 pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::device::size_text;
+use crate::config::size_text;
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, QUEUE_DEPTH_MAX,
 };

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use crate::device::parse_size_bytes;
+use crate::config::parse_size_bytes;
 
 /// Smallest chunk (and alignment of every chunk).
 const CHUNK_BYTES_MIN: usize = 4096;

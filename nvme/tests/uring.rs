@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hypoll_nvme::{
-    wait_readable, Command, CompletionMode, Controller, DeviceSpec, IoBuf, IoError, QueuePair,
+    wait_readable, Command, CompletionMode, Controller, DeviceConfig, IoBuf, IoError, QueuePair,
     Status, SubmitError, SyncIo, TaskRun, UringConfig, UringController,
 };
 use rand::{Rng, SeedableRng};
@@ -42,7 +42,7 @@ fn data_file(blocks: usize, seed: u64) -> DataFile {
 }
 
 fn open(spec: &str) -> std::io::Result<std::sync::Arc<dyn Controller>> {
-    spec.parse::<DeviceSpec>().expect("spec parses").open()
+    spec.parse::<DeviceConfig>().expect("spec parses").open()
 }
 
 fn open_err(cfg: &UringConfig) -> String {
@@ -346,10 +346,10 @@ fn opening_errors_name_the_problem_and_the_fix() {
     );
 
     // Parse errors name the key.
-    let e = "uring:".parse::<DeviceSpec>().unwrap_err().to_string();
+    let e = "uring:".parse::<DeviceConfig>().unwrap_err().to_string();
     assert!(e.contains("path"), "{e}");
     let e = "uring:/x,direct=maybe"
-        .parse::<DeviceSpec>()
+        .parse::<DeviceConfig>()
         .unwrap_err()
         .to_string();
     assert!(e.contains("direct") && e.contains("0 or 1"), "{e}");

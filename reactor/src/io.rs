@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypoll_nvme::{Controller, DeviceSpec, IoBuf, Status, SubmitError};
+use hypoll_nvme::{Controller, DeviceConfig, IoBuf, Status, SubmitError};
 use hypoll_policy::{DeviceStats, StatsConfigError};
 
 /// A device as reactors share it: its controller and its shared completion statistics (each
@@ -25,7 +25,7 @@ impl Device {
 
     /// Opens a device from a spec string (`emu:optane`, `null`).
     pub fn open(spec: &str) -> Result<Device, DeviceError> {
-        let parsed: DeviceSpec = spec
+        let parsed: DeviceConfig = spec
             .parse()
             .map_err(|e| DeviceError::Spec(format!("{e}")))?;
         let ctrl = parsed
@@ -43,7 +43,7 @@ impl Device {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("device spec: {0}")]
+    #[error("device string: {0}")]
     Spec(String),
     #[error("opening {0}: {1}")]
     Open(String, String),

@@ -106,7 +106,7 @@ impl Default for SimConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimReport {
     pub seed: u64,
-    /// What the seed drew: device spec, queue depth, step, recovery support.
+    /// What the seed drew: device string, queue depth, step, recovery support.
     pub shape: String,
     pub ios: u64,
     pub io_errors: u64,
@@ -487,9 +487,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         seed,
         message: format!("{message} [{shape}]"),
     };
-    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceSpec>() {
-        Ok(hypoll_nvme::DeviceSpec::Emu(c)) => c,
-        other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
+    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceConfig>() {
+        Ok(hypoll_nvme::DeviceConfig::Emu(c)) => c,
+        other => return Err(fail(format!("bad device string {spec}: {other:?}"))),
     };
     let vclock = VirtualClock::new(1_000_000_000);
     let ctrl = EmuController::with_clock(emu_cfg, Clock::Virtual(vclock.clone()))
@@ -1027,9 +1027,9 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
         seed,
         message: format!("{message} [{shape}]"),
     };
-    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceSpec>() {
-        Ok(hypoll_nvme::DeviceSpec::Emu(c)) => c,
-        other => return Err(fail(format!("bad device spec {spec}: {other:?}"))),
+    let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceConfig>() {
+        Ok(hypoll_nvme::DeviceConfig::Emu(c)) => c,
+        other => return Err(fail(format!("bad device string {spec}: {other:?}"))),
     };
     let ctrl = EmuController::new(emu_cfg).map_err(|e| fail(format!("{spec}: {e}")))?;
     let device = device_for(&ctrl, abort, reset);

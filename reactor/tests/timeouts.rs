@@ -162,9 +162,9 @@ fn a_device_that_cannot_abort_or_reset_gets_its_commands_abandoned_and_quarantin
     let _serial = serial();
     let ctrl = EmuController::new(
         "emu:optane,size=16M,lost_pct=100"
-            .parse::<hypoll_nvme::DeviceSpec>()
+            .parse::<hypoll_nvme::DeviceConfig>()
             .map(|s| match s {
-                hypoll_nvme::DeviceSpec::Emu(cfg) => cfg,
+                hypoll_nvme::DeviceConfig::Emu(cfg) => cfg,
                 _ => unreachable!(),
             })
             .unwrap(),
@@ -265,10 +265,10 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
     // with a reason that says retrying is pointless.
     let ctrl = EmuController::new(
         match "emu:optane,size=16M,lost_pct=100"
-            .parse::<hypoll_nvme::DeviceSpec>()
+            .parse::<hypoll_nvme::DeviceConfig>()
             .unwrap()
         {
-            hypoll_nvme::DeviceSpec::Emu(cfg) => cfg,
+            hypoll_nvme::DeviceConfig::Emu(cfg) => cfg,
             _ => unreachable!(),
         },
     )

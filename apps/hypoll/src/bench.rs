@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
-use hypoll_nvme::{DeviceSpec, IoBuf};
+use hypoll_nvme::{DeviceConfig, IoBuf};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Reactor, ReactorConfig, ReactorSet,
 };
@@ -69,7 +69,7 @@ impl std::fmt::Display for Rw {
 /// Everything one run needs.
 #[derive(Clone, Debug)]
 pub struct Workload {
-    pub device: DeviceSpec,
+    pub device: DeviceConfig,
     /// What the opened device says of itself (for io_uring: how completions are found).
     pub device_described: String,
     pub rw: Rw,

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use hypoll_nvme::{emu::config::profile_descriptions, parse_size_bytes, DeviceSpec};
+use hypoll_nvme::{emu::config::profile_descriptions, parse_size_bytes, DeviceConfig};
 use hypoll_reactor::CoreList;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -97,7 +97,7 @@ struct BenchArgs {
     /// Device spec: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
     /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
-    device: DeviceSpec,
+    device: DeviceConfig,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus
     /// oracle on an emulated device). See `hypoll policies`.
     #[arg(long = "policy", value_name = "SPEC", value_parser = parse_policy)]
@@ -138,7 +138,7 @@ struct BenchArgs {
     verify: bool,
 }
 
-fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+fn parse_device(s: &str) -> Result<DeviceConfig, String> {
     s.parse().map_err(|e| format!("{e}"))
 }
 
@@ -226,7 +226,7 @@ fn main() -> ExitCode {
 }
 
 fn bench_command(args: BenchArgs) -> ExitCode {
-    let emulated = matches!(args.device, DeviceSpec::Emu(_));
+    let emulated = matches!(args.device, DeviceConfig::Emu(_));
     let mut policies = args.policies.clone();
     if policies.is_empty() {
         policies = DEFAULT_POLICIES.iter().map(|p| p.to_string()).collect();

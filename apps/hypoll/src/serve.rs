@@ -99,7 +99,7 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
     if name.is_empty() {
         return Err(format!("{s:?}: the export name is empty"));
     }
-    spec.parse::<hypoll_nvme::DeviceSpec>()
+    spec.parse::<hypoll_nvme::DeviceConfig>()
         .map_err(|e| format!("export {name}: {e}"))?;
     Ok((name.to_string(), spec.to_string()))
 }

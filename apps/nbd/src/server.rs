@@ -145,7 +145,7 @@ impl fmt::Display for ListenAddr {
 /// How to run a server.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// (name, device spec), in order; the first is the default export.
+    /// (name, device string), in order; the first is the default export.
     pub exports: Vec<(String, String)>,
     pub listen: ListenAddr,
     pub cores: Option<CoreList>,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::device::{parse_size_bytes, size_text, SpecError};
+use crate::config::{parse_size_bytes, size_text, ConfigError};
 
 /// Where the emulated namespace keeps its data.
 #[derive(Clone, Debug, PartialEq)]
@@ -279,15 +279,13 @@ impl Key {
 impl EmuConfig {
     /// The named profile with default namespace settings: 64 GiB, 512-byte blocks, 128 KiB
     /// MDTS, sparse memory, faults off, seed 1.
-    pub fn profile(name: &str) -> Result<EmuConfig, SpecError> {
-        let p =
-            PROFILES
-                .iter()
-                .find(|p| p.name == name)
-                .ok_or_else(|| SpecError::UnknownProfile {
-                    name: name.to_string(),
-                    accepted: profile_names().join(", "),
-                })?;
+    pub fn profile(name: &str) -> Result<EmuConfig, ConfigError> {
+        let p = PROFILES.iter().find(|p| p.name == name).ok_or_else(|| {
+            ConfigError::UnknownProfile {
+                name: name.to_string(),
+                accepted: profile_names().join(", "),
+            }
+        })?;
         Ok(EmuConfig {
             profile: p.name,
             read_us: p.read_us,
@@ -329,15 +327,15 @@ impl EmuConfig {
 
     /// Applies one `key=value` override. The value is checked as [`EmuConfig::validate`]
     /// checks it; a bad one leaves the configuration unchanged.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), SpecError> {
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         let Some(k) = Key::from_name(key) else {
-            return Err(SpecError::UnknownKey {
+            return Err(ConfigError::UnknownKey {
                 device: "emu".to_string(),
                 key: key.to_string(),
                 accepted: EMU_KEYS.join(", "),
             });
         };
-        let bad = || SpecError::BadValue {
+        let bad = || ConfigError::BadValue {
             key: key.to_string(),
             value: value.to_string(),
             expected: k.expected().to_string(),
@@ -453,16 +451,16 @@ impl EmuConfig {
     /// checks it), a known profile, and what no single key can check: the size against the
     /// block size and the backing, MDTS against the block size.
     /// [`EmuController::with_clock`](super::EmuController::with_clock) calls it.
-    pub fn validate(&self) -> Result<(), SpecError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !PROFILES.iter().any(|p| p.name == self.profile) {
-            return Err(SpecError::UnknownProfile {
+            return Err(ConfigError::UnknownProfile {
                 name: self.profile.to_string(),
                 accepted: profile_names().join(", "),
             });
         }
         for k in KEYS {
             if !self.accepts(k) {
-                return Err(SpecError::BadValue {
+                return Err(ConfigError::BadValue {
                     key: k.name().to_string(),
                     value: self.value_text(k),
                     expected: k.expected().to_string(),
@@ -470,21 +468,21 @@ impl EmuConfig {
             }
         }
         if !self.size_bytes.is_multiple_of(u64::from(self.lba_bytes)) {
-            return Err(SpecError::BadValue {
+            return Err(ConfigError::BadValue {
                 key: "size".to_string(),
                 value: self.size_bytes.to_string(),
                 expected: format!("a multiple of the block size ({} bytes)", self.lba_bytes),
             });
         }
         if self.mdts_bytes < self.lba_bytes {
-            return Err(SpecError::BadValue {
+            return Err(ConfigError::BadValue {
                 key: "mdts".to_string(),
                 value: self.mdts_bytes.to_string(),
                 expected: format!("at least one block ({} bytes)", self.lba_bytes),
             });
         }
         if !matches!(self.backing, Backing::File(_)) && self.size_bytes > MAX_MEMORY_BACKED_BYTES {
-            return Err(SpecError::BadValue {
+            return Err(ConfigError::BadValue {
                 key: "size".to_string(),
                 value: self.size_bytes.to_string(),
                 expected: format!(
@@ -546,8 +544,8 @@ mod tests {
     }
 
     fn parse(spec: &str) -> EmuConfig {
-        match spec.parse::<crate::DeviceSpec>().unwrap() {
-            crate::DeviceSpec::Emu(cfg) => cfg,
+        match spec.parse::<crate::DeviceConfig>().unwrap() {
+            crate::DeviceConfig::Emu(cfg) => cfg,
             other => panic!("not emu: {other:?}"),
         }
     }
@@ -591,9 +589,9 @@ mod tests {
             let text = cfg.to_string();
             assert_eq!(parse(&text), cfg, "{text}");
             assert_eq!(
-                crate::DeviceSpec::Emu(cfg.clone()).to_string(),
+                crate::DeviceConfig::Emu(cfg.clone()).to_string(),
                 text,
-                "DeviceSpec says the same"
+                "DeviceConfig says the same"
             );
         }
     }

@@ -13,8 +13,8 @@ use crate::sync::{IoError, SyncIo};
 use crate::sys::{monotonic_ns, wait_readable};
 
 fn cfg(spec: &str) -> EmuConfig {
-    match spec.parse::<crate::DeviceSpec>().unwrap() {
-        crate::DeviceSpec::Emu(cfg) => cfg,
+    match spec.parse::<crate::DeviceConfig>().unwrap() {
+        crate::DeviceConfig::Emu(cfg) => cfg,
         other => panic!("not emu: {other:?}"),
     }
 }

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::buf::IoBuf;
-use crate::device::{parse_size_bytes, size_text, SpecError};
+use crate::config::{parse_size_bytes, size_text, ConfigError};
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
     QUEUE_DEPTH_MAX,
@@ -161,8 +161,8 @@ impl UringConfig {
     }
 
     /// Sets one `key=value` of the spec.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), SpecError> {
-        let bad = |expected: &str| SpecError::BadValue {
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let bad = |expected: &str| ConfigError::BadValue {
             key: key.to_string(),
             value: value.to_string(),
             expected: expected.to_string(),
@@ -207,7 +207,7 @@ impl UringConfig {
                 }
             }
             _ => {
-                return Err(SpecError::UnknownKey {
+                return Err(ConfigError::UnknownKey {
                     device: "uring".into(),
                     key: key.into(),
                     accepted: URING_KEYS.join(", "),
@@ -1333,15 +1333,15 @@ mod tests {
         assert_eq!(cfg.taskrun, TaskRun::Defer);
         assert!(matches!(
             cfg.set("taskrun", "later"),
-            Err(SpecError::BadValue { .. })
+            Err(ConfigError::BadValue { .. })
         ));
         assert!(matches!(
             cfg.set("iopoll", "sometimes"),
-            Err(SpecError::BadValue { .. })
+            Err(ConfigError::BadValue { .. })
         ));
         assert!(matches!(
             cfg.set("depth", "4"),
-            Err(SpecError::UnknownKey { .. })
+            Err(ConfigError::UnknownKey { .. })
         ));
     }
 

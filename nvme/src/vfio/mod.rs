@@ -875,7 +875,7 @@ impl Controller for VfioController {
             Ok(w) => format!(
                 "{} (zero-copy for buffers in the {} pinned pool, bounce pages otherwise)",
                 self.inner.cfg,
-                crate::device::size_text(w.len_bytes() as u64)
+                crate::config::size_text(w.len_bytes() as u64)
             ),
             Err(why) => format!("{} (bounce pages only: {why})", self.inner.cfg),
         }

@@ -137,7 +137,7 @@ fn this_host_gets_the_error_its_setup_calls_for() {
     // Opening through the spec on the real /sys and /dev: the build machines have no
     // IOMMU, so this fails, with the message for the first thing missing here.
     let bdf = "0000:00:04.0";
-    let spec: crate::DeviceSpec = format!("vfio:{bdf}").parse().unwrap();
+    let spec: crate::DeviceConfig = format!("vfio:{bdf}").parse().unwrap();
     let dev = Path::new("/sys/bus/pci/devices").join(bdf);
     let driver = link_name(&dev.join("driver"));
     let expected = if !dev.exists() {
