@@ -1,10 +1,11 @@
-//! Host-side tests of the VFIO driver: everything that needs no IOMMU (spec parsing, the
+//! Host-side tests of the VFIO driver: everything that needs no IOMMU (device-string parsing, the
 //! sysfs checks and their messages on a fake sysfs tree, Identify decoding). The driver
 //! against a real controller is tested in a QEMU guest by scripts/vfio-guest.
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
+use super::sysfs::link_name;
 use super::*;
 
 #[test]
