@@ -1,6 +1,6 @@
-//! Host-side tests of the VFIO driver: everything that needs no IOMMU (device-string parsing, the
-//! sysfs checks and their messages on a fake sysfs tree, Identify decoding). The driver
-//! against a real controller is tested in a QEMU guest by scripts/vfio-guest.
+//! Host-side tests of the VFIO driver: everything that needs no IOMMU (device-string
+//! parsing, the sysfs checks and their messages on a fake sysfs tree, Identify decoding).
+//! The driver against a real controller is tested in a QEMU guest by scripts/vfio-guest.
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
