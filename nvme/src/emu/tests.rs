@@ -6,9 +6,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::engine::SlotState;
 use super::*;
 use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
+use crate::qpair::{Command, Completion, SubmitError};
+use crate::spec::{
+    CompletionEntry, DsmRange, Opcode, Status, SubmissionEntry, DSM_ATTR_DEALLOCATE,
+};
 use crate::sync::{IoError, SyncIo};
 use crate::sys::{monotonic_ns, wait_readable};
 
