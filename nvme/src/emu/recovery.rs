@@ -13,7 +13,8 @@ impl EmuQueuePair {
     /// command outstanding on it, pending or lost, completes with "Command Aborted due to SQ
     /// Deletion", and its internal units are idle again. Returns how many were aborted.
     /// Their completion entries are visible to the next poll; an armed interrupt fires.
-    /// [`EmuController::reset`](super::EmuController::reset) resets every queue pair of the controller.
+    /// [`EmuController::reset`](super::EmuController::reset) resets every queue pair of the
+    /// controller.
     pub fn reset(&mut self) -> usize {
         self.resets += 1;
         self.pending.clear();
