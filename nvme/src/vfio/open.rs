@@ -196,7 +196,7 @@ fn setup_msix(device: &OwnedFd) -> Result<Vec<EventFd>, VfioError> {
         .map_err(os("reading the MSI-X interrupt info"))?;
     let count = (info.count as usize)
         .min(usize::from(IO_QUEUES_MAX) + 1)
-        .min(sys::MAX_IRQ_VECTORS);
+        .min(sys::IRQ_VECTORS_MAX);
     if count < 2 {
         return Ok(Vec::new());
     }
