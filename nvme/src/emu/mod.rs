@@ -6,12 +6,12 @@
 //! completion ring with the current phase tag, flipping the phase on every wrap; the host
 //! reaps entries whose phase matches the one it expects and rings the head doorbell.
 //!
-//! There is no device thread (on a 2-core machine it would steal the core being measured):
-//! the controller does its work when the host touches it. Fetching happens on the doorbell
-//! write, and posting happens when the host polls: every command whose deadline has passed
-//! is posted before the host reads the completion ring, so a completion entry becomes
-//! visible exactly when the model says the command is done, and never earlier. Data moves
-//! at that moment too, as a device's DMA precedes its completion entry.
+//! There is no device thread (it would compete with the reactors for the cores being
+//! measured): the controller does its work when the host touches it. Fetching happens on
+//! the doorbell write, and posting happens when the host polls: every command whose
+//! deadline has passed is posted before the host reads the completion ring, so a completion
+//! entry becomes visible exactly when the model says the command is done, and never
+//! earlier. Data moves at that moment too, as a device's DMA precedes its completion entry.
 //!
 //! Interrupts: a CLOCK_MONOTONIC timerfd armed at the earliest pending deadline, so a
 //! thread can block on it as a driver blocks on an MSI-X eventfd.
@@ -211,7 +211,7 @@ impl EmuController {
 }
 
 impl Controller for EmuController {
-    /// The configuration's canonical spec string (see `EmuConfig`'s `Display`).
+    /// The configuration's canonical device string (see `EmuConfig`'s `Display`).
     fn describe(&self) -> String {
         self.shared.cfg.to_string()
     }

@@ -12,7 +12,7 @@ use crate::spec::{Opcode, Status};
 use crate::sync::SyncIo;
 
 #[test]
-fn spec_keys_parse_and_print_back() {
+fn device_string_keys_parse_and_print_back() {
     let mut cfg = UringConfig::new("/tmp/disk.img");
     assert_eq!(cfg.to_string(), "uring:/tmp/disk.img");
     cfg.set("direct", "0").unwrap();
@@ -52,8 +52,9 @@ fn wait_one(qp: &mut UringQueuePair) -> (u64, Status) {
 }
 
 /// Polled modes put Flush, Write Zeroes, Deallocate and their aborts on a side ring,
-/// which an IOPOLL ring cannot carry. This VM's disk has no polled mode, so the side
-/// ring is forced here on an interrupt-mode queue pair, which then wakes on either ring.
+/// which an IOPOLL ring cannot carry. A test machine's disk seldom has a polled mode, so the
+/// side ring is forced here on an interrupt-mode queue pair, which then wakes on either
+/// ring.
 #[test]
 fn the_side_ring_carries_every_command_but_reads_and_writes() {
     const LBA: usize = 4096;

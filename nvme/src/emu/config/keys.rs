@@ -200,7 +200,7 @@ impl EmuConfig {
         }
     }
 
-    /// The value of `k` as a spec string writes it (parsing it back gives the same value).
+    /// The value of `k` as a device string writes it (parsing it back gives the same value).
     pub(super) fn value_text(&self, k: Key) -> String {
         match k {
             Key::ReadUs => self.read_us.to_string(),

@@ -34,7 +34,7 @@ pub enum Backing {
 }
 
 /// The latency model's parameters, and the namespace shape. Times in microseconds where the
-/// spec string uses them, to match how drives are specified.
+/// device string uses them, to match how drives are specified.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmuConfig {
     /// Profile the parameters started from.
@@ -127,7 +127,7 @@ impl EmuConfig {
     }
 
     /// Checks every parameter, so a configuration built as a struct is held to the same
-    /// bounds as one parsed from a spec string: each key's range (as [`EmuConfig::set`]
+    /// bounds as one parsed from a device string: each key's range (as [`EmuConfig::set`]
     /// checks it), a known profile, and what no single key can check: the size against the
     /// block size and the backing, MDTS against the block size.
     /// [`EmuController::with_clock`](super::EmuController::with_clock) calls it.
@@ -175,7 +175,7 @@ impl EmuConfig {
     }
 }
 
-/// The canonical spec string: `emu:<profile>` followed by every key whose value differs
+/// The canonical device string: `emu:<profile>` followed by every key whose value differs
 /// from the profile's default, in [`EMU_KEYS`] order (`emu:nand,read_us=23,size=8G`).
 /// Parsing it gives back an equal configuration. Controllers describe themselves with it.
 impl fmt::Display for EmuConfig {

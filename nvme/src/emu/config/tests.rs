@@ -28,15 +28,15 @@ fn every_profile_resolves_and_overrides_apply() {
     assert_eq!(cfg.backing, Backing::File("/tmp/x.img".into()));
 }
 
-fn parse(spec: &str) -> EmuConfig {
-    match spec.parse::<crate::DeviceConfig>().unwrap() {
+fn parse(text: &str) -> EmuConfig {
+    match text.parse::<crate::DeviceConfig>().unwrap() {
         crate::DeviceConfig::Emu(cfg) => cfg,
         other => panic!("not emu: {other:?}"),
     }
 }
 
 #[test]
-fn spec_strings_name_the_profile_and_what_differs_from_it() {
+fn device_strings_name_the_profile_and_what_differs_from_it() {
     assert_eq!(
         EmuConfig::profile("optane").unwrap().to_string(),
         "emu:optane"
@@ -52,7 +52,7 @@ fn spec_strings_name_the_profile_and_what_differs_from_it() {
 }
 
 #[test]
-fn spec_strings_round_trip() {
+fn device_strings_round_trip() {
     let mut odd = EmuConfig::profile("zssd").unwrap();
     odd.read_us = 0.1 + 0.2; // not exactly 0.3: the text must carry every bit
     odd.jitter = 1.0 / 3.0;
@@ -102,7 +102,7 @@ fn keys_and_their_names_agree() {
     assert_eq!(Key::from_name("colour"), None);
 }
 
-/// Each bound, as a spec string meets it and as a struct-built configuration meets it:
+/// Each bound, as a device string meets it and as a struct-built configuration meets it:
 /// `set` refuses the value (and leaves the configuration unchanged), `validate` names
 /// the key.
 #[test]
