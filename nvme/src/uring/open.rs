@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 
-use super::queue::deferred_ring;
+use super::ring::deferred_ring;
 use super::{
     sys, CompletionMode, IopollMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
     URING_TRANSFER_BYTES_MAX,

@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
@@ -13,6 +12,7 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, IoUring};
 
 use super::command::{data_entry, status_of, InFlight, Zeroing};
+use super::ring::{deferred_ring, enter, transient};
 use super::{sys, CompletionMode};
 use crate::qpair::{
     Command, Completion, QueuePair, QueuePairError, RecoveryError, SubmitError, QUEUE_DEPTH_MAX,
@@ -22,16 +22,6 @@ use crate::sys::EventFd;
 
 /// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;
-
-/// A ring whose task work waits for `io_uring_enter` with GETEVENTS, and which flags pending
-/// work in the submission ring (`IORING_SQ_TASKRUN`). One thread only, as every queue pair.
-pub(super) fn deferred_ring(entries: u32) -> io::Result<IoUring> {
-    IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .setup_taskrun_flag()
-        .build(entries)
-}
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
 /// `fsync`, `fallocate` and `ASYNC_CANCEL` with EINVAL on a ring set up with IOPOLL, so
@@ -365,28 +355,6 @@ impl UringQueuePair {
 
 /// Completions taken from a ring at a time, into a buffer on the stack.
 const REAP_BATCH: usize = 32;
-
-/// Enters the entries pushed on `ring` (`unsubmitted` of them), if any.
-fn enter(ring: &mut IoUring, unsubmitted: &mut usize) {
-    if *unsubmitted == 0 {
-        return;
-    }
-    match ring.submit() {
-        Ok(n) => *unsubmitted -= n.min(*unsubmitted),
-        // Transient: the kernel is short of memory or completions; the next poll retries.
-        Err(e) if transient(&e) => {}
-        Err(e) => panic!("io_uring_enter failed on a valid ring: {e}"),
-    }
-}
-
-/// An `io_uring_enter` failure that the next call may not repeat: the kernel was short of
-/// memory or completion space, or a signal interrupted the call.
-fn transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
-    )
-}
 
 impl QueuePair for UringQueuePair {
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
