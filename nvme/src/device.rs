@@ -1,4 +1,4 @@
-//! Device spec strings, parsed in one place: `emu:optane`,
+//! Device strings, parsed in one place: `emu:optane`,
 //! `emu:nand,read_us=23,jitter=0.3,seed=7`, `emu:optane,backing=file:/path,size=8G`, `null`,
 //! `null,size=1T,lba=4096`, `vfio:0000:00:04.0`.
 
@@ -45,8 +45,8 @@ impl DeviceConfig {
 impl FromStr for DeviceConfig {
     type Err = ConfigError;
 
-    fn from_str(spec: &str) -> Result<DeviceConfig, ConfigError> {
-        let mut items = spec.trim().split(',');
+    fn from_str(text: &str) -> Result<DeviceConfig, ConfigError> {
+        let mut items = text.trim().split(',');
         let head = items.next().unwrap_or_default();
         if head.is_empty() {
             return Err(ConfigError::Empty);
@@ -167,8 +167,8 @@ fn set_null(cfg: &mut NullConfig, key: &str, value: &str) -> Result<(), ConfigEr
     Ok(())
 }
 
-/// The canonical spec string: the device and every key that differs from its default.
-/// Parsing it gives back an equal spec.
+/// The canonical device string: the device and every key that differs from its default.
+/// Parsing it gives back an equal configuration.
 impl fmt::Display for DeviceConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -186,16 +186,16 @@ mod tests {
     use crate::emu::Backing;
 
     #[test]
-    fn null_spec_strings_round_trip() {
+    fn null_device_strings_round_trip() {
         for text in ["null", "null,size=1G,lba=4096", "null,mdts=4K,queues=2"] {
-            let spec: DeviceConfig = text.parse().unwrap();
-            assert_eq!(spec.to_string(), text);
-            assert_eq!(spec.to_string().parse::<DeviceConfig>().unwrap(), spec);
+            let device: DeviceConfig = text.parse().unwrap();
+            assert_eq!(device.to_string(), text);
+            assert_eq!(device.to_string().parse::<DeviceConfig>().unwrap(), device);
         }
     }
 
     #[test]
-    fn the_issue_examples_parse() {
+    fn the_documented_examples_parse() {
         let DeviceConfig::Emu(cfg) = "emu:optane".parse().unwrap() else {
             panic!("emu")
         };
@@ -257,14 +257,14 @@ mod tests {
     }
 
     #[test]
-    fn vfio_specs_parse_and_print() {
-        let spec: DeviceConfig = "vfio:0000:00:04.0".parse().unwrap();
-        let DeviceConfig::Vfio(cfg) = &spec else {
+    fn vfio_device_strings_parse_and_print() {
+        let device: DeviceConfig = "vfio:0000:00:04.0".parse().unwrap();
+        let DeviceConfig::Vfio(cfg) = &device else {
             panic!("vfio")
         };
         assert_eq!(cfg.bdf, "0000:00:04.0");
-        assert_eq!(spec.to_string(), "vfio:0000:00:04.0");
-        assert_eq!("vfio:00:04.0".parse::<DeviceConfig>().unwrap(), spec);
+        assert_eq!(device.to_string(), "vfio:0000:00:04.0");
+        assert_eq!("vfio:00:04.0".parse::<DeviceConfig>().unwrap(), device);
         let err = |s: &str| s.parse::<DeviceConfig>().unwrap_err().to_string();
         let e = err("vfio:nvme0");
         assert!(e.contains("nvme0") && e.contains("PCI address"), "{e}");

@@ -2,7 +2,7 @@
 //! device implements, the emulated NVMe controller (the project's default device) and the
 //! zero-latency `null` device.
 //!
-//! Open a device from a spec string and drive it one command at a time:
+//! Open a device from a device string and drive it one command at a time:
 //!
 //! ```
 //! use std::time::Duration;

@@ -37,7 +37,7 @@ impl Default for NullConfig {
 /// Keys `null` accepts.
 pub const NULL_KEYS: &[&str] = &["size", "lba", "mdts", "queues"];
 
-/// The canonical spec string: `null` and every key that differs from its default
+/// The canonical device string: `null` and every key that differs from its default
 /// (`null,size=1G,lba=4096`).
 impl fmt::Display for NullConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -335,7 +335,7 @@ pub enum QueuePairError {
 /// A controller with one namespace: shared by every reactor (hence `Send + Sync`), it hands
 /// out one queue pair per reactor.
 pub trait Controller: Send + Sync {
-    /// A short description, as a spec string would name it (`emu:optane`, `null`).
+    /// A short description, as a device string would name it (`emu:optane`, `null`).
     fn describe(&self) -> String;
 
     fn namespace(&self) -> NamespaceInfo;

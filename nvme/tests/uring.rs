@@ -41,8 +41,11 @@ fn data_file(blocks: usize, seed: u64) -> DataFile {
     }
 }
 
-fn open(spec: &str) -> std::io::Result<std::sync::Arc<dyn Controller>> {
-    spec.parse::<DeviceConfig>().expect("spec parses").open()
+fn open(device: &str) -> std::io::Result<std::sync::Arc<dyn Controller>> {
+    device
+        .parse::<DeviceConfig>()
+        .expect("device string parses")
+        .open()
 }
 
 fn open_err(cfg: &UringConfig) -> String {

@@ -6,22 +6,27 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::engine::SlotState;
 use super::*;
 use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
+use crate::qpair::{Command, Completion, SubmitError};
+use crate::spec::{
+    CompletionEntry, DsmRange, Opcode, Status, SubmissionEntry, DSM_ATTR_DEALLOCATE,
+};
 use crate::sync::{IoError, SyncIo};
 use crate::sys::{monotonic_ns, wait_readable};
 
-fn cfg(spec: &str) -> EmuConfig {
-    match spec.parse::<crate::DeviceConfig>().unwrap() {
+fn cfg(device: &str) -> EmuConfig {
+    match device.parse::<crate::DeviceConfig>().unwrap() {
         crate::DeviceConfig::Emu(cfg) => cfg,
         other => panic!("not emu: {other:?}"),
     }
 }
 
-fn virtual_controller(spec: &str) -> (EmuController, VirtualClock) {
+fn virtual_controller(device: &str) -> (EmuController, VirtualClock) {
     let clock = VirtualClock::new(1_000_000);
-    let ctrl = EmuController::with_clock(cfg(spec), Clock::Virtual(clock.clone())).unwrap();
+    let ctrl = EmuController::with_clock(cfg(device), Clock::Virtual(clock.clone())).unwrap();
     (ctrl, clock)
 }
 
@@ -239,10 +244,10 @@ const Z50: f64 = 0.0;
 const Z90: f64 = 1.281_551_565_5;
 const Z99: f64 = 2.326_347_874;
 
-/// The issue's absolute figures for 4 KiB I/O at queue depth 1, in microseconds: for each
-/// profile and direction, (quantile, lowest, highest). They pin the profiles to the drives
-/// they model, whatever their parameters become.
-const ISSUE_FIGURES_US: &[(&str, &str, f64, f64, f64)] = &[
+/// The modelled drives' published figures for 4 KiB I/O at queue depth 1, in microseconds:
+/// for each profile and direction, (quantile, lowest, highest). They pin the profiles to the
+/// drives they model, whatever their parameters become.
+const DRIVE_FIGURES_US: &[(&str, &str, f64, f64, f64)] = &[
     ("optane", "read", 0.50, 8.0, 10.0),
     ("optane", "read", 0.99, 10.0, 12.0),
     ("p5800x", "read", 0.50, 5.0, 6.0),
@@ -255,7 +260,7 @@ const ISSUE_FIGURES_US: &[(&str, &str, f64, f64, f64)] = &[
 /// Over 100 000 commands per profile and direction, at queue depth 1 in virtual time, the
 /// latency the host sees has median, p90 and (where the slow path is too rare to move it)
 /// p99 within 15 % of what the profile's parameters say, the slow path fires at its rate,
-/// and the issue's absolute figures hold.
+/// and the drives' published figures hold.
 #[test]
 fn each_profile_meets_its_latency_quantiles() {
     const N: usize = 100_000;
@@ -283,14 +288,14 @@ fn each_profile_meets_its_latency_quantiles() {
             }
             lat_ns.sort_unstable();
             let kind = if read { "read" } else { "write" };
-            for &(_, _, q, low_us, high_us) in ISSUE_FIGURES_US
+            for &(_, _, q, low_us, high_us) in DRIVE_FIGURES_US
                 .iter()
                 .filter(|f| f.0 == name && f.1 == kind)
             {
                 let measured_us = lat_ns[((N - 1) as f64 * q) as usize] as f64 / 1_000.0;
                 assert!(
                     (low_us..=high_us).contains(&measured_us),
-                    "{name} 4 KiB {kind} p{}: {measured_us} us, the issue says {low_us}..={high_us}",
+                    "{name} 4 KiB {kind} p{}: {measured_us} us, the drive class says {low_us}..={high_us}",
                     q * 100.0
                 );
                 checked_figures += 1;
@@ -324,7 +329,7 @@ fn each_profile_meets_its_latency_quantiles() {
     }
     assert_eq!(
         checked_figures,
-        ISSUE_FIGURES_US.len(),
+        DRIVE_FIGURES_US.len(),
         "every figure was checked"
     );
 }
@@ -394,8 +399,8 @@ fn each_queue_pair_has_its_own_units() {
 #[test]
 fn deadlines_saturate_instead_of_wrapping() {
     let clock = VirtualClock::new(u64::MAX - 1_000);
-    let spec = "emu:nand,size=1M,write_us=10000000,tail_us=10000000,tail_pct=50,jitter=10";
-    let ctrl = EmuController::with_clock(cfg(spec), Clock::Virtual(clock.clone())).unwrap();
+    let device = "emu:nand,size=1M,write_us=10000000,tail_us=10000000,tail_pct=50,jitter=10";
+    let ctrl = EmuController::with_clock(cfg(device), Clock::Virtual(clock.clone())).unwrap();
     let mut qp = ctrl.queue_pair(4).unwrap();
     for tag in 0..200 {
         let t0 = clock.now_ns();
@@ -840,16 +845,16 @@ proptest! {
 fn file_backing_keeps_data_across_controllers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ns.img");
-    let spec = format!("emu:dram,size=4M,backing=file:{}", path.display());
+    let device = format!("emu:dram,size=4M,backing=file:{}", path.display());
     let data = pattern(100, 16, 9);
     {
-        let (ctrl, clock) = virtual_controller(&spec);
+        let (ctrl, clock) = virtual_controller(&device);
         let mut qp = ctrl.queue_pair(4).unwrap();
         let mut io = SyncIo::virtual_time(&mut qp, clock);
         io.write(100, &data).unwrap();
         io.flush().unwrap();
     }
-    let (ctrl, clock) = virtual_controller(&spec);
+    let (ctrl, clock) = virtual_controller(&device);
     let mut qp = ctrl.queue_pair(4).unwrap();
     let mut io = SyncIo::virtual_time(&mut qp, clock);
     assert!(io.read(100, 16).unwrap()[..] == data[..]);

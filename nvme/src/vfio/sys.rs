@@ -104,7 +104,7 @@ struct DmaUnmap {
 }
 
 /// Most MSI-X vectors one `VFIO_DEVICE_SET_IRQS` call hands eventfds for.
-pub const MAX_IRQ_VECTORS: usize = 64;
+pub const IRQ_VECTORS_MAX: usize = 64;
 
 #[repr(C)]
 struct IrqSet {
@@ -113,7 +113,7 @@ struct IrqSet {
     index: u32,
     start: u32,
     count: u32,
-    fds: [i32; MAX_IRQ_VECTORS],
+    fds: [i32; IRQ_VECTORS_MAX],
 }
 
 fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
@@ -252,11 +252,11 @@ pub fn irq_info(device: &OwnedFd, index: u32) -> io::Result<IrqInfo> {
     Ok(info)
 }
 
-/// Routes MSI-X vectors 0..fds.len() to the eventfds `fds` (at most [`MAX_IRQ_VECTORS`]).
+/// Routes MSI-X vectors 0..fds.len() to the eventfds `fds` (at most [`IRQ_VECTORS_MAX`]).
 pub fn set_msix_eventfds(device: &OwnedFd, fds: &[RawFd]) -> io::Result<()> {
     assert!(
-        fds.len() <= MAX_IRQ_VECTORS,
-        "at most {MAX_IRQ_VECTORS} vectors"
+        fds.len() <= IRQ_VECTORS_MAX,
+        "at most {IRQ_VECTORS_MAX} vectors"
     );
     let mut set = IrqSet {
         argsz: (20 + 4 * fds.len()) as u32,
@@ -264,7 +264,7 @@ pub fn set_msix_eventfds(device: &OwnedFd, fds: &[RawFd]) -> io::Result<()> {
         index: VFIO_PCI_MSIX_IRQ_INDEX,
         start: 0,
         count: fds.len() as u32,
-        fds: [-1; MAX_IRQ_VECTORS],
+        fds: [-1; IRQ_VECTORS_MAX],
     };
     set.fds[..fds.len()].copy_from_slice(fds);
     // SAFETY: VFIO_DEVICE_SET_IRQS takes a vfio_irq_set with `count` s32 eventfds after it;
@@ -280,7 +280,7 @@ pub fn disable_msix(device: &OwnedFd) -> io::Result<()> {
         index: VFIO_PCI_MSIX_IRQ_INDEX,
         start: 0,
         count: 0,
-        fds: [-1; MAX_IRQ_VECTORS],
+        fds: [-1; IRQ_VECTORS_MAX],
     };
     // SAFETY: as in set_msix_eventfds, with no eventfds (argsz is the 20-byte header).
     unsafe { ioctl_ptr(device.as_raw_fd(), VFIO_DEVICE_SET_IRQS, &mut set) }.map(drop)

@@ -1,10 +1,11 @@
-//! Host-side tests of the VFIO driver: everything that needs no IOMMU (spec parsing, the
-//! sysfs checks and their messages on a fake sysfs tree, Identify decoding). The driver
-//! against a real controller is tested in a QEMU guest by scripts/vfio-guest.
+//! Host-side tests of the VFIO driver: everything that needs no IOMMU (device-string
+//! parsing, the sysfs checks and their messages on a fake sysfs tree, Identify decoding).
+//! The driver against a real controller is tested in a QEMU guest by scripts/vfio-guest.
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
+use super::sysfs::link_name;
 use super::*;
 
 #[test]
@@ -134,10 +135,10 @@ fn an_absent_dev_vfio_asks_for_the_modules() {
 
 #[test]
 fn this_host_gets_the_error_its_setup_calls_for() {
-    // Opening through the spec on the real /sys and /dev: the build machines have no
+    // Opening through the device string on the real /sys and /dev: the build machines have no
     // IOMMU, so this fails, with the message for the first thing missing here.
     let bdf = "0000:00:04.0";
-    let spec: crate::DeviceConfig = format!("vfio:{bdf}").parse().unwrap();
+    let device: crate::DeviceConfig = format!("vfio:{bdf}").parse().unwrap();
     let dev = Path::new("/sys/bus/pci/devices").join(bdf);
     let driver = link_name(&dev.join("driver"));
     let expected = if !dev.exists() {
@@ -152,7 +153,7 @@ fn this_host_gets_the_error_its_setup_calls_for() {
         // A machine where the function is ready for VFIO: opening may succeed.
         return;
     };
-    let e = spec.open().err().expect("cannot open").to_string();
+    let e = device.open().err().expect("cannot open").to_string();
     assert!(e.contains(expected), "expected {expected:?} in: {e}");
 }
 

@@ -1,77 +1,19 @@
-//! The VFIO driver's tests against a real NVMe controller: QEMU's, inside the guest that
-//! scripts/vfio-guest boots. Needs a function bound to vfio-pci, so it is an example (run by
-//! the guest) rather than a `cargo test`.
-//!
-//!   vfio_selftest <bdf> [--expect-bytes N] [--serial S] [--nonviable <bdf>] [--io-only]
-//!                 [--skip-reset]
-//!
-//! `--io-only` runs the I/O checks and skips the error checks (which unbind the function);
-//! `--skip-reset` skips the controller reset (QEMU 7.2 can crash on a reset with I/O in
-//! flight, so the suite runs it on one controller only: docs/vfio.md).
-//!
-//! Prints one line per check, `ok <name>` or `FAILED <name>: <why>`, and exits non-zero if
-//! any failed. Every check is bounded in time (IO_TIMEOUT per command, a fixed number of
-//! commands). Data patterns come from a seeded generator; the seed is printed.
+//! Checks of the I/O path on a controller that opened: Identify, data round trips through
+//! bounce pages and pinned buffers, ring wraps, full and deep queues, interrupts, parallel
+//! queue pairs, and a controller reset under load.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hypoll_nvme::vfio::VfioError;
 use hypoll_nvme::{
-    wait_readable, Command, Completion, Controller, IoBuf, IoError, QueuePair, Status, SubmitError,
-    SyncIo, VfioConfig, VfioController,
+    wait_readable, Command, Controller, IoBuf, IoError, QueuePair, Status, SubmitError, SyncIo,
+    VfioController,
 };
 
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-const SEED: u64 = 0x5eed_0010;
+use crate::{ensure, pattern, reap, Check, IO_TIMEOUT, SEED};
 
-type Check = Result<(), String>;
-
-fn ensure(cond: bool, why: impl FnOnce() -> String) -> Check {
-    if cond {
-        Ok(())
-    } else {
-        Err(why())
-    }
-}
-
-/// xorshift64*: a reproducible byte pattern per (seed, block).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
-/// Reaps until `want` completions arrived or IO_TIMEOUT passed.
-fn reap(qp: &mut dyn QueuePair, want: usize) -> Result<Vec<Completion>, String> {
-    let mut got = Vec::with_capacity(want);
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while got.len() < want {
-        qp.process_completions(want - got.len(), &mut |c| got.push(c));
-        if Instant::now() > deadline {
-            return Err(format!(
-                "only {} of {want} completions within {IO_TIMEOUT:?}",
-                got.len()
-            ));
-        }
-    }
-    Ok(got)
-}
-
-fn open(cfg: &VfioConfig) -> Result<Arc<VfioController>, String> {
-    VfioController::open(cfg)
-        .map(Arc::new)
-        .map_err(|e| format!("open: {e}"))
-}
-
-fn identify(ctrl: &VfioController, expect_bytes: Option<u64>, serial: &str) -> Check {
+pub fn identify(ctrl: &VfioController, expect_bytes: Option<u64>, serial: &str) -> Check {
     let id = ctrl.identity();
     let ns = ctrl.namespace();
     let (major, minor) = ctrl.version();
@@ -103,7 +45,7 @@ fn identify(ctrl: &VfioController, expect_bytes: Option<u64>, serial: &str) -> C
     Ok(())
 }
 
-fn round_trips(ctrl: &VfioController) -> Check {
+pub fn round_trips(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(8).map_err(|e| e.to_string())?;
     let lba = qp.namespace().lba_size_bytes as usize;
     let mut io = SyncIo::new(&mut *qp, IO_TIMEOUT);
@@ -161,7 +103,7 @@ fn round_trips(ctrl: &VfioController) -> Check {
 
 /// Buffers from the pinned pool go to the controller without a bounce copy, and read back
 /// the same through either path.
-fn zero_copy(ctrl: &VfioController) -> Check {
+pub fn zero_copy(ctrl: &VfioController) -> Check {
     ensure(ctrl.describe().contains("zero-copy"), || {
         format!("the pinned pool is not mapped: {}", ctrl.describe())
     })?;
@@ -205,7 +147,7 @@ fn zero_copy(ctrl: &VfioController) -> Check {
     Ok(())
 }
 
-fn out_of_range(ctrl: &VfioController) -> Check {
+pub fn out_of_range(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(4).map_err(|e| e.to_string())?;
     let cap = qp.namespace().capacity_lbas;
     let mut io = SyncIo::new(&mut *qp, IO_TIMEOUT);
@@ -230,7 +172,7 @@ fn qp_lba(ctrl: &VfioController) -> usize {
 }
 
 /// A depth-3 queue (4 entries) wraps its rings many times; every phase flip must be seen.
-fn queue_wrap(ctrl: &VfioController) -> Check {
+pub fn queue_wrap(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(3).map_err(|e| e.to_string())?;
     let lba = qp_lba(ctrl);
     let mut io = SyncIo::new(&mut *qp, IO_TIMEOUT);
@@ -272,7 +214,7 @@ fn queue_wrap(ctrl: &VfioController) -> Check {
 }
 
 /// A full queue refuses with QueueFull, never blocks, and works again after reaping.
-fn full_queue(ctrl: &VfioController) -> Check {
+pub fn full_queue(ctrl: &VfioController) -> Check {
     let depth = 8;
     let mut qp = ctrl.create_queue_pair(depth).map_err(|e| e.to_string())?;
     let lba = qp_lba(ctrl);
@@ -307,7 +249,7 @@ fn full_queue(ctrl: &VfioController) -> Check {
 
 /// 64 commands in flight with bounce pages shared through the pool; over-MDTS commands get
 /// Invalid Field without reaching the device.
-fn deep_queue(ctrl: &VfioController) -> Check {
+pub fn deep_queue(ctrl: &VfioController) -> Check {
     let depth = 64;
     let mut qp = ctrl.create_queue_pair(depth).map_err(|e| e.to_string())?;
     let lba = qp_lba(ctrl);
@@ -355,7 +297,7 @@ fn deep_queue(ctrl: &VfioController) -> Check {
 }
 
 /// MSI-X: an armed queue pair's eventfd becomes readable when its completion is posted.
-fn interrupts(ctrl: &VfioController) -> Check {
+pub fn interrupts(ctrl: &VfioController) -> Check {
     let mut qp = ctrl.create_queue_pair(4).map_err(|e| e.to_string())?;
     ensure(qp.interrupt_fd().is_some(), || {
         "no interrupt fd (MSI-X)".into()
@@ -400,7 +342,7 @@ fn interrupts(ctrl: &VfioController) -> Check {
 }
 
 /// Two reactors' worth of queue pairs, each on its own thread, in parallel.
-fn parallel_queue_pairs(ctrl: &Arc<VfioController>) -> Check {
+pub fn parallel_queue_pairs(ctrl: &Arc<VfioController>) -> Check {
     let threads: Vec<_> = (0..2u64)
         .map(|t| {
             let ctrl = ctrl.clone();
@@ -430,7 +372,7 @@ fn parallel_queue_pairs(ctrl: &Arc<VfioController>) -> Check {
 /// A controller reset with commands in flight: every outstanding command completes, the
 /// ones the controller had not finished with "Command Aborted due to SQ Deletion"; then new
 /// I/O works on the same queue pair and on one that sat idle through the reset.
-fn reset_mid_workload(ctrl: &VfioController) -> Check {
+pub fn reset_mid_workload(ctrl: &VfioController) -> Check {
     let depth = 32;
     let lba = qp_lba(ctrl);
     let mut idle = ctrl.create_queue_pair(4).map_err(|e| e.to_string())?;
@@ -497,211 +439,4 @@ fn reset_mid_workload(ctrl: &VfioController) -> Check {
         })?;
     }
     Ok(())
-}
-
-fn expect_open_error(cfg: &VfioConfig, what: &str, matches: impl Fn(&VfioError) -> bool) -> Check {
-    match VfioController::open(cfg) {
-        Ok(_) => Err(format!("opened; expected {what}")),
-        Err(e) => {
-            println!("   error as the user sees it: {e}");
-            ensure(matches(&e), || format!("expected {what}, got {e:?}"))
-        }
-    }
-}
-
-fn not_bound(cfg: &VfioConfig) -> Check {
-    let unbind = "/sys/bus/pci/drivers/vfio-pci/unbind";
-    std::fs::write(unbind, &cfg.bdf).map_err(|e| format!("{unbind}: {e}"))?;
-    let result = expect_open_error(cfg, "NotBoundToVfio", |e| {
-        matches!(e, VfioError::NotBoundToVfio { driver: None, .. })
-            && e.to_string().contains("vfio-pci/bind")
-    });
-    let bind = "/sys/bus/pci/drivers/vfio-pci/bind";
-    std::fs::write(bind, &cfg.bdf).map_err(|e| format!("{bind}: {e}"))?;
-    result?;
-    // Bound again: it opens.
-    open(cfg).map(drop)
-}
-
-fn nonviable(bdf: &str) -> Check {
-    let cfg = VfioConfig::parse(bdf)?;
-    expect_open_error(
-        &cfg,
-        "GroupNotViable",
-        |e| matches!(e, VfioError::GroupNotViable { others, .. } if !others.is_empty()),
-    )
-}
-
-/// Runs in a child process: gives up CAP_IPC_LOCK, limits locked memory to 64 KiB, and
-/// opens the controller, which must fail to pin its queues.
-fn pin_child(cfg: &VfioConfig) -> Check {
-    drop_cap_ipc_lock()?;
-    let lim = libc::rlimit {
-        rlim_cur: 64 << 10,
-        rlim_max: 64 << 10,
-    };
-    // SAFETY: setrlimit reads one live rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
-        return Err(format!("setrlimit: {}", std::io::Error::last_os_error()));
-    }
-    let opened = VfioController::open(cfg);
-    let ctrl = match opened {
-        // The admin queue is 3 pages: it may fit; the queue pair's memory cannot.
-        Ok(ctrl) => ctrl,
-        Err(e) => {
-            println!("   error as the user sees it: {e}");
-            return ensure(matches!(e, VfioError::PinFailed { .. }), || {
-                format!("{e:?}")
-            });
-        }
-    };
-    match ctrl.create_queue_pair(64) {
-        Ok(_) => Err("a 64-deep queue pair pinned over 8 MiB under a 64 KiB limit".into()),
-        Err(e) => {
-            println!("   error as the user sees it: {e}");
-            ensure(
-                e.to_string().contains("cannot pin") && e.to_string().contains("65536 bytes"),
-                || format!("{e}"),
-            )
-        }
-    }
-}
-
-/// Clears CAP_IPC_LOCK from the effective and permitted sets (capset(2), version 3).
-fn drop_cap_ipc_lock() -> Check {
-    const CAP_V3: u32 = 0x2008_0522;
-    const CAP_IPC_LOCK: u32 = 14;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut header = Header {
-        version: CAP_V3,
-        pid: 0,
-    };
-    let mut data = [Data::default(); 2];
-    // SAFETY: capget writes two Data structures for a version-3 header.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
-        return Err(format!("capget: {}", std::io::Error::last_os_error()));
-    }
-    data[0].effective &= !(1 << CAP_IPC_LOCK);
-    data[0].permitted &= !(1 << CAP_IPC_LOCK);
-    // SAFETY: capset reads the header and two Data structures.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
-        return Err(format!("capset: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-fn pin_failure(cfg: &VfioConfig) -> Check {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(me)
-        .arg(&cfg.bdf)
-        .arg("--pin-child")
-        .output()
-        .map_err(|e| e.to_string())?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    ensure(out.status.success(), || {
-        format!("child: {}", String::from_utf8_lossy(&out.stderr))
-    })
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(bdf) = args.first() else {
-        eprintln!(
-            "usage: vfio_selftest <bdf> [--expect-bytes N] [--serial S] [--nonviable <bdf>] \
-             [--io-only] [--skip-reset]"
-        );
-        std::process::exit(2);
-    };
-    let cfg = VfioConfig::parse(bdf).unwrap_or_else(|e| {
-        eprintln!("{bdf:?}: expected {e}");
-        std::process::exit(2)
-    });
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    if args.iter().any(|a| a == "--pin-child") {
-        match pin_child(&cfg) {
-            Ok(()) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("{e}");
-                std::process::exit(1)
-            }
-        }
-    }
-    if let Some(n) = flag("--stress-reset").and_then(|v| v.parse::<u32>().ok()) {
-        // Soak: the reset check `n` times on one controller (not part of the suite).
-        let ctrl = open(&cfg).unwrap_or_else(|e| panic!("{e}"));
-        for i in 0..n {
-            if let Err(e) = reset_mid_workload(&ctrl) {
-                println!("FAILED reset {i}: {e}");
-                std::process::exit(1);
-            }
-        }
-        println!("{n} resets passed");
-        std::process::exit(0);
-    }
-    let expect_bytes = flag("--expect-bytes").and_then(|v| v.parse().ok());
-    let serial = flag("--serial").unwrap_or_else(|| "hypoll0".to_string());
-    let io_only = args.iter().any(|a| a == "--io-only");
-    let skip_reset = args.iter().any(|a| a == "--skip-reset");
-    println!("vfio_selftest on {} (pattern seed {SEED:#x})", cfg.bdf);
-    let mut failed = 0;
-    let mut run = |name: &str, check: &mut dyn FnMut() -> Check| {
-        let start = Instant::now();
-        match check() {
-            Ok(()) => println!("ok {name} ({:.2} s)", start.elapsed().as_secs_f64()),
-            Err(why) => {
-                failed += 1;
-                println!("FAILED {name}: {why}");
-            }
-        }
-    };
-    match open(&cfg) {
-        Ok(ctrl) => {
-            run("identify", &mut || identify(&ctrl, expect_bytes, &serial));
-            run(
-                "round trips (1 block to 32 pages, flush, write zeroes, FUA)",
-                &mut || round_trips(&ctrl),
-            );
-            run("zero-copy pinned buffers", &mut || zero_copy(&ctrl));
-            run("out-of-range LBA", &mut || out_of_range(&ctrl));
-            run("queue wrap", &mut || queue_wrap(&ctrl));
-            run("full queue", &mut || full_queue(&ctrl));
-            run("64 in flight, over-MDTS", &mut || deep_queue(&ctrl));
-            run("MSI-X interrupts", &mut || interrupts(&ctrl));
-            run("parallel queue pairs", &mut || parallel_queue_pairs(&ctrl));
-            if !skip_reset {
-                run("controller reset mid-workload", &mut || {
-                    reset_mid_workload(&ctrl)
-                });
-            }
-        }
-        Err(e) => run("open", &mut || Err(e.clone())),
-    }
-    // These need the group closed: the controller above is dropped by now.
-    if !io_only {
-        run("error: not bound to vfio-pci", &mut || not_bound(&cfg));
-        run("error: cannot pin memory", &mut || pin_failure(&cfg));
-    }
-    if let Some(other) = flag("--nonviable") {
-        run("error: group not viable", &mut || nonviable(&other));
-    }
-    if failed > 0 {
-        println!("vfio_selftest: {failed} check(s) FAILED");
-        std::process::exit(1);
-    }
-    println!("vfio_selftest: all checks passed");
 }

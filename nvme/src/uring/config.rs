@@ -1,0 +1,162 @@
+//! What a `uring:` device string says: the path, the keys it accepts
+//! (`direct`, `size`, `lba`, `iopoll`, `taskrun`), how each value is read, and the canonical
+//! text a configuration prints as.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::config::{parse_size_bytes, size_text, ConfigError};
+
+/// Keys `uring:` accepts.
+pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll", "taskrun"];
+
+/// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
+/// on every common file system and disk.
+pub const URING_FILE_LBA_BYTES: u32 = 4096;
+
+/// Whether to find completions by polling the device (`IORING_SETUP_IOPOLL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IopollMode {
+    /// Poll when the device supports it (probed when opened), otherwise interrupts.
+    Auto,
+    /// Always interrupts.
+    Off,
+    /// Poll, or fail to open.
+    On,
+    /// io_uring's hybrid polling (sleep, then poll), or fail to open.
+    Hybrid,
+}
+
+impl IopollMode {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            IopollMode::Auto => "auto",
+            IopollMode::Off => "off",
+            IopollMode::On => "on",
+            IopollMode::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// Where the kernel finishes a completion in interrupt mode. A read's completion is posted
+/// into the ring by task work that runs in the submitting thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskRun {
+    /// `IORING_SETUP_DEFER_TASKRUN` (Linux 6.1+; the default where the kernel has it): the
+    /// task work waits for the reactor's next `io_uring_enter`, which the queue pair makes
+    /// as soon as the ring's `IORING_SQ_TASKRUN` flag shows some pending, and the ring's
+    /// eventfd fires for it. A sleeping reactor is not woken by a completion, nor a spinning
+    /// one interrupted by an inter-processor interrupt.
+    Defer,
+    /// The kernel's default: a completion signals the thread, which runs the task work at
+    /// once, waking it from a sleep (which then resumes) or interrupting its spin.
+    Signal,
+}
+
+/// A parsed `uring:` device string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UringConfig {
+    pub path: PathBuf,
+    /// O_DIRECT (the default): bypass the page cache, so every read reaches the device.
+    pub direct: bool,
+    /// Expose only the first `size_bytes` of the file or device.
+    pub size_bytes: Option<u64>,
+    /// Logical block size; by default the block device's, or 4 KiB for a file.
+    pub lba_bytes: Option<u32>,
+    pub iopoll: IopollMode,
+    /// Interrupt mode only: when completions are posted into the ring.
+    pub taskrun: TaskRun,
+}
+
+impl UringConfig {
+    pub fn new(path: impl Into<PathBuf>) -> UringConfig {
+        UringConfig {
+            path: path.into(),
+            direct: true,
+            size_bytes: None,
+            lba_bytes: None,
+            iopoll: IopollMode::Auto,
+            taskrun: TaskRun::Defer,
+        }
+    }
+
+    /// Sets one `key=value` of the device string.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let bad = |expected: &str| ConfigError::BadValue {
+            key: key.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        };
+        match key {
+            "direct" => {
+                self.direct = match value {
+                    "1" | "true" | "on" => true,
+                    "0" | "false" | "off" => false,
+                    _ => return Err(bad("0 or 1")),
+                }
+            }
+            "size" => {
+                self.size_bytes = Some(
+                    parse_size_bytes(value)
+                        .ok()
+                        .filter(|v| *v > 0)
+                        .ok_or_else(|| bad("a size such as 512M, 8G, 1T"))?,
+                )
+            }
+            "lba" => {
+                self.lba_bytes = Some(match value {
+                    "512" => 512,
+                    "4096" | "4k" | "4K" => 4096,
+                    _ => return Err(bad("512 or 4096")),
+                })
+            }
+            "iopoll" => {
+                self.iopoll = match value {
+                    "auto" => IopollMode::Auto,
+                    "off" | "0" => IopollMode::Off,
+                    "on" | "1" => IopollMode::On,
+                    "hybrid" => IopollMode::Hybrid,
+                    _ => return Err(bad("auto, on, off or hybrid")),
+                }
+            }
+            "taskrun" => {
+                self.taskrun = match value {
+                    "defer" => TaskRun::Defer,
+                    "signal" => TaskRun::Signal,
+                    _ => return Err(bad("defer or signal")),
+                }
+            }
+            _ => {
+                return Err(ConfigError::UnknownKey {
+                    device: "uring".into(),
+                    key: key.into(),
+                    accepted: URING_KEYS.join(", "),
+                })
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The canonical device string: `uring:/path` and every key that differs from its default.
+impl fmt::Display for UringConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "uring:{}", self.path.display())?;
+        if !self.direct {
+            write!(f, ",direct=0")?;
+        }
+        if let Some(size_bytes) = self.size_bytes {
+            write!(f, ",size={}", size_text(size_bytes))?;
+        }
+        if let Some(lba_bytes) = self.lba_bytes {
+            write!(f, ",lba={lba_bytes}")?;
+        }
+        if self.iopoll != IopollMode::Auto {
+            write!(f, ",iopoll={}", self.iopoll.as_str())?;
+        }
+        if self.taskrun == TaskRun::Signal {
+            write!(f, ",taskrun=signal")?;
+        }
+        Ok(())
+    }
+}

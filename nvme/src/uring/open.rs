@@ -1,0 +1,338 @@
+//! Opening a `uring:` device: the file or block device (with O_DIRECT unless `direct=0`),
+//! its size and block size checked against the device string, a first ring to see that
+//! io_uring works here and takes the pinned pool as fixed buffers, and the choice of how
+//! completions will be found, probing IOPOLL with one polled read when the device string
+//! leaves it open. Every refusal is an error that says what to do about it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use io_uring::{opcode, types, IoUring};
+
+use super::ring::deferred_ring;
+use super::{
+    sys, CompletionMode, IopollMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
+    URING_TRANSFER_BYTES_MAX,
+};
+use crate::buf::IoBuf;
+use crate::config::size_text;
+use crate::spec::NamespaceInfo;
+
+/// How long opening waits for the IOPOLL probe read before it gives up on polled mode.
+const IOPOLL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a `uring:` device could not be opened. Each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum UringOpenError {
+    #[error("{path}: no such file or block device; create it and fill it with data first (e.g. `fio --name=fill --filename={path} --size=1G --rw=write --bs=1M --direct=1`)")]
+    NotFound { path: String },
+    #[error("{path}: permission denied: the device needs read and write access (check the file's mode and owner, or the block device's group)")]
+    PermissionDenied { path: String },
+    #[error("{path}: this file system does not support O_DIRECT; add direct=0 to go through the page cache (reads may then never reach the device)")]
+    DirectUnsupported { path: String },
+    #[error("{path}: not a regular file or a block device")]
+    NotFileOrBlockDevice { path: String },
+    #[error(
+        "{path}: the file is empty; fill it with data first, or give size= with a larger file"
+    )]
+    Empty { path: String },
+    #[error("{path}: size {size_bytes} bytes is not a multiple of the block size ({lba_bytes} bytes); give size= with a multiple, or lba=512")]
+    NotBlockMultiple {
+        path: String,
+        size_bytes: u64,
+        lba_bytes: u32,
+    },
+    #[error("{path}: size={want_bytes} is larger than the file or device ({have_bytes} bytes)")]
+    TooSmall {
+        path: String,
+        want_bytes: u64,
+        have_bytes: u64,
+    },
+    #[error("{path}: lba={want_bytes} is smaller than the device's logical block size ({device_bytes} bytes)")]
+    LbaTooSmall {
+        path: String,
+        want_bytes: u32,
+        device_bytes: u32,
+    },
+    #[error("io_uring is not available: {reason}")]
+    Unavailable { reason: String },
+    #[error("{path}: polled I/O (iopoll={mode}) is not supported here: {detail}; it needs O_DIRECT on an NVMe namespace with poll queues (nvme.poll_queues=N); use iopoll=auto or iopoll=off")]
+    IopollUnsupported {
+        path: String,
+        mode: &'static str,
+        detail: String,
+    },
+    #[error("{path}: {what}: {source}")]
+    Os {
+        path: String,
+        what: &'static str,
+        source: io::Error,
+    },
+}
+
+impl From<UringOpenError> for io::Error {
+    fn from(e: UringOpenError) -> io::Error {
+        let kind = match &e {
+            UringOpenError::NotFound { .. } => io::ErrorKind::NotFound,
+            UringOpenError::PermissionDenied { .. } => io::ErrorKind::PermissionDenied,
+            UringOpenError::Unavailable { .. } | UringOpenError::IopollUnsupported { .. } => {
+                io::ErrorKind::Unsupported
+            }
+            UringOpenError::Os { source, .. } => source.kind(),
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Explains an `io_uring_setup` failure: the kernel lacks io_uring, a seccomp filter blocks
+/// it, or the `kernel.io_uring_disabled` sysctl forbids it.
+fn unavailable(e: &io::Error) -> UringOpenError {
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "absent".to_string());
+    let reason = match e.raw_os_error() {
+        Some(libc::ENOSYS) => format!(
+            "io_uring_setup returned ENOSYS: the kernel was built without io_uring, or a \
+             seccomp filter (a container runtime's default profile) blocks it; \
+             kernel.io_uring_disabled = {sysctl}"
+        ),
+        Some(libc::EPERM) => format!(
+            "io_uring_setup returned EPERM: the sysctl kernel.io_uring_disabled is {sysctl} \
+             (0 allows everyone, 1 only members of kernel.io_uring_group), or a seccomp \
+             filter denies it"
+        ),
+        _ => format!("io_uring_setup failed: {e}"),
+    };
+    UringOpenError::Unavailable { reason }
+}
+
+impl UringController {
+    /// Opens the file or block device, checks its size against the block size, checks that
+    /// io_uring works, and decides how completions will be found.
+    pub fn open(cfg: &UringConfig) -> Result<UringController, UringOpenError> {
+        let path = cfg.path.display().to_string();
+        let file = open_file(&cfg.path, cfg.direct)?;
+        let os = |what: &'static str| {
+            let path = path.clone();
+            move |source: io::Error| UringOpenError::Os { path, what, source }
+        };
+        let meta = file.metadata().map_err(os("reading its metadata"))?;
+        let (have_bytes, device_lba_bytes) = if meta.file_type().is_block_device() {
+            (
+                sys::block_device_size_bytes(&file).map_err(os("reading the device's size"))?,
+                Some(
+                    sys::block_device_lba_bytes(&file)
+                        .map_err(os("reading the device's block size"))?,
+                ),
+            )
+        } else if meta.is_file() {
+            (meta.len(), None)
+        } else {
+            return Err(UringOpenError::NotFileOrBlockDevice { path });
+        };
+        let lba_bytes = match (cfg.lba_bytes, device_lba_bytes) {
+            (Some(want), Some(device)) if want < device => {
+                return Err(UringOpenError::LbaTooSmall {
+                    path,
+                    want_bytes: want,
+                    device_bytes: device,
+                })
+            }
+            (Some(want), _) => want,
+            (None, Some(device)) => device,
+            (None, None) => URING_FILE_LBA_BYTES,
+        };
+        let size_bytes = match cfg.size_bytes {
+            Some(want) if want > have_bytes => {
+                return Err(UringOpenError::TooSmall {
+                    path,
+                    want_bytes: want,
+                    have_bytes,
+                })
+            }
+            Some(want) => want,
+            None if have_bytes == 0 => return Err(UringOpenError::Empty { path }),
+            None => have_bytes,
+        };
+        if !size_bytes.is_multiple_of(u64::from(lba_bytes)) {
+            return Err(UringOpenError::NotBlockMultiple {
+                path,
+                size_bytes,
+                lba_bytes,
+            });
+        }
+        // Does io_uring work at all here, and will it take the pinned pool as fixed buffers?
+        let probe = IoUring::new(2).map_err(|e| unavailable(&e))?;
+        let fixed_note = match crate::buf::pinned_region() {
+            None => "no fixed buffers: the pinned pool is off".to_string(),
+            Some((base, len)) => {
+                let iov = libc::iovec {
+                    iov_base: base.cast(),
+                    iov_len: len,
+                };
+                // SAFETY: as in UringQueuePair::new: the region is never unmapped.
+                match unsafe { probe.submitter().register_buffers(&[iov]) } {
+                    Ok(()) => format!("fixed buffers: the {} pinned pool", size_text(len as u64)),
+                    Err(e) => format!("no fixed buffers: registering the pinned pool failed ({e})"),
+                }
+            }
+        };
+        drop(probe);
+        let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes)?;
+        let (defer_taskrun, taskrun_note) = match (mode, cfg.taskrun) {
+            (CompletionMode::Interrupt, TaskRun::Defer) => match deferred_ring(2) {
+                Ok(_) => (
+                    true,
+                    "completions posted on the reactor's io_uring_enter (DEFER_TASKRUN)"
+                        .to_string(),
+                ),
+                Err(e) => (
+                    false,
+                    format!("completions signalled: DEFER_TASKRUN refused ({e}; Linux 6.1+)"),
+                ),
+            },
+            (CompletionMode::Interrupt, TaskRun::Signal) => {
+                (false, "completions signalled (taskrun=signal)".to_string())
+            }
+            // Polled rings post completions from the reactor's own io_uring_enter already.
+            _ => (false, String::new()),
+        };
+        Ok(UringController {
+            cfg: cfg.clone(),
+            file: Arc::new(file),
+            ns: NamespaceInfo {
+                nsid: 1,
+                lba_size_bytes: lba_bytes,
+                capacity_lbas: size_bytes / u64::from(lba_bytes),
+                transfer_bytes_max: URING_TRANSFER_BYTES_MAX,
+            },
+            mode,
+            mode_note,
+            fixed_note,
+            defer_taskrun,
+            taskrun_note,
+        })
+    }
+}
+
+fn open_file(path: &Path, direct: bool) -> Result<File, UringOpenError> {
+    let display = path.display().to_string();
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    opts.open(path).map_err(|e| match e.raw_os_error() {
+        _ if std::fs::metadata(path)
+            .is_ok_and(|m| !(m.is_file() || m.file_type().is_block_device())) =>
+        {
+            UringOpenError::NotFileOrBlockDevice { path: display }
+        }
+        Some(libc::ENOENT) => UringOpenError::NotFound { path: display },
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+            UringOpenError::PermissionDenied { path: display }
+        }
+        Some(libc::EINVAL) if direct => UringOpenError::DirectUnsupported { path: display },
+        _ => UringOpenError::Os {
+            path: display,
+            what: "opening it",
+            source: e,
+        },
+    })
+}
+
+/// Decides between interrupts, polling and hybrid polling, probing the device with one
+/// polled read when the device string leaves it to us.
+fn choose_mode(
+    cfg: &UringConfig,
+    file: &File,
+    lba_bytes: u32,
+) -> Result<(CompletionMode, String), UringOpenError> {
+    let path = cfg.path.display().to_string();
+    let unsupported = |detail: String| UringOpenError::IopollUnsupported {
+        path: path.clone(),
+        mode: cfg.iopoll.as_str(),
+        detail,
+    };
+    match cfg.iopoll {
+        IopollMode::Off => return Ok((CompletionMode::Interrupt, "iopoll=off".into())),
+        IopollMode::On | IopollMode::Hybrid if !cfg.direct => {
+            return Err(unsupported("polled I/O needs direct=1".into()))
+        }
+        IopollMode::Auto if !cfg.direct => {
+            return Ok((
+                CompletionMode::Interrupt,
+                "page cache I/O cannot be polled".into(),
+            ))
+        }
+        _ => {}
+    }
+    let hybrid = cfg.iopoll == IopollMode::Hybrid;
+    match probe_iopoll(file, lba_bytes, hybrid) {
+        Ok(()) if hybrid => Ok((CompletionMode::HybridPoll, "iopoll=hybrid".into())),
+        Ok(()) => Ok((CompletionMode::Poll, "polled I/O supported".into())),
+        Err(detail) if cfg.iopoll == IopollMode::Auto => Ok((
+            CompletionMode::Interrupt,
+            format!("IOPOLL unsupported: {detail}"),
+        )),
+        Err(detail) => Err(unsupported(detail)),
+    }
+}
+
+/// Reads the first block through a polled ring: the only sure test of IOPOLL support, which
+/// the kernel reports per request (`EOPNOTSUPP` from a device without poll queues).
+fn probe_iopoll(file: &File, lba_bytes: u32, hybrid: bool) -> Result<(), String> {
+    let mut ring = if hybrid {
+        sys::hybrid_iopoll_ring(2).map_err(|e| {
+            format!("creating a hybrid iopoll ring failed ({e}); it needs Linux 6.13")
+        })?
+    } else {
+        IoUring::builder()
+            .setup_iopoll()
+            .build(2)
+            .map_err(|e| format!("creating an iopoll ring failed ({e})"))?
+    };
+    let mut buf = IoBuf::zeroed(lba_bytes as usize);
+    let read = opcode::Read::new(types::Fd(file.as_raw_fd()), buf.as_mut_ptr(), lba_bytes)
+        .offset(0)
+        .build();
+    // SAFETY: `buf` stays alive until the read completes: this function returns only after
+    // its completion is reaped, or leaks the buffer when the read may still be in flight.
+    unsafe { ring.submission().push(&read) }.map_err(|_| "probe ring is full".to_string())?;
+    let deadline = Instant::now() + IOPOLL_PROBE_TIMEOUT;
+    loop {
+        match ring.submit_and_wait(0) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => {
+                // The read may have been entered before the failure: its buffer must
+                // outlive it, as on the timeout below.
+                std::mem::forget(buf);
+                return Err(format!("io_uring_enter failed ({e})"));
+            }
+        }
+        if let Some(cqe) = ring.completion().next() {
+            return match cqe.result() {
+                r if r >= 0 => Ok(()),
+                r => Err(format!(
+                    "a polled read returned {}",
+                    io::Error::from_raw_os_error(-r)
+                )),
+            };
+        }
+        if Instant::now() > deadline {
+            // The read is still in the kernel's hands: its buffer must outlive it.
+            std::mem::forget(buf);
+            return Err(format!(
+                "a polled read did not complete within {IOPOLL_PROBE_TIMEOUT:?}"
+            ));
+        }
+        std::thread::yield_now();
+    }
+}

@@ -1,0 +1,588 @@
+//! The `uring` queue pair: one io_uring ring per queue pair (and in polled modes a side ring
+//! for what an IOPOLL ring refuses), commands in flight by slot, batched submission, reaping
+//! both rings, Write Zeroes carried out in steps, aborts, and a drop that waits for the
+//! kernel to let go of every buffer.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, IoUring};
+
+use super::command::{data_entry, status_of, InFlight, Zeroing};
+use super::ring::{deferred_ring, enter, transient};
+use super::{sys, CompletionMode};
+use crate::qpair::{
+    Command, Completion, QueuePair, QueuePairError, RecoveryError, SubmitError, QUEUE_DEPTH_MAX,
+};
+use crate::spec::{NamespaceInfo, Opcode, Status};
+use crate::sys::EventFd;
+
+/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
+const CANCEL_USER_DATA: u64 = u64::MAX;
+
+/// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
+/// `fsync`, `fallocate` and `ASYNC_CANCEL` with EINVAL on a ring set up with IOPOLL, so
+/// Flush, Write Zeroes, Deallocate and their aborts go to this one, on the same file,
+/// without IOPOLL: the kernel's workers complete them as on any ring, and every poll of
+/// the queue pair reaps both rings. Reads and writes stay on the polled ring.
+pub(super) struct SideRing {
+    ring: IoUring,
+    /// Of the queue pair's `in_kernel`, the commands on this ring (Write Zeroes waiting for
+    /// their next step included, as there).
+    pub(super) in_kernel: usize,
+    /// Entries pushed on this ring and not yet entered.
+    unsubmitted: usize,
+    /// Aborts on this ring, each with a completion of its own.
+    cancels_in_kernel: usize,
+}
+
+/// One io_uring ring as an NVMe queue pair (two in polled modes: see `SideRing`). Owned by
+/// one thread (not `Send`): the ring is created with `IORING_SETUP_SINGLE_ISSUER` where the
+/// kernel has it.
+pub struct UringQueuePair {
+    ring: IoUring,
+    /// Polled modes only (and tests): the ring for everything but reads and writes.
+    pub(super) side: Option<SideRing>,
+    /// Keeps the registered file open for as long as the ring may use it.
+    _file: Arc<File>,
+    mode: CompletionMode,
+    ns: NamespaceInfo,
+    depth: usize,
+    /// In-flight commands by slot; the slot index is the io_uring user data.
+    slots: Vec<Option<InFlight>>,
+    free_slots: Vec<u32>,
+    /// Commands handed to the ring (pushed), not yet reaped.
+    in_kernel: usize,
+    /// Of those, the ones still in the submission queue, not yet entered.
+    unsubmitted: usize,
+    /// Commands completed without the kernel (out-of-range LBAs, oversized transfers).
+    local: VecDeque<Completion>,
+    /// Write Zeroes with a next step to submit: punch-hole after a refused zero-range,
+    /// allocate after a punch-hole (see [`Zeroing`]).
+    retry_zeroes: Vec<u32>,
+    zero_range_unsupported: bool,
+    /// The ring's registered eventfd, in interrupt mode.
+    event_fd: Option<EventFd>,
+    /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
+    defer_taskrun: bool,
+    /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
+    fixed_region: Option<(usize, usize)>,
+    /// Reads and writes that went through the fixed buffer.
+    fixed_ios: u64,
+    /// Abort (`ASYNC_CANCEL`) requests in the kernel; each posts one completion of its own.
+    cancels_in_kernel: usize,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl UringQueuePair {
+    pub(super) fn new(
+        file: Arc<File>,
+        ns: NamespaceInfo,
+        mode: CompletionMode,
+        defer_taskrun: bool,
+        depth: usize,
+        side_ring: bool,
+    ) -> Result<UringQueuePair, QueuePairError> {
+        if depth == 0 || depth > QUEUE_DEPTH_MAX {
+            return Err(QueuePairError::BadDepth {
+                depth,
+                max: QUEUE_DEPTH_MAX,
+            });
+        }
+        let entries = depth.next_power_of_two() as u32;
+        let ring = match mode {
+            CompletionMode::Interrupt if defer_taskrun => deferred_ring(entries)?,
+            CompletionMode::Interrupt => IoUring::builder()
+                .setup_single_issuer()
+                .build(entries)
+                .or_else(|_| IoUring::new(entries))?,
+            CompletionMode::Poll => IoUring::builder().setup_iopoll().build(entries)?,
+            CompletionMode::HybridPoll => sys::hybrid_iopoll_ring(entries)?,
+        };
+        ring.submitter().register_files(&[file.as_raw_fd()])?;
+        // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
+        // page pinning. Refused registration (RLIMIT_MEMLOCK for an unprivileged user)
+        // leaves plain reads and writes.
+        let fixed_region = crate::buf::pinned_region().and_then(|(base, len)| {
+            let iov = libc::iovec {
+                iov_base: base.cast(),
+                iov_len: len,
+            };
+            // SAFETY: the pinned pool's region is mapped for the life of the process and
+            // never remapped, so the pages the kernel pins stay the ones at these addresses.
+            unsafe { ring.submitter().register_buffers(&[iov]) }
+                .ok()
+                .map(|()| (base as usize, len))
+        });
+        let side = if side_ring {
+            let ring = IoUring::builder()
+                .setup_single_issuer()
+                .build(entries)
+                .or_else(|_| IoUring::new(entries))?;
+            ring.submitter().register_files(&[file.as_raw_fd()])?;
+            Some(SideRing {
+                ring,
+                in_kernel: 0,
+                unsubmitted: 0,
+                cancels_in_kernel: 0,
+            })
+        } else {
+            None
+        };
+        let event_fd = if mode == CompletionMode::Interrupt {
+            let efd = EventFd::new()?;
+            ring.submitter().register_eventfd(efd.as_fd().as_raw_fd())?;
+            if let Some(side) = &side {
+                side.ring
+                    .submitter()
+                    .register_eventfd(efd.as_fd().as_raw_fd())?;
+            }
+            Some(efd)
+        } else {
+            None
+        };
+        Ok(UringQueuePair {
+            ring,
+            side,
+            _file: file,
+            mode,
+            ns,
+            depth,
+            slots: vec![None; depth],
+            free_slots: (0..depth as u32).rev().collect(),
+            in_kernel: 0,
+            unsubmitted: 0,
+            local: VecDeque::with_capacity(depth),
+            retry_zeroes: Vec::with_capacity(depth),
+            zero_range_unsupported: false,
+            event_fd,
+            defer_taskrun,
+            fixed_region,
+            fixed_ios: 0,
+            cancels_in_kernel: 0,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Whether the pinned buffer pool is registered with this ring.
+    pub fn has_fixed_buffers(&self) -> bool {
+        self.fixed_region.is_some()
+    }
+
+    /// Reads and writes so far whose buffer lay in the registered pool.
+    pub fn fixed_ios(&self) -> u64 {
+        self.fixed_ios
+    }
+
+    /// Whether `len` bytes at `ptr` lie inside the registered region.
+    fn in_fixed_region(&self, ptr: *mut u8, len: u64) -> bool {
+        self.fixed_region.is_some_and(|(base, region_len)| {
+            let at = ptr as usize;
+            at >= base && (at - base) as u64 + len <= region_len as u64
+        })
+    }
+
+    /// How this queue pair finds completions.
+    pub fn mode(&self) -> CompletionMode {
+        self.mode
+    }
+
+    /// Hands every pending submission entry to the kernel: one `io_uring_enter` per ring
+    /// with entries.
+    fn flush(&mut self) {
+        enter(&mut self.ring, &mut self.unsubmitted);
+        if let Some(side) = &mut self.side {
+            enter(&mut side.ring, &mut side.unsubmitted);
+        }
+    }
+
+    /// The main ring, or the side ring where there is one and `side` asks for it.
+    fn ring_of(&mut self, side: bool) -> &mut IoUring {
+        match (&mut self.side, side) {
+            (Some(s), true) => &mut s.ring,
+            _ => &mut self.ring,
+        }
+    }
+
+    /// Pushes `entry` on its ring, entering a full submission queue first; false if it is
+    /// still full.
+    ///
+    /// # Safety
+    /// As [`io_uring::SubmissionQueue::push`]: whatever the entry points at must stay valid
+    /// until its completion.
+    unsafe fn push(&mut self, entry: &squeue::Entry, side: bool) -> bool {
+        if self.ring_of(side).submission().is_full() {
+            self.flush();
+        }
+        // SAFETY: the caller's guarantee.
+        if unsafe { self.ring_of(side).submission().push(entry) }.is_err() {
+            return false;
+        }
+        match (&mut self.side, side) {
+            (Some(s), true) => s.unsubmitted += 1,
+            _ => self.unsubmitted += 1,
+        }
+        true
+    }
+
+    /// Commands in the kernel on the main ring.
+    fn main_in_kernel(&self) -> usize {
+        self.in_kernel - self.side.as_ref().map_or(0, |s| s.in_kernel)
+    }
+
+    /// In polled modes the kernel finds completions only when asked; with deferred task work,
+    /// it posts them only when asked. Either way one `io_uring_enter` with GETEVENTS, and in
+    /// interrupt mode only when the ring flags work pending (a shared-memory load; no
+    /// syscall while the device is still busy).
+    fn poll_kernel(&mut self) {
+        let asked = if self.mode == CompletionMode::Interrupt {
+            self.defer_taskrun && self.ring.submission().taskrun()
+        } else {
+            self.main_in_kernel() > self.unsubmitted
+        };
+        if asked {
+            match self.ring.submit_and_wait(0) {
+                Ok(_) => {}
+                Err(e) if transient(&e) => {}
+                Err(e) => panic!("io_uring_enter (getevents) failed on a valid ring: {e}"),
+            }
+        }
+    }
+
+    /// Submits the next step of the Write Zeroes that have one (see [`Zeroing`]). One that
+    /// finds the submission queue full waits for the next poll.
+    fn resubmit_zeroes(&mut self) {
+        while let Some(&slot) = self.retry_zeroes.last() {
+            let flight = self.slots[slot as usize].expect("retried slot is in flight");
+            let entry = flight.entry(slot);
+            // SAFETY: fallocate carries no buffer.
+            if !unsafe { self.push(&entry, flight.side) } {
+                return;
+            }
+            self.retry_zeroes.pop();
+        }
+    }
+
+    fn complete_locally(&mut self, tag: u64, status: Status) {
+        self.local.push_back(Completion { tag, status });
+    }
+
+    /// Reaps up to `max` completions from one ring (the side ring if `side`).
+    /// One look at the completion queue per batch: a batch that comes back short emptied it,
+    /// and the poll ends there without another look.
+    fn reap(&mut self, side: bool, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        let mut done = 0;
+        let mut batch = [(0u64, 0i32); REAP_BATCH];
+        while done < max {
+            let want = (max - done).min(REAP_BATCH);
+            let mut n = 0;
+            for cqe in self.ring_of(side).completion().take(want) {
+                batch[n] = (cqe.user_data(), cqe.result());
+                n += 1;
+            }
+            for &(user_data, result) in &batch[..n] {
+                done += self.take_cqe(user_data, result, side, out);
+            }
+            if n < want {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Accounts for one completion of a ring; returns 1 if it completed a command.
+    fn take_cqe(
+        &mut self,
+        user_data: u64,
+        result: i32,
+        side: bool,
+        out: &mut dyn FnMut(Completion),
+    ) -> usize {
+        if user_data == CANCEL_USER_DATA {
+            // An abort's own completion; the aborted command completes by itself.
+            match (&mut self.side, side) {
+                (Some(s), true) => s.cancels_in_kernel -= 1,
+                _ => self.cancels_in_kernel -= 1,
+            }
+            return 0;
+        }
+        let slot = user_data as u32;
+        let mut flight = self.slots[slot as usize]
+            .take()
+            .unwrap_or_else(|| panic!("io_uring completion for idle slot {slot}"));
+        let next = match (flight.opcode, flight.zeroing, result) {
+            // The file system has no zero-range (tmpfs): punching a hole zeroes too.
+            (Opcode::WriteZeroes, Zeroing::ZeroRange, r) if r == -libc::EOPNOTSUPP => {
+                self.zero_range_unsupported = true;
+                Some(Zeroing::PunchHole)
+            }
+            // Zeroed by deallocating: allocate again unless deallocation was allowed.
+            (Opcode::WriteZeroes, Zeroing::PunchHole, 0) if !flight.may_deallocate => {
+                Some(Zeroing::Allocate)
+            }
+            _ => None,
+        };
+        if let Some(next) = next {
+            flight.zeroing = next;
+            self.slots[slot as usize] = Some(flight);
+            self.retry_zeroes.push(slot);
+            return 0;
+        }
+        self.in_kernel -= 1;
+        if flight.side {
+            if let Some(s) = &mut self.side {
+                s.in_kernel -= 1;
+            }
+        }
+        self.free_slots.push(slot);
+        out(Completion {
+            tag: flight.tag,
+            status: status_of(result, &flight),
+        });
+        1
+    }
+
+    /// Commands and aborts in the kernel on either ring.
+    pub(super) fn in_kernel_total(&self) -> usize {
+        self.in_kernel
+            + self.cancels_in_kernel
+            + self.side.as_ref().map_or(0, |s| s.cancels_in_kernel)
+    }
+}
+
+/// Completions taken from a ring at a time, into a buffer on the stack.
+const REAP_BATCH: usize = 32;
+
+impl QueuePair for UringQueuePair {
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        if self.in_kernel + self.local.len() >= self.depth {
+            return Err(SubmitError::QueueFull { depth: self.depth });
+        }
+        let lba_bytes = self.ns.lba_size_bytes;
+        cmd.check(lba_bytes)?;
+        let in_range = match cmd.opcode() {
+            Opcode::Flush => true,
+            _ => cmd
+                .slba()
+                .checked_add(u64::from(cmd.nlb()))
+                .is_some_and(|end| end <= self.ns.capacity_lbas),
+        };
+        if !in_range {
+            self.complete_locally(tag, Status::LBA_OUT_OF_RANGE);
+            return Ok(());
+        }
+        let len_bytes = u64::from(cmd.nlb()) * u64::from(lba_bytes);
+        let moves_data = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
+        if moves_data && len_bytes > u64::from(self.ns.transfer_bytes_max) {
+            self.complete_locally(tag, Status::INVALID_FIELD);
+            return Ok(());
+        }
+        let slot = self
+            .free_slots
+            .pop()
+            .expect("a free slot exists below the queue depth");
+        let flight = InFlight {
+            tag,
+            opcode: cmd.opcode(),
+            len_bytes,
+            offset_bytes: cmd.slba() * u64::from(lba_bytes),
+            may_deallocate: cmd.may_deallocate(),
+            zeroing: if self.zero_range_unsupported {
+                Zeroing::PunchHole
+            } else {
+                Zeroing::ZeroRange
+            },
+            side: !moves_data && self.side.is_some(),
+        };
+        let fixed = moves_data && self.in_fixed_region(cmd.buf_ptr(), len_bytes);
+        self.fixed_ios += u64::from(fixed);
+        let entry = if moves_data {
+            data_entry(cmd, &flight, slot, fixed)
+        } else {
+            flight.entry(slot)
+        };
+        // SAFETY: the caller of `submit` guarantees the command's buffer stays valid and
+        // untouched until its completion is reaped (QueuePair::submit's contract), and Drop
+        // waits for every command in the kernel before the ring goes away.
+        if !unsafe { self.push(&entry, flight.side) } {
+            self.free_slots.push(slot);
+            return Err(SubmitError::QueueFull { depth: self.depth });
+        }
+        self.slots[slot as usize] = Some(flight);
+        self.in_kernel += 1;
+        if let Some(side) = self.side.as_mut().filter(|_| flight.side) {
+            side.in_kernel += 1;
+        }
+        Ok(())
+    }
+
+    fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        if !self.retry_zeroes.is_empty() {
+            self.resubmit_zeroes();
+        }
+        self.flush();
+        let mut done = 0;
+        while done < max {
+            let Some(c) = self.local.pop_front() else {
+                break;
+            };
+            out(c);
+            done += 1;
+        }
+        if done == max || self.in_kernel_total() == 0 {
+            return done;
+        }
+        self.poll_kernel();
+        done += self.reap(false, max - done, out);
+        if self.side.is_some() {
+            done += self.reap(true, max - done, out);
+        }
+        self.resubmit_zeroes();
+        done
+    }
+
+    fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.event_fd.as_ref().map(EventFd::as_fd)
+    }
+
+    fn arm_interrupt(&mut self) {
+        self.flush();
+        let Some(efd) = &self.event_fd else {
+            return;
+        };
+        // The eventfd counts every completion posted since it was last drained: clear it,
+        // then make it readable again if completions already wait in the ring, so a reactor
+        // blocking on it cannot miss them.
+        efd.drain();
+        // Deferred task work pending: the kernel signalled the eventfd for it (possibly before
+        // the drain); the completion is posted once the reactor polls. Entries a transient
+        // `io_uring_enter` failure left unsubmitted, and Write Zeroes with a next step, wait
+        // for the reactor's next poll too: nothing in the kernel would signal for them.
+        let ready = !self.local.is_empty()
+            || !self.ring.completion().is_empty()
+            || (self.defer_taskrun && self.ring.submission().taskrun())
+            || self.unsubmitted > 0
+            || !self.retry_zeroes.is_empty()
+            || self
+                .side
+                .as_mut()
+                .is_some_and(|s| !s.ring.completion().is_empty() || s.unsubmitted > 0);
+        if ready {
+            efd.signal().expect("signalling our own eventfd");
+        }
+    }
+
+    /// Drains the eventfd, which the kernel bumped for every completion polled for since it
+    /// was last armed.
+    fn disarm_interrupt(&mut self) {
+        if let Some(efd) = &self.event_fd {
+            efd.drain();
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        self.in_kernel + self.local.len()
+    }
+
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn namespace(&self) -> NamespaceInfo {
+        self.ns
+    }
+
+    /// Asks the kernel to cancel the command (`IORING_OP_ASYNC_CANCEL`). A request still
+    /// queued in the kernel (an `fsync` or `fallocate` waiting for a worker) completes with
+    /// Abort Requested; one already at the device cannot be pulled back and completes with
+    /// its own status when the device (or the block layer's own timeout) finishes it.
+    ///
+    /// In polled modes a read or write is not asked about: an IOPOLL ring refuses
+    /// `ASYNC_CANCEL`, and the command is at the device, to complete by itself. The other
+    /// commands, on the side ring, are asked about there.
+    fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
+        let Some((slot, flight)) = self
+            .slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, f)| f.filter(|f| f.tag == tag).map(|f| (i, f)))
+        else {
+            return Ok(()); // completed meanwhile, or completed locally
+        };
+        if self.mode != CompletionMode::Interrupt && !flight.side {
+            return Ok(());
+        }
+        let cancels = match (&self.side, flight.side) {
+            (Some(s), true) => s.cancels_in_kernel,
+            _ => self.cancels_in_kernel,
+        };
+        if cancels >= self.depth {
+            return Err(RecoveryError::Failed("too many aborts in flight"));
+        }
+        let cancel = opcode::AsyncCancel::new(slot as u64)
+            .build()
+            .user_data(CANCEL_USER_DATA);
+        // SAFETY: a cancel request carries no buffer.
+        if !unsafe { self.push(&cancel, flight.side) } {
+            return Err(RecoveryError::Failed("submission queue full"));
+        }
+        match (&mut self.side, flight.side) {
+            (Some(s), true) => s.cancels_in_kernel += 1,
+            _ => self.cancels_in_kernel += 1,
+        }
+        self.flush();
+        Ok(())
+    }
+
+    // `reset` keeps the default (Unsupported): io_uring cannot take back a command the
+    // device holds, so no reset could promise that its buffer is left alone. The reactor
+    // quarantines such a command until its completion arrives; the kernel's own block-layer
+    // timeout (30 s for NVMe and SCSI) guarantees that it does.
+}
+
+impl Drop for UringQueuePair {
+    /// Waits for every command the kernel holds: their buffers belong to the caller and
+    /// must not be written after the queue pair is gone. Block I/O always completes (the
+    /// kernel's own timeouts fail it), so this ends.
+    fn drop(&mut self) {
+        loop {
+            // Write Zeroes waiting to be resubmitted are not in the kernel: nothing to wait
+            // for (a completion reaped below may add one).
+            for slot in std::mem::take(&mut self.retry_zeroes) {
+                let flight = self.slots[slot as usize].take();
+                self.in_kernel -= 1;
+                if let Some(side) = self
+                    .side
+                    .as_mut()
+                    .filter(|_| flight.is_some_and(|f| f.side))
+                {
+                    side.in_kernel -= 1;
+                }
+            }
+            if self.in_kernel_total() == 0 {
+                return;
+            }
+            // Each ring is waited on for its own commands: the main ring's first.
+            let on_main = self.main_in_kernel() + self.cancels_in_kernel > 0;
+            match self.ring_of(!on_main).submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if transient(&e) => {}
+                Err(e) => {
+                    eprintln!(
+                        "hypoll: io_uring queue pair cannot wait for its {} commands ({e}); \
+                         aborting rather than let the kernel write freed memory",
+                        self.in_kernel
+                    );
+                    std::process::abort();
+                }
+            }
+            self.reap(false, usize::MAX, &mut |_| {});
+            if self.side.is_some() {
+                self.reap(true, usize::MAX, &mut |_| {});
+            }
+        }
+    }
+}
