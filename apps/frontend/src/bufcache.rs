@@ -14,8 +14,8 @@ const BUF_CACHE_BYTES_MAX: usize = 8 << 20;
 /// Distinct buffer lengths kept.
 const BUF_CACHE_SIZES_MAX: usize = 8;
 
-/// Idle pinned buffers, by length, within [`BUF_CACHE_BYTES_MAX`] and
-/// [`BUF_CACHE_SIZES_MAX`] lengths.
+/// Idle pinned buffers, by length, within `BUF_CACHE_BYTES_MAX` bytes and
+/// `BUF_CACHE_SIZES_MAX` lengths.
 #[derive(Default)]
 pub struct BufCache {
     /// (buffer length, idle buffers of that length).
