@@ -1,13 +1,14 @@
-//! The one system interface the server needs beyond std: a level-triggered epoll set over a
-//! reactor's sockets, whose own fd the reactor watches (readable when any socket is ready),
-//! so a parked reactor wakes for its connections. Each `unsafe` block is one FFI call on
-//! descriptors this module owns or borrows for the call.
+//! The one system interface a front end needs beyond std: a level-triggered epoll set over
+//! a reactor's sockets, whose own fd the reactor watches (readable when any socket is
+//! ready), so a parked reactor wakes for its connections. Each `unsafe` block is one FFI
+//! call on descriptors this module owns or borrows for the call.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most readiness events one poll takes; the rest stay ready (level-triggered) for the next.
 pub const EVENTS_MAX: usize = 64;
+const _: () = assert!(EVENTS_MAX <= libc::c_int::MAX as usize);
 
 fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
     if rc < 0 {

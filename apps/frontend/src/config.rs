@@ -1,0 +1,72 @@
+//! How a front end's service runs: the settings every protocol shares (where to listen, the
+//! reactors and their policy, the bounds on what clients may hold, the pacing of socket
+//! reads), their defaults, and the limits they must stay within.
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use hypoll_reactor::CoreList;
+
+use crate::listen::ListenAddr;
+
+/// Default most connections open at once (`--max-connections`).
+pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
+/// Most connections a reactor holds: a protocol may pack a connection's key into 16 bits of
+/// a device command's `user` word.
+pub const CONNECTIONS_PER_REACTOR_MAX: usize = 1 << 16;
+/// Default queue depth of each reactor's queue pair per export (`--queue-depth`).
+pub const QUEUE_DEPTH_DEFAULT: usize = 128;
+/// Default time an idle reactor watches its sockets for a queue-depth-1 client's next
+/// request before it parks (`--idle-spin-us`): a few loopback round trips on a busy machine.
+pub const IDLE_SPIN_NS_DEFAULT: u64 = 200_000;
+/// Default request-gathering window under pipelined load (`--coalesce-us`): a reactor whose
+/// clients keep many requests in flight reads its sockets at most once per window, so one
+/// read, one device batch and one write per connection carry several requests.
+pub const COALESCE_NS_DEFAULT: u64 = 200_000;
+/// Longest window `--coalesce-us` accepts: the reactor runs no messages or timers while it
+/// waits for a window's end.
+pub const COALESCE_NS_MAX: u64 = 1_000_000;
+/// How long a connection may take to finish its handshake before it is closed, so clients
+/// that connect and say nothing cannot hold `--max-connections` slots forever.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Requests one connection may have in flight; beyond this its socket is not read.
+pub const REQUESTS_INFLIGHT_MAX: usize = 256;
+/// Default of [`ServiceConfig::connection_bytes_max`].
+pub const CONNECTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Bounds of [`ServiceConfig::connection_bytes_max`].
+pub const CONNECTION_BYTES_MAX_RANGE: RangeInclusive<usize> = (64 << 10)..=(64 << 30);
+/// How long a graceful stop waits for connections to finish what they have in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a graceful stop waits for the final flush of each export.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+const _: () = assert!(COALESCE_NS_DEFAULT <= COALESCE_NS_MAX);
+const _: () = assert!(CONNECTIONS_MAX_DEFAULT <= CONNECTIONS_PER_REACTOR_MAX);
+const _: () = assert!(*CONNECTION_BYTES_MAX_RANGE.start() <= CONNECTION_BYTES_MAX_DEFAULT);
+const _: () = assert!(CONNECTION_BYTES_MAX_DEFAULT <= *CONNECTION_BYTES_MAX_RANGE.end());
+
+/// The settings of a service that every protocol shares.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub listen: ListenAddr,
+    pub cores: Option<CoreList>,
+    pub policy: String,
+    /// Where the Prometheus endpoint listens, if it runs.
+    pub metrics: Option<SocketAddr>,
+    /// Most connections open at once; more are closed as they arrive.
+    pub connections_max: usize,
+    /// Data one connection may hold: replies queued for its socket (with a fixed cost
+    /// each) plus the payloads of its writes and the lengths of its reads in flight. Past
+    /// it (by at most one request) the connection's requests wait unread, so a client that
+    /// pipelines and never reads cannot grow the server.
+    pub connection_bytes_max: usize,
+    /// How long a reactor with nothing in flight watches its sockets before it parks, while
+    /// its clients send one request at a time (parked, their next request costs a wake-up).
+    pub idle_spin_ns: u64,
+    /// A connection still negotiating after this long is closed.
+    pub handshake_timeout: Duration,
+    /// Request-gathering window under pipelined load (0: never gather; at most
+    /// [`COALESCE_NS_MAX`]).
+    pub coalesce_ns: u64,
+}

@@ -1,0 +1,53 @@
+//! hypoll-frontend: what every block-service front end on hypoll reactors shares, so a
+//! protocol crate (NBD today) brings only its socket-free state machine and how its requests
+//! become device commands.
+//!
+//! A listener thread accepts connections and hands each to a reactor, round-robin. A
+//! connection then lives on that reactor for good, in the reactor's [`Shard`]: the shard's
+//! poller reads its socket, runs the bytes through the [`Protocol`], and writes the replies
+//! the protocol queues. Sockets are non-blocking and sit in one epoll set per reactor, whose
+//! fd is the poller's wake fd: a parked reactor wakes when a client sends, and the policy
+//! that decides how the reactor waits for its device also governs its sockets.
+//!
+//! - `config.rs`: [`ServiceConfig`], its defaults and limits.
+//! - `service.rs`: [`Service::start`], in steps (bind, reactors, metrics endpoint,
+//!   listener); `stop.rs`: the graceful stop and its [`StopReport`].
+//! - `listen.rs`: [`ListenAddr`], the listening socket and the hand-off of accepted sockets.
+//! - `local.rs`: how code on a reactor finds its shard ([`with_shard`]), and the shard's
+//!   poller.
+//! - `shard.rs`: [`Protocol`] and [`Shard`]: a reactor's connections, adopted, progressed
+//!   and closed; `turn.rs`: one poller turn and its pacing; `coalesce.rs`: the adaptive
+//!   gathering of requests under pipelined load.
+//! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
+//! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
+//! - `metrics.rs` and `endpoint.rs`: the Prometheus metrics and their HTTP endpoint.
+//! - `epoll.rs`: the epoll set, the one system interface needed beyond std.
+
+mod bufcache;
+mod coalesce;
+mod config;
+mod conn;
+mod endpoint;
+mod epoll;
+mod listen;
+mod local;
+pub mod metrics;
+mod service;
+mod shard;
+mod stop;
+mod turn;
+
+pub use bufcache::BufCache;
+pub use config::{
+    ServiceConfig, COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_REACTOR_MAX, CONNECTION_BYTES_MAX_DEFAULT, CONNECTION_BYTES_MAX_RANGE,
+    DRAIN_TIMEOUT, FLUSH_TIMEOUT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT,
+    QUEUE_DEPTH_DEFAULT, REQUESTS_INFLIGHT_MAX,
+};
+pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL};
+pub use endpoint::Endpoint;
+pub use listen::ListenAddr;
+pub use local::with_shard;
+pub use service::{Service, StartError};
+pub use shard::{Protocol, Shard};
+pub use stop::StopReport;

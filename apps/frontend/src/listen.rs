@@ -1,0 +1,223 @@
+//! Where clients connect and how their sockets reach a reactor: the listening socket (TCP or
+//! Unix), a client's stream, and the listener thread that accepts connections within
+//! `--max-connections` and hands each to a reactor, round-robin. A connection then lives on
+//! that reactor for good.
+
+use std::fmt;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use hypoll_reactor::ReactorHandle;
+
+use crate::local::with_shard;
+use crate::shard::Protocol;
+
+/// How often the listener checks whether it should stop.
+const ACCEPT_CHECK_MS: i32 = 50;
+
+/// Where the server listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ListenAddr, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/tmp/hypoll.sock".into());
+            }
+            return Ok(ListenAddr::Unix(path.into()));
+        }
+        s.parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:10809) or unix:PATH"))
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A bound, non-blocking listening socket. A Unix socket's file is removed when it drops.
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Listener {
+    /// Binds `addr`, non-blocking.
+    pub(crate) fn bind(addr: &ListenAddr) -> io::Result<Listener> {
+        let l = match addr {
+            ListenAddr::Tcp(a) => {
+                let l = TcpListener::bind(a)?;
+                l.set_nonblocking(true)?;
+                Listener::Tcp(l)
+            }
+            ListenAddr::Unix(p) => {
+                let l = UnixListener::bind(p)?;
+                l.set_nonblocking(true)?;
+                Listener::Unix(l, p.clone())
+            }
+        };
+        Ok(l)
+    }
+
+    /// Where clients connect (the real port when port 0 was asked for).
+    pub(crate) fn local_addr(&self) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Tcp(l) => Ok(ListenAddr::Tcp(l.local_addr()?)),
+            Listener::Unix(_, p) => Ok(ListenAddr::Unix(p.clone())),
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l, _) => l.as_fd(),
+        }
+    }
+
+    /// A new client's non-blocking stream (TCP without Nagle's delay) and a name for logs.
+    fn accept(&self) -> io::Result<(Stream, String)> {
+        match self {
+            Listener::Tcp(l) => l.accept().and_then(|(s, peer)| {
+                s.set_nonblocking(true)?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), peer.to_string()))
+            }),
+            Listener::Unix(l, _) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(true)?;
+                Ok((Stream::Unix(s), "unix client".to_string()))
+            }),
+        }
+    }
+}
+
+/// A client's socket.
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+/// The listener thread's loop: accepts until `stop`, refuses past `connections_max` open
+/// connections (counted in `open`, which the reactors decrement as connections close), and
+/// hands each accepted stream to the next reactor's shard of protocol `P`.
+pub(crate) fn accept_loop<P: Protocol>(
+    listener: Listener,
+    stop: &AtomicBool,
+    open: &AtomicUsize,
+    connections_max: usize,
+    handles: &[ReactorHandle],
+) {
+    assert!(!handles.is_empty());
+    let mut next = 0usize;
+    while !stop.load(Ordering::Acquire) {
+        match hypoll_nvme::wait_readable(listener.fd(), ACCEPT_CHECK_MS) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                eprintln!("hypoll serve: waiting for connections: {e}; no longer accepting");
+                return;
+            }
+        }
+        let (stream, peer) = match listener.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                eprintln!("hypoll serve: accept failed: {e}");
+                continue;
+            }
+        };
+        if open.load(Ordering::Acquire) >= connections_max {
+            eprintln!(
+                "hypoll serve: {peer}: refused: {connections_max} connections are open \
+                 (--max-connections)"
+            );
+            continue;
+        }
+        open.fetch_add(1, Ordering::AcqRel);
+        let h = &handles[next % handles.len()];
+        next = next.wrapping_add(1);
+        let index = h.index();
+        // A refused send drops the message, and the stream in it, here: closed.
+        let sent = h.send(move |r| {
+            if with_shard::<P, _>(|s| s.adopt(r, stream, peer)).is_none() {
+                eprintln!(
+                    "hypoll serve: reactor {index} has no {} state; connection dropped",
+                    P::NAME
+                );
+            }
+        });
+        if let Err(e) = sent {
+            open.fetch_sub(1, Ordering::AcqRel);
+            eprintln!("hypoll serve: connection dropped: reactor {index}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!(
+            "127.0.0.1:10809".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("127.0.0.1:10809".parse().unwrap()))
+        );
+        assert_eq!(
+            "unix:/tmp/x.sock".parse::<ListenAddr>(),
+            Ok(ListenAddr::Unix("/tmp/x.sock".into()))
+        );
+        assert!("unix:".parse::<ListenAddr>().is_err());
+        assert!("localhost".parse::<ListenAddr>().is_err());
+        assert_eq!(
+            ListenAddr::Unix("/a".into()).to_string(),
+            "unix:/a".to_string()
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! A running service of one protocol: its reactors, each with a shard; the listener thread
+//! that hands them connections; the metrics endpoint. [`Service::start`] brings them up in
+//! named steps; the graceful stop is in `stop.rs`.
+
+use std::io;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use hypoll_reactor::{Reactor, ReactorConfig, ReactorSet, ReactorTuning};
+
+use crate::endpoint::Endpoint;
+use crate::listen::{accept_loop, ListenAddr, Listener};
+use crate::metrics::Metrics;
+use crate::shard::{self, Protocol};
+use crate::ServiceConfig;
+
+/// Why a service did not start (after its configuration was checked).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("listening on {addr}: {error}")]
+    Listen { addr: String, error: io::Error },
+    #[error("metrics endpoint on {addr}: {error}")]
+    Metrics { addr: SocketAddr, error: io::Error },
+    #[error("starting reactors: {0}")]
+    Reactors(#[from] hypoll_reactor::StartError),
+    #[error("starting the listener thread: {0}")]
+    Thread(io::Error),
+}
+
+/// A running service of protocol `P`. [`Service::stop`] stops it gracefully; dropping it
+/// stops it too.
+pub struct Service<P: Protocol> {
+    pub(crate) set: Option<ReactorSet>,
+    pub(crate) listener: Option<JoinHandle<()>>,
+    pub(crate) stop: Arc<AtomicBool>,
+    local: ListenAddr,
+    pub(crate) endpoint: Option<Endpoint>,
+    /// Connections open on all reactors.
+    pub(crate) open: Arc<AtomicUsize>,
+    /// The exports' names, in the order their devices are attached on every reactor.
+    pub(crate) export_names: Vec<String>,
+    protocol: PhantomData<fn() -> P>,
+}
+
+impl<P: Protocol> Service<P> {
+    /// Starts the reactors (running `init` on each to build the protocol's per-reactor
+    /// state: `init` attaches the exports' devices in `export_names` order), the metrics
+    /// endpoint and the listener. Returns once clients can connect.
+    pub fn start(
+        cfg: &ServiceConfig,
+        metrics: Arc<Metrics>,
+        export_names: Vec<String>,
+        init: impl Fn(&mut Reactor, &Metrics) -> Result<P, String> + Send + Sync + 'static,
+    ) -> Result<Service<P>, StartError> {
+        let listener = bind(&cfg.listen)?;
+        let local = listener.local_addr().map_err(|error| StartError::Listen {
+            addr: cfg.listen.to_string(),
+            error,
+        })?;
+        let open = Arc::new(AtomicUsize::new(0));
+        let set = start_reactors(cfg, metrics.clone(), open.clone(), init)?;
+        let endpoint = start_endpoint(cfg.metrics, metrics, &set)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = start_listener::<P>(listener, &stop, &open, cfg.connections_max, &set)?;
+        Ok(Service {
+            set: Some(set),
+            listener: Some(thread),
+            stop,
+            local,
+            endpoint,
+            open,
+            export_names,
+            protocol: PhantomData,
+        })
+    }
+
+    /// Where clients connect (the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> &ListenAddr {
+        &self.local
+    }
+
+    /// Where the metrics endpoint listens, if it runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.as_ref().map(Endpoint::addr)
+    }
+
+    /// Connections open now.
+    pub fn connections_open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+impl<P: Protocol> Drop for Service<P> {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
+
+/// Step 1: the listening socket.
+fn bind(addr: &ListenAddr) -> Result<Listener, StartError> {
+    Listener::bind(addr).map_err(|error| StartError::Listen {
+        addr: addr.to_string(),
+        error,
+    })
+}
+
+/// Step 2: one reactor per core, each with the protocol's state (from `init`) in a shard.
+fn start_reactors<P: Protocol>(
+    cfg: &ServiceConfig,
+    metrics: Arc<Metrics>,
+    open: Arc<AtomicUsize>,
+    init: impl Fn(&mut Reactor, &Metrics) -> Result<P, String> + Send + Sync + 'static,
+) -> Result<ReactorSet, StartError> {
+    let shard_cfg = cfg.clone();
+    let set = ReactorSet::start(
+        ReactorConfig {
+            cores: cfg.cores.clone(),
+            policy: cfg.policy.clone(),
+            // The shard's turn decides when waiting for sockets pays (`turn.rs`); otherwise
+            // an idle reactor parks at once.
+            tuning: ReactorTuning {
+                idle_spin_ns: 0,
+                ..ReactorTuning::default()
+            },
+            ..ReactorConfig::default()
+        },
+        move |reactor| {
+            let proto = init(reactor, &metrics)?;
+            let conn_metrics = metrics.conns(reactor.index());
+            shard::install(reactor, proto, &shard_cfg, conn_metrics, open.clone())
+        },
+    )?;
+    Ok(set)
+}
+
+/// Step 3: the Prometheus endpoint, where one was asked for.
+fn start_endpoint(
+    addr: Option<SocketAddr>,
+    metrics: Arc<Metrics>,
+    set: &ReactorSet,
+) -> Result<Option<Endpoint>, StartError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let endpoint = Endpoint::start(addr, metrics, set.handles().clone())
+        .map_err(|error| StartError::Metrics { addr, error })?;
+    Ok(Some(endpoint))
+}
+
+/// Step 4: the listener thread, handing connections to the reactors until `stop`.
+fn start_listener<P: Protocol>(
+    listener: Listener,
+    stop: &Arc<AtomicBool>,
+    open: &Arc<AtomicUsize>,
+    connections_max: usize,
+    set: &ReactorSet,
+) -> Result<JoinHandle<()>, StartError> {
+    let stop = stop.clone();
+    let open = open.clone();
+    let handles = set.handles().clone();
+    std::thread::Builder::new()
+        .name("hypoll-listen".into())
+        .spawn(move || accept_loop::<P>(listener, &stop, &open, connections_max, &handles))
+        .map_err(StartError::Thread)
+}

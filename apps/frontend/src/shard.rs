@@ -1,0 +1,322 @@
+//! A reactor's shard of a front end: the connections that reactor owns, in one epoll set
+//! whose fd is the shard poller's wake fd, so the policy that decides how the reactor waits
+//! for its devices also governs its sockets. This file holds the connections' life: adopted
+//! from the listener, progressed (parse, write, re-arm the epoll interest), closed when
+//! finished, drained on a graceful stop, and closed early when a handshake takes too long.
+//! What a protocol adds (its parser, its requests) comes in through [`Protocol`]; the turn
+//! that reads the sockets is in `turn.rs`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypoll_reactor::Reactor;
+use slab::Slab;
+
+use crate::bufcache::BufCache;
+use crate::conn::{Conn, READ_CHUNK_BYTES};
+use crate::epoll::{Epoll, Interest};
+use crate::listen::Stream;
+use crate::local::{self, ShardPoller};
+use crate::metrics::ConnMetrics;
+use crate::turn::Pace;
+use crate::{ServiceConfig, COALESCE_NS_MAX, CONNECTIONS_PER_REACTOR_MAX};
+
+/// How often each reactor looks for handshakes past their time.
+const HANDSHAKE_SWEEP_PERIOD: Duration = Duration::from_millis(250);
+
+/// What a protocol adds to the shared shard: its per-reactor state (`Self`, e.g. the
+/// exports and their device queues) and its per-connection state ([`Protocol::Conn`]).
+pub trait Protocol: Sized + 'static {
+    /// What one connection holds beyond its socket: its session, its requests in flight.
+    type Conn;
+    /// The protocol's name in log lines ("NBD").
+    const NAME: &'static str;
+
+    /// A new connection's state; `greeting` takes the bytes to send it first.
+    fn connect(&mut self, greeting: &mut Vec<u8>) -> Self::Conn;
+    /// Whether the connection finished its handshake (one that takes too long is closed).
+    fn negotiated(conn: &Self::Conn) -> bool;
+    /// Requests the connection has in flight (bounded by
+    /// [`REQUESTS_INFLIGHT_MAX`](crate::REQUESTS_INFLIGHT_MAX)).
+    fn requests_inflight(conn: &Self::Conn) -> usize;
+    /// Bytes of the largest whole request, header included: a connection's input buffer
+    /// holds one.
+    fn request_bytes_max(&self) -> usize;
+    /// Whether requests wait for room at a device.
+    fn has_backlog(&self) -> bool;
+    /// Runs the protocol over connection `key`'s input while [`Shard::can_parse`] allows:
+    /// consumes what it parsed, queues replies, starts requests. Returns the work done.
+    fn parse(shard: &mut Shard<Self>, r: &mut Reactor, key: usize) -> usize;
+    /// Submits what requests waiting for room at a device can now. Returns the work done.
+    fn retry_backlog(shard: &mut Shard<Self>, r: &mut Reactor) -> usize;
+    /// What the connection's close line adds (e.g. requests refused and not logged); a
+    /// non-empty note gets the close logged.
+    fn close_note(conn: &Self::Conn) -> String;
+}
+
+/// One reactor's connections for protocol `P`.
+pub struct Shard<P: Protocol> {
+    /// The reactor's index.
+    pub index: usize,
+    /// The protocol's state on this reactor.
+    pub proto: P,
+    /// Open connections, keyed as their epoll tokens.
+    pub conns: Slab<Conn<P>>,
+    /// Idle data buffers for the next requests.
+    pub bufs: BufCache,
+    pub metrics: ConnMetrics,
+    pub(crate) epoll: Rc<Epoll>,
+    /// Connections with replies to send or buffered input to parse.
+    pub(crate) dirty: Vec<usize>,
+    pub(crate) ready: Vec<(u64, u32)>,
+    pub(crate) draining: bool,
+    /// Connections open on the whole service (the listener's bound).
+    open: Arc<AtomicUsize>,
+    /// See [`ServiceConfig::connection_bytes_max`].
+    pub(crate) connection_bytes_max: usize,
+    /// A connection still negotiating after this long is closed.
+    handshake_timeout_ns: u64,
+    pub(crate) pace: Pace,
+}
+
+/// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller, the handshake
+/// sweep, and the thread-local through which messages and completions find it.
+pub(crate) fn install<P: Protocol>(
+    r: &mut Reactor,
+    proto: P,
+    cfg: &ServiceConfig,
+    metrics: ConnMetrics,
+    open: Arc<AtomicUsize>,
+) -> Result<(), String> {
+    let epoll = Rc::new(Epoll::new().map_err(|e| format!("creating epoll: {e}"))?);
+    let shard = Rc::new(RefCell::new(Shard {
+        index: r.index(),
+        proto,
+        conns: Slab::new(),
+        bufs: BufCache::default(),
+        metrics,
+        epoll: epoll.clone(),
+        dirty: Vec::new(),
+        ready: Vec::new(),
+        draining: false,
+        open,
+        connection_bytes_max: cfg.connection_bytes_max,
+        handshake_timeout_ns: u64::try_from(cfg.handshake_timeout.as_nanos()).unwrap_or(u64::MAX),
+        pace: Pace::new(cfg.idle_spin_ns, cfg.coalesce_ns.min(COALESCE_NS_MAX)),
+    }));
+    local::install(shard.clone());
+    r.add_poller(Box::new(ShardPoller { epoll, shard }))
+        .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
+    r.every(HANDSHAKE_SWEEP_PERIOD, |r| {
+        local::with_shard::<P, _>(|s| s.expire_handshakes(r));
+    });
+    Ok(())
+}
+
+impl<P: Protocol> Shard<P> {
+    /// Logs a line about a client.
+    pub fn log(&self, peer: &str, message: &str) {
+        eprintln!("hypoll serve: reactor {}: {peer}: {message}", self.index);
+    }
+
+    /// Whether connection `key` may take more requests now (it is open, within its bounds,
+    /// and the service is not stopping).
+    pub fn can_parse(&self, key: usize) -> bool {
+        self.conns[key].can_parse(self.draining, self.connection_bytes_max)
+    }
+
+    /// Counts a request parsed and started (the pacing of socket reads follows the count).
+    pub fn count_request(&mut self) {
+        self.pace.requests_started += 1;
+    }
+
+    /// Has connection `key` progressed (parse, write) on this turn or the next.
+    pub fn mark_dirty(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
+            }
+        }
+    }
+
+    /// Input buffer bound of a connection: one whole request and a read's worth beyond.
+    pub(crate) fn inbuf_limit(&self) -> usize {
+        self.proto.request_bytes_max() + READ_CHUNK_BYTES
+    }
+
+    /// Gives back one connection of the service's count.
+    fn open_dec(&self) {
+        let before = self.open.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "more connections closed than were counted open");
+    }
+
+    /// A new connection from the listener (counted open by it).
+    pub(crate) fn adopt(&mut self, r: &mut Reactor, stream: Stream, peer: String) {
+        if self.draining || self.conns.len() >= CONNECTIONS_PER_REACTOR_MAX {
+            self.open_dec();
+            self.log(
+                &peer,
+                "refused: the server is stopping or this reactor is full",
+            );
+            return;
+        }
+        let mut greeting = Vec::new();
+        let proto = self.proto.connect(&mut greeting);
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        let interest = Interest {
+            read: true,
+            write: false,
+        };
+        if let Err(e) = self.epoll.add(stream.fd(), interest, key as u64) {
+            self.open_dec();
+            self.log(&peer, &format!("dropped: watching its socket: {e}"));
+            return;
+        }
+        let mut conn = Conn::new(stream, peer, proto, interest, r.now_ns());
+        conn.push_bytes(greeting);
+        entry.insert(conn);
+        self.metrics.accepted.inc();
+        self.metrics.open.inc();
+        self.mark_dirty(key);
+        assert!(key < CONNECTIONS_PER_REACTOR_MAX);
+        assert!(self.conns.len() <= CONNECTIONS_PER_REACTOR_MAX);
+    }
+
+    /// Stop reading requests everywhere; connections close as they finish.
+    pub(crate) fn drain(&mut self) {
+        self.draining = true;
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.mark_dirty(k);
+        }
+    }
+
+    /// Closes connections that have not finished their handshake in time.
+    pub(crate) fn expire_handshakes(&mut self, r: &mut Reactor) {
+        let now_ns = r.now_ns();
+        let late: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                !P::negotiated(&c.proto)
+                    && c.closing.is_none()
+                    && now_ns.saturating_sub(c.adopted_ns) > self.handshake_timeout_ns
+            })
+            .map(|(key, _)| key)
+            .collect();
+        for key in late {
+            let conn = &mut self.conns[key];
+            conn.failed = true;
+            conn.closing = Some(format!(
+                "handshake not finished within {} ms",
+                self.handshake_timeout_ns / 1_000_000
+            ));
+            self.progress(r, key);
+        }
+    }
+
+    /// Parses buffered input, sends replies, closes a finished connection, and watches the
+    /// socket for what the connection waits for. Returns the work done.
+    pub(crate) fn progress(&mut self, r: &mut Reactor, key: usize) -> usize {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return 0;
+        };
+        conn.dirty = false;
+        let mut work = P::parse(self, r, key);
+        let draining = self.draining;
+        let bytes_max = self.connection_bytes_max;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return work;
+        };
+        if !conn.gone && conn.has_output() && !conn.write_blocked {
+            let held_back = !conn.can_parse(draining, bytes_max) && conn.in_start < conn.in_end;
+            match conn.write_out(&mut self.bufs) {
+                Ok(n) => work += usize::from(n > 0),
+                Err(e) => {
+                    conn.gone = true;
+                    conn.failed = true;
+                    conn.closing = Some(format!("writing the socket: {e}"));
+                }
+            }
+            if held_back && conn.can_parse(draining, bytes_max) {
+                // The replies sent made room for requests already read off the socket: no
+                // socket event will come for them, so parse them now. What that queues
+                // without a device command (a refusal, a handshake reply) has no
+                // completion to send it: the next turn does, and parses on if the bound
+                // holds them again.
+                let parsed = P::parse(self, r, key);
+                if parsed > 0 {
+                    self.mark_dirty(key);
+                }
+                work += parsed;
+            }
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return work;
+        };
+        if conn.eof && conn.closing.is_none() && conn.can_parse(draining, bytes_max) {
+            // Parsing stopped for want of input, not for a limit: every whole request the
+            // client sent has started. Close once they finish.
+            conn.closing = Some("the client closed the connection".into());
+        }
+        if draining && conn.closing.is_none() {
+            conn.closing = Some("the server is stopping".into());
+        }
+        let finished = conn.closing.is_some()
+            && P::requests_inflight(&conn.proto) == 0
+            && (conn.gone || !conn.has_output());
+        if finished {
+            self.close(key);
+            return work + 1;
+        }
+        let want = Interest {
+            read: conn.can_parse(draining, bytes_max) && !conn.eof,
+            write: conn.write_blocked,
+        };
+        let result = if conn.gone && conn.registered {
+            // Nothing more to read or write: stop hearing about it.
+            conn.registered = false;
+            self.epoll.remove(conn.stream.fd())
+        } else if !conn.gone && want != conn.interest {
+            // Kept only once the kernel has it: a failed change is tried again on the next
+            // turn that progresses the connection.
+            let changed = self.epoll.modify(conn.stream.fd(), want, key as u64);
+            if changed.is_ok() {
+                conn.interest = want;
+            }
+            changed
+        } else {
+            Ok(())
+        };
+        if let Err(e) = result {
+            let peer = conn.peer.clone();
+            self.log(&peer, &format!("updating its epoll interest: {e}"));
+        }
+        work
+    }
+
+    /// Removes a finished connection: out of the epoll set, out of the counts, logged if it
+    /// failed or has something to say.
+    fn close(&mut self, key: usize) {
+        let conn = self.conns.remove(key);
+        conn.assert_closed_clean();
+        if conn.registered {
+            let _ = self.epoll.remove(conn.stream.fd());
+        }
+        self.open_dec();
+        self.metrics.open.dec();
+        if conn.failed {
+            self.metrics.closed_on_error.inc();
+        }
+        let note = P::close_note(&conn.proto);
+        if conn.failed || !note.is_empty() {
+            let why = conn.closing.unwrap_or_default();
+            self.log(&conn.peer, &format!("closed: {why}{note}"));
+        }
+    }
+}
