@@ -274,7 +274,7 @@ impl Reactor {
         while self.live() > 0 && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
             if self.reap() + self.check_timeouts() == 0 {
-                // Stopping is not latency-critical: poll every 50 us rather than spin.
+                // Stopping is not latency-critical: poll every `SHUTDOWN_POLL` rather than spin.
                 std::thread::sleep(SHUTDOWN_POLL);
             }
         }
