@@ -122,6 +122,8 @@ impl Reactor {
         Ok(())
     }
 
+    /// Queues an accepted I/O behind the others waiting for a slot on device `d` (the caller
+    /// made sure there is room); its timeout counts from now.
     fn push_waiter(
         &mut self,
         d: usize,
