@@ -9,9 +9,10 @@
 //! reactor's own sleep, timer slack 1 ns) and spins the rest. For each spacing `k` in 1, 2,
 //! 4, 8 and 16 it prints the overshoot's quantiles (wake-up past the deadline), the median
 //! CPU a sleep costs (the thread's CPU clock around it, which includes one clock read, whose
-//! own cost it prints first), and the thread's CPU share over the whole loop. On the development VM (five runs), a sleep
-//! every iteration overshot by 7.8-12.2 us at the 90th percentile and cost 6.8-9.3 us of
-//! CPU; one every 16 iterations, 16.3-21.8 us and 8.0-14.0 us.
+//! own cost it prints first), and the thread's CPU share over the whole loop. Both the
+//! overshoot and the cost differ from machine to machine, and with how often the thread
+//! sleeps; docs/results.md and the campaigns under docs/lab/ have figures, with the machines
+//! they came from.
 
 use hypoll_nvme::sys::monotonic_ns;
 use hypoll_reactor::{set_timer_slack_ns, sleep_until_ns, ThreadCpuClock};

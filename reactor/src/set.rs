@@ -9,7 +9,8 @@ use hypoll_policy::PollPolicy;
 
 /// Default mailbox size of each reactor.
 pub const MAILBOX_CAPACITY: usize = 1024;
-/// Timer slack reactor threads run with: short sleeps must not turn into 55 us ones.
+/// Timer slack reactor threads run with: a short sleep must end when it asked to, not as
+/// late as the default slack lets the kernel fire it.
 pub const REACTOR_TIMER_SLACK_NS: u64 = 1;
 
 /// How to start a set of reactors.

@@ -132,7 +132,8 @@ fn millis_rounded_up(d: Duration) -> libc::c_int {
 }
 
 /// Sets the calling thread's timer slack: the kernel may fire its timers this much late to
-/// batch wake-ups; the default 50 us turns every short sleep into a 55 us one.
+/// batch wake-ups; at Linux's default of 50 us, a sleep of a few microseconds may last many
+/// times longer than asked.
 pub fn set_timer_slack_ns(slack_ns: u64) -> io::Result<()> {
     // SAFETY: PR_SET_TIMERSLACK takes one unsigned long and touches no memory of ours.
     cvt(unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns as libc::c_ulong, 0, 0, 0) })?;

@@ -4,14 +4,15 @@
 
 use hypoll_reactor::sim::{run, run_threaded, SimConfig, SimReport};
 
-/// Seeds the suite runs every time: about 5 s in a debug build on 2 shared cores.
+/// Seeds the suite runs every time: enough to see every fault, few enough for a debug build
+/// on a small shared machine.
 const SEED_BUDGET: u64 = 200;
 
 /// Seeds that once found a bug, with what they found. They run with the budget.
 const REGRESSION_SEEDS: &[(u64, &str)] = &[
-    // A bug in the simulation itself: once the model recorded I/Os before submitting them,
-    // its hang check counted I/Os the reactor had refused (QueueFull) as accepted ones that
-    // never completed. Seed 6 (depth 2, no wait queue) has thousands of refusals.
+    // The simulation's own hang check must count only the I/Os a reactor accepted: the
+    // model records every I/O before submitting it, refused ones (QueueFull) included.
+    // Seed 6 (depth 2, no wait queue) has thousands of refusals.
     (6, "the simulation's hang check counted refused I/Os"),
 ];
 

@@ -1,0 +1,402 @@
+//! Submission: an I/O goes onto its device's queue pair and into a slot, or, when the queue
+//! pair is full, waits in the device's bounded wait queue (first come, first served) until a
+//! completion frees a slot; a full wait queue is a refusal, never an allocation.
+
+use hypoll_nvme::{Command, SubmitError};
+use hypoll_policy::{Bucket, Direction};
+
+use super::{IoSlot, Reactor, Recovery};
+use crate::io::{
+    DeviceId, IoCallback, IoDone, IoFailure, IoOp, IoRequest, RejectReason, Rejected,
+    WAIT_QUEUE_MAX,
+};
+
+/// An accepted I/O waiting for a free queue-pair slot.
+pub(super) struct Waiter {
+    pub(super) req: IoRequest,
+    pub(super) buf: Option<hypoll_nvme::IoBuf>,
+    pub(super) callback: IoCallback,
+    pub(super) accepted_ns: u64,
+}
+
+/// Why `Reactor::issue` did not put an I/O on its queue pair: the error, with what the
+/// caller gave back.
+type NotIssued = (
+    hypoll_nvme::SubmitError,
+    Option<hypoll_nvme::IoBuf>,
+    IoCallback,
+);
+
+impl Reactor {
+    /// Submits one I/O. `buf` is required for reads and writes (at least `nlb` blocks) and
+    /// must be `None` otherwise; it comes back in the completion, or in the rejection.
+    pub fn submit(
+        &mut self,
+        device: DeviceId,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        debug_assert!(self.wait_queues_hold());
+        debug_assert!(self.abandoned_hold());
+        let reject = |reason, buf| Err(Rejected { reason, buf });
+        if self.stopping {
+            return reject(RejectReason::ShuttingDown, buf);
+        }
+        let d = device.0 as usize;
+        let Some(dev) = self.devices.get(d) else {
+            return reject(RejectReason::UnknownDevice, buf);
+        };
+        let data_op = matches!(req.op, IoOp::Read | IoOp::Write);
+        if data_op != buf.is_some() {
+            return reject(RejectReason::Buffer, buf);
+        }
+        let callback: IoCallback = Box::new(callback);
+        let submitted = if !dev.waiting.is_empty() {
+            self.wait_behind(d, req, buf, callback)
+        } else {
+            match self.issue(d, req, buf, callback, self.now_ns) {
+                Ok(()) => Ok(()),
+                Err(not_issued) => self.not_issued(d, req, not_issued),
+            }
+        };
+        debug_assert!(self.wait_queues_hold());
+        debug_assert!(self.abandoned_hold());
+        submitted
+    }
+
+    /// A queue pair refused an I/O: it waits for a slot if the device has a wait queue
+    /// with room, or is refused.
+    #[cold]
+    #[inline(never)]
+    fn not_issued(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        (error, buf, callback): NotIssued,
+    ) -> Result<(), Rejected> {
+        let SubmitError::QueueFull { depth } = error else {
+            return Err(Rejected {
+                reason: RejectReason::Submit(error),
+                buf,
+            });
+        };
+        let reason = self.full(d, depth);
+        let dev = &self.devices[d];
+        if dev.waiting.len() >= dev.wait_capacity
+            || matches!(reason, RejectReason::Quarantined { .. })
+        {
+            return Err(Rejected { reason, buf });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    /// Others already wait for a slot on device `d`: first come, first served, a new I/O
+    /// waits behind them, or is refused if the wait queue is full (or no slot will ever
+    /// free: every one holds an abandoned command).
+    #[cold]
+    #[inline(never)]
+    fn wait_behind(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) -> Result<(), Rejected> {
+        let dev = &self.devices[d];
+        let has_room = dev.waiting.len() < dev.wait_capacity;
+        let lba_bytes = dev.lba_bytes;
+        let reason = self.full(d, dev.qp.depth());
+        if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
+            return Err(Rejected { reason, buf });
+        }
+        let mut buf = buf;
+        if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
+            return Err(Rejected {
+                reason: RejectReason::Submit(e),
+                buf,
+            });
+        }
+        self.push_waiter(d, req, buf, callback);
+        Ok(())
+    }
+
+    /// Queues an accepted I/O behind the others waiting for a slot on device `d` (the caller
+    /// made sure there is room); its timeout counts from now.
+    fn push_waiter(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+    ) {
+        let dev = &mut self.devices[d];
+        debug_assert!(dev.waiting.len() < dev.wait_capacity);
+        dev.waiting.push_back(Waiter {
+            req,
+            buf,
+            callback,
+            accepted_ns: self.now_ns,
+        });
+        self.waiters += 1;
+        if let Some(timeout_ns) = dev.io_timeout_ns {
+            self.recovery_due_ns = self
+                .recovery_due_ns
+                .min(self.now_ns.saturating_add(timeout_ns));
+        }
+        debug_assert!(self.devices[d].waiting.len() <= self.devices[d].wait_capacity);
+        debug_assert!(self.wait_queues_hold());
+    }
+
+    /// The wait queues' bookkeeping: `waiters` counts every device's queue, and none is over
+    /// its capacity, itself within [`WAIT_QUEUE_MAX`].
+    pub(super) fn wait_queues_hold(&self) -> bool {
+        let queued: usize = self.devices.iter().map(|dev| dev.waiting.len()).sum();
+        self.waiters == queued
+            && self.devices.iter().all(|dev| {
+                dev.waiting.len() <= dev.wait_capacity && dev.wait_capacity <= WAIT_QUEUE_MAX
+            })
+    }
+
+    /// Why a full queue pair refuses an I/O: back-pressure, or a device whose every slot
+    /// holds an abandoned command (retrying will not help until it recovers).
+    fn full(&self, d: usize, depth: usize) -> RejectReason {
+        let dev = &self.devices[d];
+        if dev.abandoned > 0 && dev.abandoned >= dev.qp.depth() {
+            RejectReason::Quarantined {
+                abandoned: dev.abandoned,
+            }
+        } else {
+            RejectReason::Submit(SubmitError::QueueFull { depth })
+        }
+    }
+
+    /// Puts an I/O on device `d`'s queue pair and records it in a slot. Inlined: it is the
+    /// body of every submission.
+    #[inline(always)]
+    fn issue(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback,
+        accepted_ns: u64,
+    ) -> Result<(), NotIssued> {
+        let dev = &mut self.devices[d];
+        debug_assert!(dev.qp.outstanding() <= dev.qp.depth());
+        let mut buf = buf;
+        let key = self.slots.vacant_key();
+        let submitted = {
+            let cmd = command(&req, buf.as_mut());
+            // SAFETY: the buffer moves into the slot below (moving an IoBuf does not move
+            // its memory) and stays there until the completion for `key` is reaped, or
+            // until the queue pair is dropped (shutdown drops queue pairs before slots);
+            // an abandoned I/O's buffer stays in its slot too (quarantine).
+            unsafe { dev.qp.submit(&cmd, key as u64) }
+        };
+        if let Err(e) = submitted {
+            return Err((e, buf, callback));
+        }
+        let bucket = match req.op {
+            IoOp::Read => Bucket::new(
+                Direction::Read,
+                u64::from(req.nlb) * u64::from(dev.lba_bytes),
+            ),
+            IoOp::Write => Bucket::new(
+                Direction::Write,
+                u64::from(req.nlb) * u64::from(dev.lba_bytes),
+            ),
+            _ => None,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let inserted = self.slots.insert(IoSlot {
+            device: d as u16,
+            bucket,
+            submit_ns: self.now_ns,
+            accepted_ns,
+            seq,
+            slept: None,
+            idle_polls_at_submit: self.counters.idle_polls,
+            user: req.user,
+            buf,
+            callback: Some(callback),
+            recovery: Recovery::InTime,
+        });
+        debug_assert_eq!(inserted, key);
+        if let Some(timeout_ns) = self.devices[d].io_timeout_ns {
+            self.recovery_due_ns = self
+                .recovery_due_ns
+                .min(accepted_ns.saturating_add(timeout_ns));
+        }
+        // Drop completed I/Os from the front of the order (amortized O(1): in-order
+        // completions never let it grow); compact it when a slow I/O holds the front.
+        let slots = &self.slots;
+        let live = |&(k, s): &(usize, u64)| slots.get(k).is_some_and(|slot| slot.seq == s);
+        while self.order.front().is_some_and(|e| !live(e)) {
+            self.order.pop_front();
+        }
+        if self.order.len() == self.order.capacity() {
+            self.order.retain(live);
+        }
+        self.order.push_back((key, seq));
+        debug_assert!(self.devices[d].qp.outstanding() <= self.devices[d].qp.depth());
+        Ok(())
+    }
+
+    /// Puts waiting I/Os on their queue pairs while there is room, oldest first. Returns
+    /// how many it started (or failed: a queue pair that refuses one for another reason
+    /// than being full fails it with `IoFailure::Refused`).
+    pub(super) fn start_waiters(&mut self) -> usize {
+        debug_assert!(self.wait_queues_hold());
+        if self.waiters == 0 {
+            return 0;
+        }
+        let mut started = 0;
+        for d in 0..self.devices.len() {
+            while let Some(w) = self.devices[d].waiting.pop_front() {
+                self.waiters -= 1;
+                let (req, accepted_ns) = (w.req, w.accepted_ns);
+                match self.issue(d, req, w.buf, w.callback, accepted_ns) {
+                    Ok(()) => started += 1,
+                    Err((SubmitError::QueueFull { .. }, buf, callback)) => {
+                        self.devices[d].waiting.push_front(Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        });
+                        self.waiters += 1;
+                        break;
+                    }
+                    Err((e, buf, callback)) => {
+                        started += 1;
+                        let waiter = Waiter {
+                            req,
+                            buf,
+                            callback,
+                            accepted_ns,
+                        };
+                        tracing::warn!(
+                            core = self.core,
+                            device = d,
+                            error = %e,
+                            "the queue pair refused an I/O that waited for a slot"
+                        );
+                        self.fail_waiter(d, waiter, IoFailure::Refused);
+                    }
+                }
+            }
+        }
+        debug_assert!(self.wait_queues_hold());
+        debug_assert!(self.abandoned_hold());
+        started
+    }
+
+    /// Runs the callback of an I/O that never reached its queue pair, buffer handed back.
+    pub(super) fn fail_waiter(&mut self, d: usize, w: Waiter, failure: IoFailure) {
+        self.counters.ios += 1;
+        self.counters.io_errors += 1;
+        let done = IoDone {
+            device: DeviceId(d as u16),
+            result: Err(failure),
+            buf: w.buf,
+            user: w.req.user,
+            latency_ns: self.now_ns.saturating_sub(w.accepted_ns),
+        };
+        (w.callback)(self, done);
+    }
+
+    // ---- convenience wrappers over `submit` ----
+
+    pub fn read(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        buf: hypoll_nvme::IoBuf,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Read, slba, nlb),
+            Some(buf),
+            callback,
+        )
+    }
+
+    pub fn write(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        buf: hypoll_nvme::IoBuf,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        let lba = self
+            .devices
+            .get(device.0 as usize)
+            .map_or(1, |d| d.lba_bytes as usize);
+        let nlb = (buf.len() / lba) as u32;
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Write, slba, nlb),
+            Some(buf),
+            callback,
+        )
+    }
+
+    pub fn flush(
+        &mut self,
+        device: DeviceId,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(device, IoRequest::new(IoOp::Flush, 0, 0), None, callback)
+    }
+
+    pub fn write_zeroes(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::WriteZeroes, slba, nlb),
+            None,
+            callback,
+        )
+    }
+
+    pub fn deallocate(
+        &mut self,
+        device: DeviceId,
+        slba: u64,
+        nlb: u32,
+        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
+    ) -> Result<(), Rejected> {
+        self.submit(
+            device,
+            IoRequest::new(IoOp::Deallocate, slba, nlb),
+            None,
+            callback,
+        )
+    }
+}
+
+/// The command for `req`, on `buf` (which `Reactor::submit` checked is there exactly for
+/// reads and writes).
+#[inline]
+fn command<'b>(req: &IoRequest, buf: Option<&'b mut hypoll_nvme::IoBuf>) -> Command<'b> {
+    match (req.op, buf) {
+        (IoOp::Read, Some(b)) => Command::read(req.slba, req.nlb, b),
+        (IoOp::Write, Some(b)) => Command::write(req.slba, req.nlb, b),
+        (IoOp::Flush, None) => Command::flush(),
+        (IoOp::WriteZeroes, None) => Command::write_zeroes(req.slba, req.nlb),
+        (IoOp::Deallocate, None) => Command::deallocate(req.slba, req.nlb),
+        _ => unreachable!("Reactor::submit checks the buffer against the operation"),
+    }
+    .with_fua(req.fua)
+    .with_deallocate(req.deallocate)
+}
