@@ -44,7 +44,9 @@
 //!    and `w` moves later.
 //! 4. Otherwise spin. Idle reactors park (the reactor does that, with nothing outstanding).
 
-use crate::batch_trial::BatchTrial;
+mod batch_trial;
+
+use batch_trial::BatchTrial;
 use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
 use crate::stats::BUCKETS;
 
