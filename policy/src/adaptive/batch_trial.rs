@@ -31,16 +31,16 @@
 //! then trials start again from the longest, since the device's load and state change. A
 //! trial that the load leaves for [`STALE_NS`] starts again when it returns.
 
-use crate::adaptive::ADAPTIVE_BATCH_FRACTION;
+use super::ADAPTIVE_BATCH_FRACTION;
 
 /// An arm lasts this many of the device's mean latencies, within [`ARM_NS_MIN`] and
-/// [`ARM_NS_MAX`]; it also waits for [`ARM_MIN_IOS`] counted completions.
+/// [`ARM_NS_MAX`]; it also waits for [`ARM_IOS_MIN`] counted completions.
 pub(crate) const ARM_LATENCIES: u64 = 128;
 pub(crate) const ARM_NS_MIN: u64 = 10_000_000;
 pub(crate) const ARM_NS_MAX: u64 = 1_000_000_000;
 /// Counted completions an arm waits for, up to [`ARM_GIVE_UP`] times its length; a pair
 /// with an arm short of them is left out of the count.
-pub(crate) const ARM_MIN_IOS: u64 = 16;
+pub(crate) const ARM_IOS_MIN: u64 = 16;
 pub(crate) const ARM_GIVE_UP: u64 = 4;
 /// A trial not asked about for this long (the load went away) starts afresh.
 pub(crate) const STALE_NS: u64 = 1_000_000_000;
@@ -64,7 +64,7 @@ struct ArmTotal {
 
 impl ArmTotal {
     fn mean_ns(&self) -> Option<f64> {
-        (self.ios >= ARM_MIN_IOS).then(|| self.latency_sum_ns as f64 / self.ios as f64)
+        (self.ios >= ARM_IOS_MIN).then(|| self.latency_sum_ns as f64 / self.ios as f64)
     }
 }
 
@@ -130,7 +130,7 @@ impl BatchTrial {
             }
         };
         let elapsed_ns = now_ns.saturating_sub(self.arm_start_ns);
-        let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_MIN_IOS)
+        let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_IOS_MIN)
             || elapsed_ns >= ARM_GIVE_UP * self.arm_ns;
         if !over {
             return self.arm_fraction(arm);
@@ -349,7 +349,7 @@ mod tests {
         // Submitted in the first quarter, while the device's queue settles: not counted.
         trial.record(ARM_NS_MIN / 4 - 1, 50_000);
         assert_eq!(trial.current.ios, 0);
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(ARM_NS_MIN / 2, 50_000);
         }
         // Arm 1 (not batching) begins; the batching arm's queue drains into it, late.
@@ -367,7 +367,7 @@ mod tests {
         assert!(trial.batch_fraction(0, 500_000, BUDGET).is_some());
         trial.record(15_999_999, 500_000);
         assert_eq!(trial.current.ios, 0);
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(16_000_000, 500_000);
         }
         assert!(trial.batch_fraction(63_999_999, 500_000, BUDGET).is_some());
@@ -390,7 +390,7 @@ mod tests {
         // batching arm, at 2 ms against 1 ms, would be late past the budget).
         let give_up_ns = ARM_GIVE_UP * ARM_NS_MIN;
         assert!(trial.batch_fraction(give_up_ns, MEAN_NS, BUDGET).is_none());
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(give_up_ns + ARM_NS_MIN / 2, 1_000_000);
         }
         assert!(trial
@@ -403,7 +403,7 @@ mod tests {
     fn a_trial_left_unasked_starts_again() {
         let mut trial = BatchTrial::default();
         assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(ARM_NS_MIN / 2, 50_000);
         }
         assert!(trial.batch_fraction(ARM_NS_MIN, MEAN_NS, BUDGET).is_none());
