@@ -6,7 +6,8 @@ use super::ADAPTIVE_SAMPLES_MIN;
 /// The most recent `N` samples and a sorted copy with prefix sums, rebuilt every
 /// `refresh_every` samples (and on every sample while it is still filling). Fixed arrays: no
 /// allocation. Quantiles rather than means: wake-up overshoot on a VM has a heavy tail (a
-/// descheduled vCPU wakes hundreds of us late), and one outlier must not move the plan.
+/// descheduled vCPU wakes far later than any usual wake-up), and one outlier must not move
+/// the plan.
 #[derive(Clone)]
 pub(super) struct Reservoir<const N: usize> {
     ring: [u64; N],
