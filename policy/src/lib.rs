@@ -30,7 +30,6 @@
 #![warn(missing_docs)]
 
 pub mod adaptive;
-mod batch_trial;
 pub mod classic;
 pub mod fixed;
 pub mod histogram;

@@ -3,9 +3,9 @@
 //! Batching (sleeping through most of the queueing time with several I/Os outstanding)
 //! assumes a saturated device, whose queued commands keep it busy while the reactor sleeps.
 //! The latencies alone cannot tell such a device from one that is merely wide: a NAND
-//! device with 64 units at queue depth 4-32 has a mean (88 us) more than twice its fastest
-//! read, yet it never queues, and every completion left unreaped while the reactor sleeps
-//! idles a unit (measured: batching made it 1.18-1.30 x classic's latency).
+//! device with many units can have a mean latency more than twice its fastest read at a
+//! moderate queue depth, yet never queue, and every completion left unreaped while the
+//! reactor sleeps idles a unit, so batching makes it markedly slower than spinning.
 //!
 //! So the reactor tries both. Arms of at least [`ARM_LATENCIES`] mean latencies (and
 //! [`ARM_NS_MIN`]) alternately batch and do not (the per-I/O plan, which under load mostly
@@ -13,34 +13,33 @@
 //! latency then weighs on both alike. [`PAIRS`] pairs. Each arm's mean latency, as seen
 //! (lateness included), counts the I/Os submitted after its first quarter and completed
 //! within it: the device's queue takes a while to settle after a switch, and an arm is not
-//! to be charged for the one before it. (On the virtio disk at queue depth 32, 440 us
-//! reads, batching was late past the budget in 4-6 pairs of 8 with 10 ms arms, in 5-7 with
-//! 50 ms arms, by up to 60 %, and 10-30 % over whole 3 s runs.) At a fixed queue depth
-//! Little's law ties that mean to the throughput, so it is the one figure to compare.
+//! to be charged for the one before it. (On a slow, noisy disk, shorter or longer arms
+//! alike left batching late past the budget in about half the pairs or more; see docs/lab/
+//! for the campaign.) At a fixed queue depth Little's law ties that mean to the
+//! throughput, so it is the one figure to compare.
 //!
 //! A batch length is refused when it was later than the other arm by more than the latency
 //! budget in at least [`WORSE_PAIRS`] of the pairs; one half as long is then tried at once,
 //! [`LEVELS`] lengths in all, past which the reactor does not batch. A wide device that does
-//! not queue loses 18-30 % to batching, every pair. On `emu:optane` at depth 32, while the
-//! machine's wake-ups overshoot by ~10 us, the longest batch was 3-6 % late in every pair
-//! (campaign runs in which every sleeping policy lost IOPS measured adaptive at 0.94-0.96 x
-//! classic's). Where a batch is harmless, a refusal
-//! needs bad luck: at most 15 % of trials if each pair is a coin flip. On a device as noisy
-//! as the virtio disk (its 50 ms means scatter by 20-40 %), a cost smaller than the noise is
-//! not always seen. The length found holds for [`HOLD_NS`], through pauses in the load;
-//! then trials start again from the longest, since the device's load and state change. A
-//! trial that the load leaves for [`STALE_NS`] starts again when it returns.
+//! not queue loses to batching in every pair, by far more than the budget; so does the
+//! longest batch on a queueing device while the machine's wake-ups overshoot badly, by less
+//! (docs/lab/ has the figures). Where a batch is harmless, a refusal needs bad luck: at
+//! most 15 % of trials if each pair is a coin flip. On a device whose means scatter from
+//! arm to arm by more than the budget, a cost smaller than the noise is not always seen.
+//! The length found holds for [`HOLD_NS`], through pauses in the load; then trials start
+//! again from the longest, since the device's load and state change. A trial that the load
+//! leaves for [`STALE_NS`] starts again when it returns.
 
-use crate::adaptive::ADAPTIVE_BATCH_FRACTION;
+use super::ADAPTIVE_BATCH_FRACTION;
 
 /// An arm lasts this many of the device's mean latencies, within [`ARM_NS_MIN`] and
-/// [`ARM_NS_MAX`]; it also waits for [`ARM_MIN_IOS`] counted completions.
+/// [`ARM_NS_MAX`]; it also waits for [`ARM_IOS_MIN`] counted completions.
 pub(crate) const ARM_LATENCIES: u64 = 128;
 pub(crate) const ARM_NS_MIN: u64 = 10_000_000;
 pub(crate) const ARM_NS_MAX: u64 = 1_000_000_000;
 /// Counted completions an arm waits for, up to [`ARM_GIVE_UP`] times its length; a pair
 /// with an arm short of them is left out of the count.
-pub(crate) const ARM_MIN_IOS: u64 = 16;
+pub(crate) const ARM_IOS_MIN: u64 = 16;
 pub(crate) const ARM_GIVE_UP: u64 = 4;
 /// A trial not asked about for this long (the load went away) starts afresh.
 pub(crate) const STALE_NS: u64 = 1_000_000_000;
@@ -64,7 +63,7 @@ struct ArmTotal {
 
 impl ArmTotal {
     fn mean_ns(&self) -> Option<f64> {
-        (self.ios >= ARM_MIN_IOS).then(|| self.latency_sum_ns as f64 / self.ios as f64)
+        (self.ios >= ARM_IOS_MIN).then(|| self.latency_sum_ns as f64 / self.ios as f64)
     }
 }
 
@@ -99,6 +98,18 @@ fn arm_batches(arm: u32) -> bool {
 }
 
 impl BatchTrial {
+    /// What holds between any two calls: a trial runs or a length is held, never both; the
+    /// arm and level stay in their ranges; a pair counts as worse at most once.
+    fn assert_invariants(&self) {
+        debug_assert!(self.held_until_ns.is_none() || self.arm.is_none());
+        debug_assert!(self.level <= LEVELS);
+        debug_assert!(self
+            .arm
+            .is_none_or(|arm| arm < 2 * PAIRS && self.level < LEVELS));
+        // Each pair concluded so far counted once at most.
+        debug_assert!(self.worse <= self.arm.map_or(PAIRS, |arm| arm / 2));
+    }
+
     /// The share of the queueing time a device that looks saturated is slept through now,
     /// at `now_ns`, if any: the level found while it holds, otherwise the current arm of a
     /// trial (started, moved on or concluded here). `mean_ns` is the device's mean latency
@@ -109,6 +120,20 @@ impl BatchTrial {
         mean_ns: u64,
         budget_fraction: f64,
     ) -> Option<f64> {
+        self.assert_invariants();
+        let fraction = self.next_fraction(now_ns, mean_ns, budget_fraction);
+        self.assert_invariants();
+        // One of the lengths tried: the longest, halved at most LEVELS - 1 times.
+        debug_assert!(fraction.is_none_or(|f| {
+            f <= ADAPTIVE_BATCH_FRACTION
+                && f >= ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << (LEVELS - 1))
+        }));
+        debug_assert_eq!(self.asked_ns, now_ns);
+        fraction
+    }
+
+    /// [`BatchTrial::batch_fraction`], its invariants aside.
+    fn next_fraction(&mut self, now_ns: u64, mean_ns: u64, budget_fraction: f64) -> Option<f64> {
         let stale = now_ns > self.asked_ns.saturating_add(STALE_NS);
         self.asked_ns = now_ns;
         // A pause in the load does not end a hold: the same load on the same device most
@@ -130,7 +155,7 @@ impl BatchTrial {
             }
         };
         let elapsed_ns = now_ns.saturating_sub(self.arm_start_ns);
-        let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_MIN_IOS)
+        let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_IOS_MIN)
             || elapsed_ns >= ARM_GIVE_UP * self.arm_ns;
         if !over {
             return self.arm_fraction(arm);
@@ -189,6 +214,7 @@ impl BatchTrial {
 
     /// Arm `arm` from `now_ns`, on a device whose mean latency is `mean_ns`.
     fn begin_arm(&mut self, arm: u32, now_ns: u64, mean_ns: u64) {
+        debug_assert!(arm < 2 * PAIRS);
         self.arm = Some(arm);
         self.arm_start_ns = now_ns;
         self.arm_ns = mean_ns
@@ -196,6 +222,8 @@ impl BatchTrial {
             .clamp(ARM_NS_MIN, ARM_NS_MAX);
         self.count_from_ns = now_ns + self.arm_ns / 4;
         self.current = ArmTotal::default();
+        debug_assert!((ARM_NS_MIN..=ARM_NS_MAX).contains(&self.arm_ns));
+        debug_assert!(self.arm_start_ns < self.count_from_ns);
     }
 
     /// A completion seen `latency_ns` after its submission at `submit_ns`: it counts for the
@@ -349,7 +377,7 @@ mod tests {
         // Submitted in the first quarter, while the device's queue settles: not counted.
         trial.record(ARM_NS_MIN / 4 - 1, 50_000);
         assert_eq!(trial.current.ios, 0);
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(ARM_NS_MIN / 2, 50_000);
         }
         // Arm 1 (not batching) begins; the batching arm's queue drains into it, late.
@@ -367,7 +395,7 @@ mod tests {
         assert!(trial.batch_fraction(0, 500_000, BUDGET).is_some());
         trial.record(15_999_999, 500_000);
         assert_eq!(trial.current.ios, 0);
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(16_000_000, 500_000);
         }
         assert!(trial.batch_fraction(63_999_999, 500_000, BUDGET).is_some());
@@ -390,7 +418,7 @@ mod tests {
         // batching arm, at 2 ms against 1 ms, would be late past the budget).
         let give_up_ns = ARM_GIVE_UP * ARM_NS_MIN;
         assert!(trial.batch_fraction(give_up_ns, MEAN_NS, BUDGET).is_none());
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(give_up_ns + ARM_NS_MIN / 2, 1_000_000);
         }
         assert!(trial
@@ -403,7 +431,7 @@ mod tests {
     fn a_trial_left_unasked_starts_again() {
         let mut trial = BatchTrial::default();
         assert!(trial.batch_fraction(0, MEAN_NS, BUDGET).is_some());
-        for _ in 0..ARM_MIN_IOS {
+        for _ in 0..ARM_IOS_MIN {
             trial.record(ARM_NS_MIN / 2, 50_000);
         }
         assert!(trial.batch_fraction(ARM_NS_MIN, MEAN_NS, BUDGET).is_none());
