@@ -1,7 +1,8 @@
 //! Cost of the policy crate's hot path: recording one completion and one decision.
 //!
-//! Both run once per I/O on a reactor, so both must stay far below the 50 ns budget of
-//! issue 4. Run: `cargo bench -p hypoll-benches --bench policy`.
+//! Both run once per I/O on a reactor, so both must stay far below the 50 ns a policy's
+//! work per I/O may cost (docs/policies.md, Cost). Run:
+//! `cargo bench -p hypoll-benches --bench policy`.
 
 use std::hint::black_box;
 
