@@ -94,7 +94,7 @@ struct SimArgs {
 
 #[derive(Parser)]
 struct BenchArgs {
-    /// Device spec: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
+    /// Device string: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
     /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceConfig,
