@@ -289,9 +289,8 @@ impl Reactor {
     }
 
     /// No more I/Os in flight than the queue pairs' depths together (what `attach` reserved
-    /// slots for). Not within a batch of completions: a reaped I/O keeps its slot until its
-    /// callback has run, while earlier callbacks of the batch may already have refilled the
-    /// queue pair.
+    /// slots for). Not within a batch of completions: the batch's completions not yet
+    /// processed keep their slots while earlier callbacks refill the queue pair.
     fn in_flight_within_depths(&self) -> bool {
         self.slots.len() <= self.io_capacity
     }
