@@ -10,8 +10,8 @@ use hypoll_nvme::IoBuf;
 
 use crate::bufcache::BufCache;
 use crate::epoll::Interest;
-use crate::listen::Stream;
-use crate::shard::Protocol;
+use crate::protocol::Protocol;
+use crate::stream::Stream;
 use crate::REQUESTS_INFLIGHT_MAX;
 
 /// What one queued reply costs beyond its bytes (its allocation and queue entry), counted

@@ -32,9 +32,11 @@ mod epoll;
 mod listen;
 mod local;
 pub mod metrics;
+mod protocol;
 mod service;
 mod shard;
 mod stop;
+mod stream;
 mod turn;
 
 pub use bufcache::BufCache;
@@ -48,6 +50,7 @@ pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_P
 pub use endpoint::Endpoint;
 pub use listen::ListenAddr;
 pub use local::with_shard;
+pub use protocol::Protocol;
 pub use service::{Service, StartError};
-pub use shard::{Protocol, Shard};
+pub use shard::Shard;
 pub use stop::StopReport;

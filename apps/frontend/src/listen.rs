@@ -1,20 +1,21 @@
 //! Where clients connect and how their sockets reach a reactor: the listening socket (TCP or
-//! Unix), a client's stream, and the listener thread that accepts connections within
-//! `--max-connections` and hands each to a reactor, round-robin. A connection then lives on
-//! that reactor for good.
+//! Unix) and the listener thread that accepts connections within the service's connection
+//! limit and hands each to a reactor, round-robin. A connection then lives on that reactor
+//! for good.
 
 use std::fmt;
-use std::io::{self, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use hypoll_reactor::ReactorHandle;
 
 use crate::local::with_shard;
-use crate::shard::Protocol;
+use crate::protocol::Protocol;
+use crate::stream::Stream;
 
 /// How often the listener checks whether it should stop.
 const ACCEPT_CHECK_MS: i32 = 50;
@@ -110,35 +111,6 @@ impl Listener {
                 s.set_nonblocking(true)?;
                 Ok((Stream::Unix(s), "unix client".to_string()))
             }),
-        }
-    }
-}
-
-/// A client's socket.
-pub enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-
-    pub(crate) fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
-        }
-    }
-
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Stream::Tcp(s) => s.as_fd(),
-            Stream::Unix(s) => s.as_fd(),
         }
     }
 }

@@ -11,7 +11,8 @@ use std::rc::Rc;
 use hypoll_reactor::{Poller, Reactor};
 
 use crate::epoll::Epoll;
-use crate::shard::{Protocol, Shard};
+use crate::protocol::Protocol;
+use crate::shard::Shard;
 
 thread_local! {
     /// The shards of the reactor running on this thread, by protocol.

@@ -14,7 +14,8 @@ use hypoll_reactor::{Reactor, ReactorConfig, ReactorSet, ReactorTuning};
 use crate::endpoint::Endpoint;
 use crate::listen::{accept_loop, ListenAddr, Listener};
 use crate::metrics::Metrics;
-use crate::shard::{self, Protocol};
+use crate::protocol::Protocol;
+use crate::shard;
 use crate::ServiceConfig;
 
 /// Why a service did not start (after its configuration was checked).

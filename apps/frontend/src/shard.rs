@@ -18,44 +18,15 @@ use slab::Slab;
 use crate::bufcache::BufCache;
 use crate::conn::{Conn, READ_CHUNK_BYTES};
 use crate::epoll::{Epoll, Interest};
-use crate::listen::Stream;
 use crate::local::{self, ShardPoller};
 use crate::metrics::ConnMetrics;
+use crate::protocol::Protocol;
+use crate::stream::Stream;
 use crate::turn::Pace;
 use crate::{ServiceConfig, COALESCE_NS_MAX, CONNECTIONS_PER_REACTOR_MAX};
 
 /// How often each reactor looks for handshakes past their time.
 const HANDSHAKE_SWEEP_PERIOD: Duration = Duration::from_millis(250);
-
-/// What a protocol adds to the shared shard: its per-reactor state (`Self`, e.g. the
-/// exports and their device queues) and its per-connection state ([`Protocol::Conn`]).
-pub trait Protocol: Sized + 'static {
-    /// What one connection holds beyond its socket: its session, its requests in flight.
-    type Conn;
-    /// The protocol's name in log lines ("NBD").
-    const NAME: &'static str;
-
-    /// A new connection's state; `greeting` takes the bytes to send it first.
-    fn connect(&mut self, greeting: &mut Vec<u8>) -> Self::Conn;
-    /// Whether the connection finished its handshake (one that takes too long is closed).
-    fn negotiated(conn: &Self::Conn) -> bool;
-    /// Requests the connection has in flight (bounded by
-    /// [`REQUESTS_INFLIGHT_MAX`](crate::REQUESTS_INFLIGHT_MAX)).
-    fn requests_inflight(conn: &Self::Conn) -> usize;
-    /// Bytes of the largest whole request, header included: a connection's input buffer
-    /// holds one.
-    fn request_bytes_max(&self) -> usize;
-    /// Whether requests wait for room at a device.
-    fn has_backlog(&self) -> bool;
-    /// Runs the protocol over connection `key`'s input while [`Shard::can_parse`] allows:
-    /// consumes what it parsed, queues replies, starts requests. Returns the work done.
-    fn parse(shard: &mut Shard<Self>, r: &mut Reactor, key: usize) -> usize;
-    /// Submits what requests waiting for room at a device can now. Returns the work done.
-    fn retry_backlog(shard: &mut Shard<Self>, r: &mut Reactor) -> usize;
-    /// What the connection's close line adds (e.g. requests refused and not logged); a
-    /// non-empty note gets the close logged.
-    fn close_note(conn: &Self::Conn) -> String;
-}
 
 /// One reactor's connections for protocol `P`.
 pub struct Shard<P: Protocol> {

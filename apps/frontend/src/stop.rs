@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use hypoll_reactor::{DeviceId, IoDone, ReactorSet};
 
 use crate::local::with_shard;
+use crate::protocol::Protocol;
 use crate::service::Service;
-use crate::shard::Protocol;
 use crate::{DRAIN_TIMEOUT, FLUSH_TIMEOUT};
 
 /// How often a stop looks whether every connection has closed.

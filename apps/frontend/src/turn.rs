@@ -8,7 +8,8 @@ use hypoll_reactor::Reactor;
 
 use crate::coalesce::{Coalesce, BATCH_EWMA_WEIGHT};
 use crate::epoll::{HANGUP_BITS, READ_BITS, WRITE_BITS};
-use crate::shard::{Protocol, Shard};
+use crate::protocol::Protocol;
+use crate::shard::Shard;
 
 /// While I/O is at a device, the sockets are checked at most this often: the reactor turns
 /// fast while it polls for completions, and a readiness check per turn would cost more than
