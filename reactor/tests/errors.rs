@@ -49,7 +49,9 @@ fn a_device_that_does_not_open_keeps_the_os_error() {
         panic!("expected Open, got {err:?}");
     };
     assert_eq!(spec, "uring:/nonexistent/disk.img");
-    let io = err.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    let io = err
+        .source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>());
     assert!(io.is_some(), "the io::Error is the source: {err:?}");
     assert!(err.to_string().contains(&source.to_string()), "{err}");
 }

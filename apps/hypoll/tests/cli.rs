@@ -235,7 +235,11 @@ fn bench_on_an_io_uring_file_runs_every_policy_and_verifies() {
 #[test]
 fn serve_names_the_flag_of_a_refused_setting() {
     for (flag, value, says) in [
-        ("--max-connections", "0", "--max-connections 0: expected 1 to"),
+        (
+            "--max-connections",
+            "0",
+            "--max-connections 0: expected 1 to",
+        ),
         (
             "--max-request-bytes",
             "1000",
@@ -260,7 +264,9 @@ fn serve_names_the_flag_of_a_refused_setting() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let first = stderr.lines().next().unwrap_or_default();
         assert_eq!(
-            first.strip_prefix("hypoll serve: ").map(|m| m.starts_with(says)),
+            first
+                .strip_prefix("hypoll serve: ")
+                .map(|m| m.starts_with(says)),
             Some(true),
             "{stderr}"
         );
