@@ -91,7 +91,8 @@ pub use timer::TimerId;
 
 // One dependency for an embedder: what embedding takes from the crates below, at the root
 // (devices, buffers and statuses; the poll policy trait and everything its methods take),
-// and each whole crate for the rest (`hypoll_reactor::nvme::spec`, `hypoll_reactor::policy::build`).
+// and each whole crate for the rest (`hypoll_reactor::nvme::spec`,
+// `hypoll_reactor::policy::build`).
 pub use hypoll_nvme as nvme;
 pub use hypoll_nvme::{
     ConfigError, Controller, DeviceConfig, IoBuf, NamespaceInfo, Opcode, QueuePair, QueuePairError,
