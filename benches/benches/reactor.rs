@@ -68,8 +68,11 @@ fn io_rate(c: &mut Criterion) {
         cores: Some(CoreList::new(vec![core])),
         ..ReactorConfig::default()
     };
-    let set =
-        ReactorSet::start(cfg, move |r| r.attach(&device, 128).map(drop)).expect("reactor starts");
+    let set = ReactorSet::start(cfg, move |r| {
+        r.attach(&device, 128)?;
+        Ok(())
+    })
+    .expect("reactor starts");
     let h = set.handles()[0].clone();
     let mut group = c.benchmark_group("reactor null 4KiB read");
     group.throughput(Throughput::Elements(1));

@@ -55,7 +55,7 @@ fn pool() -> Option<&'static Pool> {
             Ok(text) => match parse_size_bytes(&text) {
                 Ok(n) => (n as usize).min(POOL_BYTES_MAX) / CHUNK_BYTES_MIN * CHUNK_BYTES_MIN,
                 Err(e) => {
-                    eprintln!("hypoll: HYPOLL_PINNED_POOL: {e}; using the default");
+                    tracing::warn!("HYPOLL_PINNED_POOL: {e}; using the default");
                     POOL_BYTES_DEFAULT
                 }
             },

@@ -185,6 +185,7 @@ impl<'buf> Command<'buf> {
 /// Why a command was not accepted. The command never reached the device, and no completion
 /// will be posted for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SubmitError {
     /// Every slot of the queue pair is in use: back-pressure, retry after reaping.
     #[error("queue full: {depth} commands outstanding")]
@@ -311,6 +312,7 @@ pub trait QueuePair {
 
 /// Why a queue pair could not carry out [`QueuePair::abort`] or [`QueuePair::reset`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecoveryError {
     /// The device (or this implementation) cannot do it: the caller escalates.
     #[error("not supported by this device")]
@@ -323,6 +325,7 @@ pub enum RecoveryError {
 
 /// Why a controller could not hand out a queue pair.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QueuePairError {
     #[error("queue depth {depth} is out of range: 1..={max}")]
     BadDepth { depth: usize, max: usize },

@@ -18,6 +18,7 @@ use crate::qpair::{Command, Completion, QueuePair, SubmitError, NLB_TOO_LARGE, Z
 use crate::spec::{Status, NLB_MAX};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IoError {
     #[error("not submitted: {0}")]
     Submit(#[from] SubmitError),

@@ -261,6 +261,7 @@ fn parameter<T>(
 
 /// Why a spec names no policy. The message names the culprit and what would be accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PolicySpecError {
     /// The spec is empty.
     Empty,

@@ -8,8 +8,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use hypoll_nvme::IoBuf;
-use hypoll_reactor::{CoreList, Device, DeviceId, IoDone, Reactor, ReactorConfig, ReactorSet};
+// hypoll-reactor is the only dependency an embedder needs: it re-exports `IoBuf` and the
+// rest of what embedding takes from the crates below it.
+use hypoll_reactor::{
+    CoreList, Device, DeviceId, IoBuf, IoDone, Reactor, ReactorConfig, ReactorSet,
+};
 
 /// Per-reactor application state: a tiny "server" that writes a block, reads it back and
 /// checks it, over and over, for one second.

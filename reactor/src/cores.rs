@@ -7,6 +7,7 @@ use std::fmt;
 pub const CORE_MAX: usize = 4095;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CoreError {
     #[error("bad core list {list:?}: {why} (expected e.g. 0,1 or 0-3 or 0,2-3)")]
     BadList { list: String, why: String },

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypoll_nvme::{Controller, DeviceConfig, IoBuf, Status, SubmitError};
+use hypoll_nvme::{
+    ConfigError, Controller, DeviceConfig, IoBuf, QueuePairError, Status, SubmitError,
+};
 use hypoll_policy::{DeviceStats, StatsConfigError};
 
 /// A device as reactors share it: its controller and its shared completion statistics (each
@@ -25,12 +27,11 @@ impl Device {
 
     /// Opens a device from a spec string (`emu:optane`, `null`).
     pub fn open(spec: &str) -> Result<Device, DeviceError> {
-        let parsed: DeviceConfig = spec
-            .parse()
-            .map_err(|e| DeviceError::Spec(format!("{e}")))?;
-        let ctrl = parsed
-            .open()
-            .map_err(|e| DeviceError::Open(spec.to_string(), e.to_string()))?;
+        let parsed: DeviceConfig = spec.parse()?;
+        let ctrl = parsed.open().map_err(|source| DeviceError::Open {
+            spec: spec.to_string(),
+            source,
+        })?;
         Ok(Device::new(ctrl))
     }
 
@@ -41,12 +42,48 @@ impl Device {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why [`Device::open`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
+    /// The device string does not parse: the parser's own error, as it is.
     #[error("device string: {0}")]
-    Spec(String),
-    #[error("opening {0}: {1}")]
-    Open(String, String),
+    Config(#[from] ConfigError),
+    /// The device string parsed, but the device did not open (a missing file, a function
+    /// not bound to vfio-pci...): the OS or backend error is the source.
+    #[error("opening {spec}: {source}")]
+    Open {
+        spec: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why [`Reactor::attach`](crate::Reactor::attach) refused a device. Nothing was attached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The reactor already holds `max` ([`DEVICES_MAX`](crate::DEVICES_MAX)) devices.
+    #[error("a reactor attaches at most {max} devices")]
+    TooManyDevices { max: usize },
+    /// [`DeviceOptions::io_timeout`] was `Some(0)`: use `None` for no timeout.
+    #[error("io_timeout must be more than 0 (or None: never)")]
+    ZeroIoTimeout,
+    /// [`DeviceOptions::wait_queue`] is over `max` ([`WAIT_QUEUE_MAX`]).
+    #[error("wait_queue {wait_queue} is over the limit of {max}")]
+    WaitQueueTooLong { wait_queue: usize, max: usize },
+    /// The controller could not create a queue pair (a depth out of range, no queues
+    /// left, an OS error): its error is the source.
+    #[error("{device}: {source}")]
+    QueuePair {
+        /// The device, as its controller describes itself.
+        device: String,
+        #[source]
+        source: QueuePairError,
+    },
+    /// The queue pair's interrupt fd could not join the reactor's epoll set.
+    #[error("watching the interrupt fd: {0}")]
+    Interrupt(#[source] std::io::Error),
 }
 
 /// Default [`DeviceOptions::io_timeout`]: 30 s, as Linux's NVMe driver (`io_timeout`).
@@ -188,6 +225,7 @@ impl IoRequest {
 
 /// Why an I/O failed after it was accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IoFailure {
     #[error("device returned {0}")]
     Device(Status),
@@ -234,6 +272,7 @@ pub struct Rejected {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RejectReason {
     /// The queue pair refused it: full (back-pressure: retry after completions), or a
     /// command that cannot be built.

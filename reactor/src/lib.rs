@@ -12,7 +12,8 @@
 //!
 //! let device = Device::open("emu:optane")?;
 //! let set = ReactorSet::start(ReactorConfig::default(), move |reactor| {
-//!     reactor.attach(&device, 32).map(drop)
+//!     reactor.attach(&device, 32)?;
+//!     Ok(())
 //! })?;
 //! set.handles()[0].send(|reactor| println!("hello from core {}", reactor.core()))?;
 //! let report = set.shutdown();
@@ -21,6 +22,43 @@
 //! ```
 //!
 //! See `examples/embed.rs` for a whole storage-server skeleton.
+//!
+//! This crate is the one an embedder depends on: it re-exports what embedding takes from
+//! the crates below it, the devices and buffers ([`DeviceConfig`], [`Controller`],
+//! [`IoBuf`], [`Status`], [`NamespaceInfo`]) and the poll policy trait with what its
+//! methods take ([`PollPolicy`], [`Decision`], [`PollContext`], [`Observation`],
+//! [`Slept`]), and the crates themselves as [`nvme`] and [`policy`]. A policy of one's own,
+//! with nothing but this crate:
+//!
+//! ```
+//! use hypoll_reactor::{
+//!     Decision, PolicyFactory, PollContext, PollPolicy, ReactorConfig, ReactorSet,
+//! };
+//!
+//! /// Spins for 20 us after an I/O was submitted, then waits for the interrupt.
+//! struct SpinThenWait;
+//!
+//! impl PollPolicy for SpinThenWait {
+//!     fn name(&self) -> &str {
+//!         "spin-then-wait"
+//!     }
+//!     fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
+//!         if ctx.now_ns.saturating_sub(ctx.oldest.submit_ns) < 20_000 {
+//!             Decision::Spin
+//!         } else {
+//!             Decision::WaitInterrupt
+//!         }
+//!     }
+//! }
+//!
+//! let cfg = ReactorConfig {
+//!     custom_policy: Some(PolicyFactory::new(|_reactor| Box::new(SpinThenWait))),
+//!     ..ReactorConfig::default()
+//! };
+//! let set = ReactorSet::start(cfg, |_reactor| Ok(()))?;
+//! assert!(set.shutdown().panics.is_empty());
+//! # Ok::<(), hypoll_reactor::StartError>(())
+//! ```
 
 pub mod cores;
 pub mod io;
@@ -33,19 +71,35 @@ mod timer;
 
 pub use cores::{CoreError, CoreList};
 pub use io::{
-    Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp, IoRequest,
-    RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_RESET_TIMEOUT,
+    AttachError, Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp,
+    IoRequest, RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT,
+    DEFAULT_RESET_TIMEOUT,
 };
 pub use reactor::{
     ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning, SendError,
     COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
 };
 pub use set::{
-    PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ShutdownReport, StartError,
-    MAILBOX_CAPACITY, REACTOR_TIMER_SLACK_NS,
+    InitError, PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ReactorStartError,
+    ShutdownReport, StartError, MAILBOX_CAPACITY, REACTOR_TIMER_SLACK_NS,
 };
 pub use stats::{Counters, ReactorStats};
 pub use sys::{
     allowed_cores, set_timer_slack_ns, sleep_until_ns, thread_cores, timer_slack_ns, ThreadCpuClock,
 };
 pub use timer::TimerId;
+
+// One dependency for an embedder: what embedding takes from the crates below, at the root
+// (devices, buffers and statuses; the poll policy trait and everything its methods take),
+// and each whole crate for the rest (`hypoll_reactor::nvme::spec`,
+// `hypoll_reactor::policy::build`).
+pub use hypoll_nvme as nvme;
+pub use hypoll_nvme::{
+    ConfigError, Controller, DeviceConfig, IoBuf, NamespaceInfo, Opcode, QueuePair, QueuePairError,
+    Status, SubmitError,
+};
+pub use hypoll_policy as policy;
+pub use hypoll_policy::{
+    Bucket, BucketStats, Decision, DeviceStats, Direction, InFlight, Observation, OvershootStats,
+    PolicySpecError, PollContext, PollPolicy, Slept, Snapshot, StatsConfigError,
+};

@@ -1,11 +1,12 @@
 //! `ReactorSet`: starts one pinned reactor thread per core, and stops them.
 
+use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::cores::{CoreError, CoreList};
 use crate::reactor::{mailbox, ExitReport, Reactor, ReactorHandle, ReactorTuning};
-use hypoll_policy::PollPolicy;
+use hypoll_policy::{PolicySpecError, PollPolicy};
 
 /// Default mailbox size of each reactor.
 pub const MAILBOX_CAPACITY: usize = 1024;
@@ -55,18 +56,68 @@ impl Default for ReactorConfig {
     }
 }
 
+/// What a reactor's `init` (see [`ReactorSet::start`]) fails with: any error, boxed.
+///
+/// A box, not a type parameter: an init attaches devices ([`AttachError`](crate::AttachError)),
+/// adds pollers (`io::Error`) and builds the application's own state (its own errors), and
+/// `?` turns each of them into this with its source chain intact. [`StartError`] then stays
+/// one plain type, carried from the reactor's thread to `start`'s caller
+/// ([`ReactorStartError::Init`]), rather than a `StartError<E>` that every function that
+/// starts reactors would have to name. A `String` or `&str` converts too (`Err("no
+/// disk".into())`).
+pub type InitError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why [`ReactorSet::start`] failed. Reactors already started were stopped again.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     #[error(transparent)]
     Cores(#[from] CoreError),
     #[error("no cores to run on")]
     NoCores,
+    /// [`ReactorConfig::policy`] names no policy: the registry's error, as it is.
     #[error("policy: {0}")]
-    Policy(String),
+    Policy(#[from] PolicySpecError),
     #[error("mailbox capacity must be at least 1")]
     Mailbox,
-    #[error("reactor on core {core}: {message}")]
-    Reactor { core: usize, message: String },
+    /// One reactor did not start: its core (`usize::MAX` if its thread vanished without
+    /// saying which), and what failed.
+    #[error("reactor on core {core}: {source}")]
+    Reactor {
+        core: usize,
+        #[source]
+        source: ReactorStartError,
+    },
+}
+
+/// What failed as one reactor started ([`StartError::Reactor`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReactorStartError {
+    #[error("creating its mailbox: {0}")]
+    Mailbox(#[source] io::Error),
+    #[error("spawning its thread: {0}")]
+    Spawn(#[source] io::Error),
+    /// The OS refused to pin the thread to its core.
+    #[error("pinning to its core failed")]
+    Pin,
+    #[error("setting timer slack: {0}")]
+    TimerSlack(#[source] io::Error),
+    #[error("reading its CPU clock: {0}")]
+    CpuClock(#[source] io::Error),
+    #[error("policy: {0}")]
+    Policy(#[source] PolicySpecError),
+    #[error("creating its epoll and timer: {0}")]
+    Setup(#[source] io::Error),
+    /// The application's `init` returned this error (its source chain kept).
+    #[error("{0}")]
+    Init(#[source] InitError),
+    /// `init` panicked; the panic's message.
+    #[error("panicked while starting: {message}")]
+    Panicked { message: String },
+    /// The thread ended while starting, with no error or panic to report.
+    #[error("the reactor thread exited while starting")]
+    Exited,
 }
 
 /// A reactor that panicked: its core and the panic message.
@@ -96,10 +147,11 @@ impl ReactorSet {
     /// Starts one reactor per core of `cfg.cores` (checked against the allowed set), each
     /// pinned, named `hypoll-r<core>`, with 1 ns timer slack, and runs `init` on each before
     /// its loop starts (attach devices, add pollers and timers there). Returns once every
-    /// reactor is running, or the first error (having stopped the others).
+    /// reactor is running, or the first error (having stopped the others). An error `init`
+    /// returns comes back as [`StartError::Reactor`] with [`ReactorStartError::Init`].
     pub fn start(
         cfg: ReactorConfig,
-        init: impl Fn(&mut Reactor) -> Result<(), String> + Send + Sync + 'static,
+        init: impl Fn(&mut Reactor) -> Result<(), InitError> + Send + Sync + 'static,
     ) -> Result<ReactorSet, StartError> {
         let allowed = CoreList::allowed()?;
         let cores = match cfg.cores {
@@ -116,7 +168,7 @@ impl ReactorSet {
             return Err(StartError::Mailbox);
         }
         if cfg.custom_policy.is_none() {
-            hypoll_policy::build(&cfg.policy).map_err(|e| StartError::Policy(e.to_string()))?;
+            hypoll_policy::build(&cfg.policy)?;
         }
 
         let mut handles = Vec::new();
@@ -125,7 +177,7 @@ impl ReactorSet {
             let (handle, rx) =
                 mailbox(index, core, cfg.mailbox_capacity).map_err(|e| StartError::Reactor {
                     core,
-                    message: format!("creating its mailbox: {e}"),
+                    source: ReactorStartError::Mailbox(e),
                 })?;
             handles.push(handle);
             receivers.push(rx);
@@ -150,28 +202,30 @@ impl ReactorSet {
                 .spawn(move || {
                     // Freezes the thread's CPU time as it exits, panic or not.
                     let _freeze = FreezeCpuOnExit(handles[index].clone());
-                    let started = (|| -> Result<Reactor, String> {
+                    let started = (|| -> Result<Reactor, ReactorStartError> {
                         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                            return Err(format!("pinning to core {core} failed"));
+                            return Err(ReactorStartError::Pin);
                         }
                         crate::sys::set_timer_slack_ns(REACTOR_TIMER_SLACK_NS)
-                            .map_err(|e| format!("setting timer slack: {e}"))?;
+                            .map_err(ReactorStartError::TimerSlack)?;
                         let cpu = crate::sys::ThreadCpuClock::current()
-                            .map_err(|e| format!("reading its CPU clock: {e}"))?;
+                            .map_err(ReactorStartError::CpuClock)?;
                         handles[index].stats_cell().set_cpu_clock(cpu);
                         let policy = match &custom_policy {
                             Some(factory) => (factory.0)(index),
                             None => hypoll_policy::build(&policy_spec)
-                                .map_err(|e| format!("policy: {e}"))?,
+                                .map_err(ReactorStartError::Policy)?,
                         };
                         let mut reactor = Reactor::new(index, rx, handles.clone(), policy, tuning)
-                            .map_err(|e| format!("creating its epoll and timer: {e}"))?;
+                            .map_err(ReactorStartError::Setup)?;
                         // A panicking init is reported like a failing one, so `start` never
                         // waits on a thread that died.
                         let init = std::panic::AssertUnwindSafe(|| init(&mut reactor));
-                        std::panic::catch_unwind(init).map_err(|p| {
-                            format!("panicked while starting: {}", panic_message(p.as_ref()))
-                        })??;
+                        std::panic::catch_unwind(init)
+                            .map_err(|p| ReactorStartError::Panicked {
+                                message: panic_message(p.as_ref()),
+                            })?
+                            .map_err(ReactorStartError::Init)?;
                         Ok(reactor)
                     })();
                     match started {
@@ -182,8 +236,8 @@ impl ReactorSet {
                             drop(ready);
                             reactor.run()
                         }
-                        Err(message) => {
-                            let _ = ready.send(Err((core, message)));
+                        Err(source) => {
+                            let _ = ready.send(Err((core, source)));
                             ExitReport {
                                 core,
                                 ..ExitReport::default()
@@ -197,7 +251,7 @@ impl ReactorSet {
                     let _ = set.shutdown();
                     return Err(StartError::Reactor {
                         core,
-                        message: format!("spawning its thread: {e}"),
+                        source: ReactorStartError::Spawn(e),
                     });
                 }
             }
@@ -207,7 +261,7 @@ impl ReactorSet {
             let outcome = ready_rx.recv();
             let failure = match outcome {
                 Ok(Ok(_)) => continue,
-                Ok(Err((core, message))) => StartError::Reactor { core, message },
+                Ok(Err((core, source))) => StartError::Reactor { core, source },
                 // A thread panicked during init: its sender is gone.
                 Err(_) => {
                     let report = set.shutdown();
@@ -215,11 +269,11 @@ impl ReactorSet {
                     return Err(match panic {
                         Some(p) => StartError::Reactor {
                             core: p.core,
-                            message: format!("panicked while starting: {}", p.message),
+                            source: ReactorStartError::Panicked { message: p.message },
                         },
                         None => StartError::Reactor {
                             core: usize::MAX,
-                            message: "a reactor thread exited while starting".into(),
+                            source: ReactorStartError::Exited,
                         },
                     });
                 }

@@ -269,8 +269,11 @@ fn a_parked_reactor_uses_under_1_percent_of_a_core() {
         ),
     ] {
         let device = Device::open(&spec).unwrap();
-        let set =
-            ReactorSet::start(config(1, policy), move |r| r.attach(&device, 8).map(drop)).unwrap();
+        let set = ReactorSet::start(config(1, policy), move |r| {
+            r.attach(&device, 8)?;
+            Ok(())
+        })
+        .unwrap();
         let h = &set.handles()[0];
         let parks_before_io = h.stats().counters.parks;
         assert_eq!(drive(h, 200, 4, write_block, succeeded), 0, "{spec}");
@@ -389,8 +392,11 @@ fn matches_pattern(i: u64, done: &IoDone) -> bool {
 /// the reactor's final statistics.
 fn write_then_read(device: &str, policy: &str, count: u64, qd: u64) -> ReactorStats {
     let device = Device::open(device).unwrap();
-    let set =
-        ReactorSet::start(config(1, policy), move |r| r.attach(&device, 64).map(drop)).unwrap();
+    let set = ReactorSet::start(config(1, policy), move |r| {
+        r.attach(&device, 64)?;
+        Ok(())
+    })
+    .unwrap();
     let h = &set.handles()[0];
     assert_eq!(
         drive(h, count, qd, write_block, succeeded),
@@ -539,7 +545,11 @@ fn sleep_interruptibly(device: &str, sleep: Duration, count: u64) -> (ReactorSta
         ..config(1, "classic")
     };
     let device = Device::open(device).unwrap();
-    let set = ReactorSet::start(cfg, move |r| r.attach(&device, 8).map(drop)).unwrap();
+    let set = ReactorSet::start(cfg, move |r| {
+        r.attach(&device, 8)?;
+        Ok(())
+    })
+    .unwrap();
     let h = &set.handles()[0];
     assert_eq!(drive(h, count, 1, write_block, succeeded), 0);
     assert_eq!(drive(h, count, 1, read_block, matches_pattern), 0);
@@ -603,7 +613,8 @@ fn a_deep_queue_on_null_completes_every_io() {
     let _serial = serial();
     let device = Device::open("null").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
-        r.attach(&device, 128).map(drop)
+        r.attach(&device, 128)?;
+        Ok(())
     })
     .unwrap();
     let failed = drive(&set.handles()[0], 200_000, 128, read_block, succeeded);
@@ -624,7 +635,11 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
         },
         ..config(1, "classic")
     };
-    let set = ReactorSet::start(cfg, move |r| r.attach(&device, 16).map(drop)).unwrap();
+    let set = ReactorSet::start(cfg, move |r| {
+        r.attach(&device, 16)?;
+        Ok(())
+    })
+    .unwrap();
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let sink = outcomes.clone();
     set.handles()[0]
@@ -664,7 +679,8 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
     // A slow device whose I/O completes within the timeout is drained, not failed.
     let device = Device::open("emu:nand,size=16M,read_us=20000,jitter=0,tail_pct=0").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
-        r.attach(&device, 16).map(drop)
+        r.attach(&device, 16)?;
+        Ok(())
     })
     .unwrap();
     set.handles()[0]
@@ -691,7 +707,8 @@ fn submissions_are_refused_with_reasons_and_the_buffer_back() {
     let _serial = serial();
     let device = Device::open("emu:optane,size=1M").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
-        r.attach(&device, 2).map(drop)
+        r.attach(&device, 2)?;
+        Ok(())
     })
     .unwrap();
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -762,7 +779,8 @@ fn write_zeroes_and_deallocate_reach_the_device() {
     let _serial = serial();
     let device = Device::open("emu:optane,size=16M").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
-        r.attach(&device, 8).map(drop)
+        r.attach(&device, 8)?;
+        Ok(())
     })
     .unwrap();
     let h = &set.handles()[0];
@@ -865,7 +883,8 @@ fn a_panic_in_an_io_callback_is_reported() {
     let _serial = serial();
     let device = Device::open("null").unwrap();
     let set = ReactorSet::start(config(1, "classic"), move |r| {
-        r.attach(&device, 8).map(drop)
+        r.attach(&device, 8)?;
+        Ok(())
     })
     .unwrap();
     let h = set.handles()[0].clone();

@@ -106,7 +106,8 @@ fn lost_commands_are_aborted_at_their_timeout_however_the_reactor_waits() {
     for policy in ["classic", "hybrid", "interrupt"] {
         let device = Device::open("emu:optane,size=16M,lost_pct=100").unwrap();
         let set = ReactorSet::start(config(policy), move |r| {
-            r.attach_with(&device, options()).map(drop)
+            r.attach_with(&device, options())?;
+            Ok(())
         })
         .unwrap();
         let h = &set.handles()[0];
@@ -135,7 +136,8 @@ fn commands_deaf_to_aborts_are_completed_by_a_reset() {
     for policy in ["classic", "interrupt"] {
         let device = Device::open("emu:optane,size=16M,lost_pct=100,stuck_pct=100").unwrap();
         let set = ReactorSet::start(config(policy), move |r| {
-            r.attach_with(&device, options()).map(drop)
+            r.attach_with(&device, options())?;
+            Ok(())
         })
         .unwrap();
         let h = &set.handles()[0];
@@ -172,7 +174,8 @@ fn a_device_that_cannot_abort_or_reset_gets_its_commands_abandoned_and_quarantin
     .unwrap();
     let device = Device::new(Arc::new(LimitedController::new(ctrl.clone(), false, false)));
     let set = ReactorSet::start(config("interrupt"), move |r| {
-        r.attach_with(&device, options()).map(drop)
+        r.attach_with(&device, options())?;
+        Ok(())
     })
     .unwrap();
     let h = &set.handles()[0];
@@ -218,8 +221,8 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
                 depth: 2,
                 ..options().with_wait_queue(4)
             },
-        )
-        .map(drop)
+        )?;
+        Ok(())
     })
     .unwrap();
     let h = &set.handles()[0];
@@ -281,8 +284,8 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
                 depth: 2,
                 ..options().with_wait_queue(2)
             },
-        )
-        .map(drop)
+        )?;
+        Ok(())
     })
     .unwrap();
     let h = &set.handles()[0];

@@ -355,7 +355,7 @@ impl<P: Protocol> Conn<P> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Read;
     use std::os::unix::net::UnixStream;
 
@@ -365,7 +365,7 @@ mod tests {
     use crate::shard::Shard;
 
     /// A protocol that only sends: enough to drive a connection's output side.
-    struct Sender;
+    pub(crate) struct Sender;
 
     impl Protocol for Sender {
         type Conn = ();

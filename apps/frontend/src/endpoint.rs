@@ -46,7 +46,7 @@ impl Endpoint {
                         Ok(true) => {}
                         Ok(false) => continue,
                         Err(e) => {
-                            eprintln!("hypoll serve: metrics endpoint: {e}; it stops");
+                            tracing::error!("metrics endpoint: {e}; it stops");
                             return;
                         }
                     }
@@ -54,7 +54,7 @@ impl Endpoint {
                         continue;
                     };
                     if let Err(e) = answer(stream, &metrics, &reactors) {
-                        eprintln!("hypoll serve: metrics scrape failed: {e}");
+                        tracing::warn!("metrics scrape failed: {e}");
                     }
                 }
             })?;

@@ -132,7 +132,7 @@ pub(crate) fn accept_loop<P: Protocol>(
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                eprintln!("hypoll serve: waiting for connections: {e}; no longer accepting");
+                tracing::error!("waiting for connections: {e}; no longer accepting");
                 return;
             }
         }
@@ -140,14 +140,16 @@ pub(crate) fn accept_loop<P: Protocol>(
             Ok(a) => a,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
-                eprintln!("hypoll serve: accept failed: {e}");
+                tracing::warn!("accept failed: {e}");
                 continue;
             }
         };
         if open.load(Ordering::Acquire) >= connections_max {
-            eprintln!(
-                "hypoll serve: {peer}: refused: {connections_max} connections are open \
-                 (--max-connections)"
+            // The setting by its name: the front end that took it from its user (a flag,
+            // a file) says how the user wrote it.
+            tracing::warn!(
+                setting = "connections_max",
+                "{peer}: refused: {connections_max} connections are open"
             );
             continue;
         }
@@ -158,22 +160,91 @@ pub(crate) fn accept_loop<P: Protocol>(
         // A refused send drops the message, and the stream in it, here: closed.
         let sent = h.send(move |r| {
             if with_shard::<P, _>(|s| s.adopt(r, stream, peer)).is_none() {
-                eprintln!(
-                    "hypoll serve: reactor {index} has no {} state; connection dropped",
+                tracing::error!(
+                    "reactor {index} has no {} state; connection dropped",
                     P::NAME
                 );
             }
         });
         if let Err(e) = sent {
             open.fetch_sub(1, Ordering::AcqRel);
-            eprintln!("hypoll serve: connection dropped: reactor {index}: {e}");
+            tracing::warn!("connection dropped: reactor {index}: {e}");
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use hypoll_reactor::{allowed_cores, CoreList, ReactorConfig, ReactorSet};
+
     use super::*;
+    use crate::conn::tests::Sender;
+
+    /// What a `tracing` subscriber wrote.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A connection past the limit is closed, and the warning names the setting by its
+    /// field (`connections_max`), never a flag: the binary maps the one to the other.
+    #[test]
+    fn a_connection_past_the_limit_is_refused_with_a_warning_naming_the_setting() {
+        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap()).unwrap();
+        let Ok(ListenAddr::Tcp(addr)) = listener.local_addr() else {
+            panic!("a TCP listener");
+        };
+        let cfg = ReactorConfig {
+            cores: Some(CoreList::new(vec![allowed_cores().unwrap()[0]])),
+            ..ReactorConfig::default()
+        };
+        let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
+        let (stop, open) = (AtomicBool::new(false), AtomicUsize::new(1));
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let read = std::thread::scope(|s| {
+            let client = s.spawn(|| {
+                let read = (|| -> io::Result<usize> {
+                    let mut c = TcpStream::connect(addr)?;
+                    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+                    c.read(&mut [0u8; 1])
+                })();
+                // Whatever happened, the accept loop ends.
+                stop.store(true, Ordering::Release);
+                read
+            });
+            tracing::subscriber::with_default(subscriber, || {
+                accept_loop::<Sender>(listener, &stop, &open, 1, set.handles());
+            });
+            client.join().unwrap()
+        });
+        assert_eq!(read.unwrap(), 0, "the connection is closed at once");
+        assert_eq!(open.load(Ordering::Acquire), 1, "and not counted");
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("WARN"), "{text}");
+        assert!(text.contains("refused: 1 connections are open"), "{text}");
+        assert!(text.contains("setting=\"connections_max\""), "{text}");
+        assert!(!text.contains("--"), "{text}");
+        assert!(set.shutdown().panics.is_empty());
+    }
 
     #[test]
     fn listen_addresses_parse() {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use hypoll_reactor::{Reactor, ReactorConfig, ReactorSet, ReactorTuning};
+use hypoll_reactor::{InitError, Reactor, ReactorConfig, ReactorSet, ReactorTuning};
 
 use crate::endpoint::Endpoint;
 use crate::listen::{accept_loop, ListenAddr, Listener};
@@ -20,15 +20,24 @@ use crate::ServiceConfig;
 
 /// Why a service did not start (after its configuration was checked).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     #[error("listening on {addr}: {error}")]
-    Listen { addr: String, error: io::Error },
+    Listen {
+        addr: String,
+        #[source]
+        error: io::Error,
+    },
     #[error("metrics endpoint on {addr}: {error}")]
-    Metrics { addr: SocketAddr, error: io::Error },
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        error: io::Error,
+    },
     #[error("starting reactors: {0}")]
     Reactors(#[from] hypoll_reactor::StartError),
     #[error("starting the listener thread: {0}")]
-    Thread(io::Error),
+    Thread(#[source] io::Error),
 }
 
 /// A running service of protocol `P`. [`Service::stop`] stops it gracefully; dropping it
@@ -54,7 +63,7 @@ impl<P: Protocol> Service<P> {
         cfg: &ServiceConfig,
         metrics: Arc<Metrics>,
         export_names: Vec<String>,
-        init: impl Fn(&mut Reactor, &Metrics) -> Result<P, String> + Send + Sync + 'static,
+        init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
         let listener = bind(&cfg.listen)?;
         let local = listener.local_addr().map_err(|error| StartError::Listen {
@@ -113,7 +122,7 @@ fn start_reactors<P: Protocol>(
     cfg: &ServiceConfig,
     metrics: Arc<Metrics>,
     open: Arc<AtomicUsize>,
-    init: impl Fn(&mut Reactor, &Metrics) -> Result<P, String> + Send + Sync + 'static,
+    init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
 ) -> Result<ReactorSet, StartError> {
     let shard_cfg = cfg.clone();
     let set = ReactorSet::start(
@@ -131,7 +140,8 @@ fn start_reactors<P: Protocol>(
         move |reactor| {
             let proto = init(reactor, &metrics)?;
             let conn_metrics = metrics.conns(reactor.index());
-            shard::install(reactor, proto, &shard_cfg, conn_metrics, open.clone())
+            shard::install(reactor, proto, &shard_cfg, conn_metrics, open.clone())?;
+            Ok(())
         },
     )?;
     Ok(set)

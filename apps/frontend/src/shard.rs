@@ -88,9 +88,9 @@ pub(crate) fn install<P: Protocol>(
 }
 
 impl<P: Protocol> Shard<P> {
-    /// Logs a line about a client.
+    /// Logs a line about a client (a `tracing` warning).
     pub fn log(&self, peer: &str, message: &str) {
-        eprintln!("hypoll serve: reactor {}: {peer}: {message}", self.index);
+        tracing::warn!("reactor {}: {peer}: {message}", self.index);
     }
 
     /// Whether connection `key` may take more requests now (it is open, within its bounds,

@@ -134,10 +134,7 @@ impl<P: Protocol> Shard<P> {
         let mut work = 0;
         let mut ready = std::mem::take(&mut self.ready);
         if let Err(e) = self.epoll.ready(&mut ready) {
-            eprintln!(
-                "hypoll serve: reactor {}: epoll_wait failed: {e}",
-                self.index
-            );
+            tracing::warn!("reactor {}: epoll_wait failed: {e}", self.index);
         }
         let bytes_max = self.connection_bytes_max;
         for &(token, events) in &ready {

@@ -316,8 +316,11 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         policy: policy.to_string(),
         ..ReactorConfig::default()
     };
-    let set = ReactorSet::start(cfg, move |r| r.attach(&device, qd).map(drop))
-        .map_err(|e| format!("starting reactors for {policy}: {e}"))?;
+    let set = ReactorSet::start(cfg, move |r| {
+        r.attach(&device, qd)?;
+        Ok(())
+    })
+    .map_err(|e| format!("starting reactors for {policy}: {e}"))?;
     let lba = u64::from(ns.lba_size_bytes);
     let nlb = (work.bs_bytes / lba) as u32;
     let reactors = set.handles().len() as u64;

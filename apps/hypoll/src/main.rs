@@ -185,11 +185,15 @@ fn main() -> ExitCode {
         Cmd::Sim(args) if !args.verbose => tracing::level_filters::LevelFilter::OFF,
         _ => tracing::level_filters::LevelFilter::WARN,
     };
-    tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+    match &cli.command {
+        // The server's lines are its operators' log: one per event, as `hypoll serve: ...`.
+        Cmd::Serve(_) => serve::init_log(level),
+        _ => tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     match cli.command {
         Cmd::Bench(args) => bench_command(*args),
         Cmd::Serve(args) => serve::serve_command(*args),

@@ -229,3 +229,46 @@ fn bench_on_an_io_uring_file_runs_every_policy_and_verifies() {
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(stderr.contains("no such file"), "{stderr}");
 }
+
+/// The server library names a refused setting by its field; the binary says which flag set
+/// it, as the user wrote it.
+#[test]
+fn serve_names_the_flag_of_a_refused_setting() {
+    for (flag, value, says) in [
+        (
+            "--max-connections",
+            "0",
+            "--max-connections 0: expected 1 to",
+        ),
+        (
+            "--max-request-bytes",
+            "1000",
+            "--max-request-bytes 1000: expected a multiple of 4096",
+        ),
+        (
+            "--max-connection-bytes",
+            "4K",
+            "--max-connection-bytes 4096: expected 64K to 64G",
+        ),
+    ] {
+        let out = hypoll(&[
+            "serve",
+            "--export",
+            "mem=null",
+            "--listen",
+            "127.0.0.1:0",
+            flag,
+            value,
+        ]);
+        assert!(!out.status.success(), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert_eq!(
+            first
+                .strip_prefix("hypoll serve: ")
+                .map(|m| m.starts_with(says)),
+            Some(true),
+            "{stderr}"
+        );
+    }
+}

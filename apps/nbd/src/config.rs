@@ -11,7 +11,7 @@ use hypoll_frontend::{
     CONNECTIONS_PER_REACTOR_MAX, CONNECTION_BYTES_MAX_DEFAULT, CONNECTION_BYTES_MAX_RANGE,
     HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
 };
-use hypoll_reactor::CoreList;
+use hypoll_reactor::{CoreList, DeviceError};
 
 use crate::proto;
 
@@ -110,29 +110,60 @@ impl ServerConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServeError {
-    #[error("no exports: give at least one --export NAME=DEVICE_SPEC")]
+    #[error("exports: none given; a server needs at least one (name, device string)")]
     NoExports,
     #[error("export {0:?} is given twice")]
     DuplicateExport(String),
     #[error("export name {0:?}: expected 1 to 4096 bytes")]
     BadExportName(String),
-    #[error("export {name}: {message}")]
-    Device { name: String, message: String },
-    #[error("--max-request-bytes {0}: expected a multiple of 4096 from 4096 to 1 GiB")]
+    #[error("export {name}: {source}")]
+    Device {
+        name: String,
+        #[source]
+        source: DeviceError,
+    },
+    #[error("request_bytes_max {0}: expected a multiple of 4096 from 4096 to 1 GiB")]
     RequestBytes(u32),
-    #[error("--max-connections {0}: expected 1 to {CONNECTIONS_PER_REACTOR_MAX}")]
+    #[error("connections_max {0}: expected 1 to {CONNECTIONS_PER_REACTOR_MAX}")]
     Connections(usize),
-    #[error("--max-connection-bytes {0}: expected 64K to 64G")]
+    #[error("connection_bytes_max {0}: expected 64K to 64G")]
     ConnectionBytes(usize),
     #[error("listening on {addr}: {error}")]
-    Listen { addr: String, error: io::Error },
+    Listen {
+        addr: String,
+        #[source]
+        error: io::Error,
+    },
     #[error("metrics endpoint on {addr}: {error}")]
-    Metrics { addr: SocketAddr, error: io::Error },
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        error: io::Error,
+    },
     #[error("starting reactors: {0}")]
     Reactors(#[from] hypoll_reactor::StartError),
     #[error("starting the listener thread: {0}")]
-    Thread(io::Error),
+    Thread(#[source] io::Error),
+    /// A way the front-end service fails to start that has no variant of its own here.
+    #[error("{0}")]
+    Service(#[source] StartError),
+}
+
+impl ServeError {
+    /// The [`ServerConfig`] field this error refuses, for errors that refuse one setting's
+    /// value: a front end that took the value from a flag or a file names it as the user
+    /// wrote it.
+    pub fn setting(&self) -> Option<&'static str> {
+        match self {
+            ServeError::NoExports => Some("exports"),
+            ServeError::RequestBytes(_) => Some("request_bytes_max"),
+            ServeError::Connections(_) => Some("connections_max"),
+            ServeError::ConnectionBytes(_) => Some("connection_bytes_max"),
+            _ => None,
+        }
+    }
 }
 
 impl From<StartError> for ServeError {
@@ -142,6 +173,7 @@ impl From<StartError> for ServeError {
             StartError::Metrics { addr, error } => ServeError::Metrics { addr, error },
             StartError::Reactors(e) => ServeError::Reactors(e),
             StartError::Thread(e) => ServeError::Thread(e),
+            other => ServeError::Service(other),
         }
     }
 }

@@ -284,7 +284,7 @@ fn on_piece_done(
         .and_then(|c| c.proto.inflight.get_mut(rk))
     else {
         // Cannot happen: a connection and its requests stay until every piece is back.
-        eprintln!("hypoll serve: completion for a request that is gone ({ck}/{rk})");
+        tracing::error!("completion for a request that is gone ({ck}/{rk})");
         return;
     };
     debug_assert!(p.pieces_out > 0, "a completion for a piece never submitted");

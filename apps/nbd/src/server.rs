@@ -75,9 +75,9 @@ fn open_exports(
         if infos.iter().any(|i| &i.name == name) {
             return Err(ServeError::DuplicateExport(name.clone()));
         }
-        let device = Device::open(spec).map_err(|e| ServeError::Device {
+        let device = Device::open(spec).map_err(|source| ServeError::Device {
             name: name.clone(),
-            message: e.to_string(),
+            source,
         })?;
         infos.push(export_info(name, &device));
         devices.push(device);
@@ -104,7 +104,16 @@ impl Server {
             &cfg.service(),
             Arc::new(nbd_metrics()),
             names,
-            move |r, metrics| Nbd::attach(r, &devices, &shard_infos, limits, queue_depth, metrics),
+            move |r, metrics| {
+                Ok(Nbd::attach(
+                    r,
+                    &devices,
+                    &shard_infos,
+                    limits,
+                    queue_depth,
+                    metrics,
+                )?)
+            },
         )?;
         Ok(Server {
             service,
@@ -141,6 +150,9 @@ impl Server {
 
 #[cfg(test)]
 mod tests {
+    use hypoll_nvme::ConfigError;
+    use hypoll_reactor::DeviceError;
+
     use super::*;
 
     #[test]
@@ -214,10 +226,19 @@ mod tests {
             Server::start(cfg(vec![("a", "null"), ("a", "null")])),
             Err(ServeError::DuplicateExport(_))
         ));
-        assert!(matches!(
-            Server::start(cfg(vec![("a", "nonsense")])),
-            Err(ServeError::Device { .. })
-        ));
+        // The device string's own error, kept as the source.
+        let e = Server::start(cfg(vec![("a", "nonsense")])).err().unwrap();
+        assert!(
+            matches!(
+                &e,
+                ServeError::Device {
+                    source: DeviceError::Config(ConfigError::UnknownDevice { .. }),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
         let mut c = cfg(vec![("a", "null")]);
         c.request_bytes_max = 1000;
         assert!(matches!(
@@ -230,5 +251,33 @@ mod tests {
             Server::start(c),
             Err(ServeError::ConnectionBytes(4096))
         ));
+        let mut c = cfg(vec![("a", "null")]);
+        c.connections_max = 0;
+        assert!(matches!(Server::start(c), Err(ServeError::Connections(0))));
+    }
+
+    /// A library error names the setting, never a flag of some front end: the binary maps
+    /// the one to the other.
+    #[test]
+    fn a_refused_setting_is_named_by_its_field() {
+        let listen: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let null = vec![("a".to_string(), "null".to_string())];
+        let mut cases = Vec::new();
+        cases.push((ServerConfig::new(Vec::new(), listen.clone()), "exports"));
+        let mut c = ServerConfig::new(null.clone(), listen.clone());
+        c.request_bytes_max = 1000;
+        cases.push((c, "request_bytes_max"));
+        let mut c = ServerConfig::new(null.clone(), listen.clone());
+        c.connections_max = 0;
+        cases.push((c, "connections_max"));
+        let mut c = ServerConfig::new(null, listen);
+        c.connection_bytes_max = 4096;
+        cases.push((c, "connection_bytes_max"));
+        for (c, field) in cases {
+            let e = Server::start(c).err().unwrap();
+            assert_eq!(e.setting(), Some(field), "{e}");
+            let text = e.to_string();
+            assert!(text.contains(field) && !text.contains("--"), "{text}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use hypoll_frontend::{Protocol, Shard};
-use hypoll_reactor::{Device, DeviceId, Reactor};
+use hypoll_reactor::{AttachError, Device, DeviceId, Reactor};
 use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
 
@@ -65,7 +65,7 @@ impl Nbd {
         limits: Limits,
         queue_depth: usize,
         metrics: &Metrics,
-    ) -> Result<Nbd, String> {
+    ) -> Result<Nbd, AttachError> {
         assert_eq!(devices.len(), infos.len());
         let mut exports = Vec::new();
         for (device, info) in devices.iter().zip(infos.iter()) {

@@ -28,6 +28,7 @@ const IOPOLL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why a `uring:` device could not be opened. Each message says what to do about it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UringOpenError {
     #[error("{path}: no such file or block device; create it and fill it with data first (e.g. `fio --name=fill --filename={path} --size=1G --rw=write --bs=1M --direct=1`)")]
     NotFound { path: String },

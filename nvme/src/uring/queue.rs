@@ -571,8 +571,8 @@ impl Drop for UringQueuePair {
                 Ok(_) => {}
                 Err(e) if transient(&e) => {}
                 Err(e) => {
-                    eprintln!(
-                        "hypoll: io_uring queue pair cannot wait for its {} commands ({e}); \
+                    tracing::error!(
+                        "io_uring queue pair cannot wait for its {} commands ({e}); \
                          aborting rather than let the kernel write freed memory",
                         self.in_kernel
                     );

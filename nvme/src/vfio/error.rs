@@ -8,6 +8,7 @@ use crate::spec::Status;
 
 /// Why a VFIO device could not be opened or driven. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VfioError {
     #[error(
         "no PCI function {bdf} (nothing at {path}); list functions with `ls /sys/bus/pci/devices`"

@@ -8,6 +8,7 @@
 pub const PAGE_BYTES: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PrpError {
     #[error("the transfer spans {need} pages but only {have} were given")]
     TooFewPages { need: usize, have: usize },

@@ -517,10 +517,11 @@ impl Drop for VfioQueuePair {
             // Commands may still be using the callers' own pinned buffers, which this queue
             // pair cannot keep: stop the whole controller, or stop the process.
             if self.ctrl.disable().is_err() {
-                eprintln!(
-                    "hypoll: vfio {}: neither deleting queue {} nor disabling the controller \
+                tracing::error!(
+                    "vfio {}: neither deleting queue {} nor disabling the controller \
                      worked; aborting rather than let it write freed memory",
-                    self.ctrl.cfg, self.qid
+                    self.ctrl.cfg,
+                    self.qid
                 );
                 std::process::abort();
             }

@@ -20,6 +20,7 @@ pub(super) fn new_window() -> Box<Window> {
 
 /// An invalid statistics configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatsConfigError {
     /// The window is outside `WINDOW_MS_MIN..=WINDOW_MS_MAX`.
     WindowOutOfRange {

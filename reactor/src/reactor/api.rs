@@ -10,7 +10,7 @@ use super::{
     Attached, Poller, PollerId, Reactor, ReactorHandle, COMPLETION_BATCH, DEVICES_MAX,
     TOKEN_DEVICE_BASE, TOKEN_POLLER_BASE,
 };
-use crate::io::{Device, DeviceId, DeviceOptions, WAIT_QUEUE_MAX};
+use crate::io::{AttachError, Device, DeviceId, DeviceOptions, WAIT_QUEUE_MAX};
 use crate::stats::Counters;
 use crate::timer::{TimerFn, TimerId};
 
@@ -68,7 +68,7 @@ impl Reactor {
 
     /// Creates a queue pair of `depth` on `device` for this reactor, with the default
     /// timeouts ([`DeviceOptions::new`]).
-    pub fn attach(&mut self, device: &Device, depth: usize) -> Result<DeviceId, String> {
+    pub fn attach(&mut self, device: &Device, depth: usize) -> Result<DeviceId, AttachError> {
         self.attach_with(device, DeviceOptions::new(depth))
     }
 
@@ -77,32 +77,35 @@ impl Reactor {
         &mut self,
         device: &Device,
         options: DeviceOptions,
-    ) -> Result<DeviceId, String> {
+    ) -> Result<DeviceId, AttachError> {
         debug_assert!(self.devices.len() <= DEVICES_MAX);
         let depth = options.depth;
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         if options.io_timeout.is_some_and(|t| t.is_zero()) {
-            return Err("io_timeout must be more than 0 (or None: never)".to_string());
+            return Err(AttachError::ZeroIoTimeout);
         }
         if options.wait_queue > WAIT_QUEUE_MAX {
-            return Err(format!(
-                "wait_queue {} is over the limit of {}",
-                options.wait_queue, WAIT_QUEUE_MAX
-            ));
+            return Err(AttachError::WaitQueueTooLong {
+                wait_queue: options.wait_queue,
+                max: WAIT_QUEUE_MAX,
+            });
         }
         if self.devices.len() >= DEVICES_MAX {
-            return Err(format!("a reactor attaches at most {DEVICES_MAX} devices"));
+            return Err(AttachError::TooManyDevices { max: DEVICES_MAX });
         }
         let qp = device
             .ctrl
             .create_queue_pair(depth)
-            .map_err(|e| format!("{}: {e}", device.ctrl.describe()))?;
+            .map_err(|source| AttachError::QueuePair {
+                device: device.ctrl.describe(),
+                source,
+            })?;
         let id = self.devices.len() as u16;
         let has_irq = match qp.interrupt_fd() {
             Some(fd) => {
                 self.epoll
                     .add(fd, TOKEN_DEVICE_BASE + u64::from(id))
-                    .map_err(|e| format!("watching the interrupt fd: {e}"))?;
+                    .map_err(AttachError::Interrupt)?;
                 true
             }
             None => false,

@@ -12,6 +12,7 @@ use super::{Message, Reactor};
 use crate::stats::{ReactorStats, SharedStats};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     /// The reactor's mailbox is full: back-pressure, retry later.
     #[error("the reactor's mailbox is full")]

@@ -105,7 +105,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             .map_err(|e| fail(format!("reactor: {e}")))?;
         r.set_clock(Clock::Virtual(vclock.clone()));
         for device in &devices {
-            r.attach_with(device, options).map_err(fail)?;
+            r.attach_with(device, options)
+                .map_err(|e| fail(e.to_string()))?;
         }
         reactors.push(r);
     }

@@ -162,8 +162,11 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
         policy: policy.to_string(),
         ..crate::ReactorConfig::default()
     };
-    let set = crate::ReactorSet::start(config, move |r| r.attach_with(&device, options).map(drop))
-        .map_err(|e| fail(format!("starting reactors: {e}")))?;
+    let set = crate::ReactorSet::start(config, move |r| {
+        r.attach_with(&device, options)?;
+        Ok(())
+    })
+    .map_err(|e| fail(format!("starting reactors: {e}")))?;
     let (done_tx, done_rx) = crossbeam_channel::bounded(cores.len());
     for (i, h) in set.handles().iter().enumerate() {
         let model = model.clone();
