@@ -70,3 +70,54 @@ pub struct ServiceConfig {
     /// [`COALESCE_NS_MAX`]).
     pub coalesce_ns: u64,
 }
+
+impl ServiceConfig {
+    /// The defaults, listening on `listen`.
+    pub fn new(listen: ListenAddr) -> ServiceConfig {
+        ServiceConfig {
+            listen,
+            cores: None,
+            policy: "classic".into(),
+            metrics: None,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            connection_bytes_max: CONNECTION_BYTES_MAX_DEFAULT,
+            idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            coalesce_ns: COALESCE_NS_DEFAULT,
+        }
+    }
+
+    /// Refuses bounds the service cannot keep, before anything starts.
+    pub fn check(&self) -> Result<(), ServiceConfigError> {
+        if self.connections_max == 0 || self.connections_max > CONNECTIONS_PER_REACTOR_MAX {
+            return Err(ServiceConfigError::Connections(self.connections_max));
+        }
+        if !CONNECTION_BYTES_MAX_RANGE.contains(&self.connection_bytes_max) {
+            return Err(ServiceConfigError::ConnectionBytes(
+                self.connection_bytes_max,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A [`ServiceConfig`] setting out of its bounds, named by its field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceConfigError {
+    #[error("connections_max {0}: expected 1 to {CONNECTIONS_PER_REACTOR_MAX}")]
+    Connections(usize),
+    #[error("connection_bytes_max {0}: expected 64K to 64G")]
+    ConnectionBytes(usize),
+}
+
+impl ServiceConfigError {
+    /// The [`ServiceConfig`] field refused, so a front end that took the value from a flag
+    /// or a file can name it as the user wrote it.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            ServiceConfigError::Connections(_) => "connections_max",
+            ServiceConfigError::ConnectionBytes(_) => "connection_bytes_max",
+        }
+    }
+}

@@ -12,7 +12,7 @@ use hypoll_nbd::server::{
     HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
-use hypoll_nbd::{ListenAddr, Server, ServerConfig};
+use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
 use hypoll_nvme::parse_size_bytes;
 use hypoll_reactor::CoreList;
 use tracing::field::{Field, Visit};
@@ -221,18 +221,22 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cfg = ServerConfig {
+    let service = ServiceConfig {
         cores: Some(cores),
         policy: args.policy,
         metrics: args.metrics,
         connections_max: args.connections_max,
-        request_bytes_max,
         connection_bytes_max: usize::try_from(args.connection_bytes_max).unwrap_or(usize::MAX),
-        queue_depth: usize::from(args.queue_depth),
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
-        ..ServerConfig::new(args.exports, args.listen)
+        ..ServiceConfig::new(args.listen)
+    };
+    let cfg = ServerConfig {
+        exports: args.exports,
+        request_bytes_max,
+        queue_depth: usize::from(args.queue_depth),
+        service,
     };
     let server = match Server::start(cfg) {
         Ok(s) => s,

@@ -20,5 +20,7 @@ pub mod server;
 pub mod session;
 mod shard;
 
-pub use server::{ListenAddr, ServeError, Server, ServerConfig, StopReport};
+pub use server::{
+    ListenAddr, ServeError, Server, ServerConfig, ServiceConfig, ServiceConfigError, StopReport,
+};
 pub use session::{Close, ExportInfo, Limits, Op, Request, Session, Step};

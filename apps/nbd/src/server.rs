@@ -19,10 +19,10 @@ use crate::shard::Nbd;
 
 pub use crate::config::{ServeError, ServerConfig, REQUEST_BYTES_ALIGN, REQUEST_BYTES_MAX_RANGE};
 pub use hypoll_frontend::{
-    ListenAddr, StopReport, COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT,
-    CONNECTION_BYTES_MAX_DEFAULT, CONNECTION_BYTES_MAX_RANGE, DRAIN_TIMEOUT, FLUSH_TIMEOUT,
-    HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, READ_BYTES_PER_POLL,
-    REQUESTS_INFLIGHT_MAX,
+    ListenAddr, ServiceConfig, ServiceConfigError, StopReport, COALESCE_NS_DEFAULT,
+    COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
+    CONNECTION_BYTES_MAX_RANGE, DRAIN_TIMEOUT, FLUSH_TIMEOUT, HANDSHAKE_TIMEOUT_DEFAULT,
+    IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, READ_BYTES_PER_POLL, REQUESTS_INFLIGHT_MAX,
 };
 
 /// A running server. [`Server::stop`] stops it gracefully; dropping it stops it too.
@@ -101,7 +101,7 @@ impl Server {
         let queue_depth = cfg.queue_depth;
         let shard_infos = infos.clone();
         let service = Service::start(
-            &cfg.service(),
+            &cfg.service,
             Arc::new(nbd_metrics()),
             names,
             move |r, metrics| {
@@ -150,6 +150,7 @@ impl Server {
 
 #[cfg(test)]
 mod tests {
+    use hypoll_frontend::ServiceConfigError;
     use hypoll_nvme::ConfigError;
     use hypoll_reactor::DeviceError;
 
@@ -246,14 +247,19 @@ mod tests {
             Err(ServeError::RequestBytes(1000))
         ));
         let mut c = cfg(vec![("a", "null")]);
-        c.connection_bytes_max = 4096;
+        c.service.connection_bytes_max = 4096;
         assert!(matches!(
             Server::start(c),
-            Err(ServeError::ConnectionBytes(4096))
+            Err(ServeError::Service(ServiceConfigError::ConnectionBytes(
+                4096
+            )))
         ));
         let mut c = cfg(vec![("a", "null")]);
-        c.connections_max = 0;
-        assert!(matches!(Server::start(c), Err(ServeError::Connections(0))));
+        c.service.connections_max = 0;
+        assert!(matches!(
+            Server::start(c),
+            Err(ServeError::Service(ServiceConfigError::Connections(0)))
+        ));
     }
 
     /// A library error names the setting, never a flag of some front end: the binary maps
@@ -268,10 +274,10 @@ mod tests {
         c.request_bytes_max = 1000;
         cases.push((c, "request_bytes_max"));
         let mut c = ServerConfig::new(null.clone(), listen.clone());
-        c.connections_max = 0;
+        c.service.connections_max = 0;
         cases.push((c, "connections_max"));
         let mut c = ServerConfig::new(null, listen);
-        c.connection_bytes_max = 4096;
+        c.service.connection_bytes_max = 4096;
         cases.push((c, "connection_bytes_max"));
         for (c, field) in cases {
             let e = Server::start(c).err().unwrap();
