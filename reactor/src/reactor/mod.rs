@@ -16,6 +16,8 @@ mod handle;
 mod idle;
 mod recovery;
 mod submit;
+#[cfg(test)]
+mod tests;
 mod turn;
 
 use std::collections::VecDeque;
