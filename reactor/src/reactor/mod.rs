@@ -163,8 +163,7 @@ pub struct ExitReport {
 pub struct Reactor {
     index: usize,
     core: usize,
-    // Field order matters for drop: queue pairs go before the slots that own I/O buffers,
-    // so a device never touches a freed buffer.
+    /// Dropped before everything else, whatever the order of the fields: see `Drop`.
     devices: Vec<Attached>,
     slots: Slab<IoSlot>,
     io_capacity: usize,
@@ -210,6 +209,18 @@ pub struct Reactor {
     recovery_due_ns: u64,
     /// I/Os waiting for a slot, on every device.
     waiters: usize,
+}
+
+/// Queue pairs go before the buffers they point into, whatever the order of the fields: a
+/// reactor dropped with I/O in flight (a panic unwinding its thread, a simulation's
+/// reactor) deletes its queue pairs first, and a dropped queue pair guarantees that its
+/// device touches no buffer handed to it (see `QueuePair`'s contract). Only then do the
+/// slots go, with the buffers and callbacks of the I/Os still in flight (the callbacks do
+/// not run: no reactor is left to run them on), and the wait queues' with the devices.
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.devices.clear();
+    }
 }
 
 impl Reactor {

@@ -1,10 +1,13 @@
 //! A reactor stepped by hand on a virtual clock, where its commands complete only when the
-//! test says: what a refusal hands back.
+//! test says: what a refusal hands back, and what goes first when a reactor is dropped.
 
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use hypoll_nvme::qpair::ZERO_NLB;
-use hypoll_nvme::{Clock, DeviceConfig, EmuController, IoBuf, SubmitError, VirtualClock};
+use hypoll_nvme::{
+    Clock, Command, Completion, Controller, DeviceConfig, EmuController, EmuQueuePair, IoBuf,
+    NamespaceInfo, QueuePair, QueuePairError, SubmitError, VirtualClock,
+};
 
 use super::{mailbox, Reactor, ReactorTuning};
 use crate::io::{
@@ -223,4 +226,97 @@ fn every_refusal_hands_back_the_request_the_buffer_and_a_callback_that_still_ans
         ]
     );
     assert_eq!(r.outstanding(), 0);
+}
+
+/// Who was dropped, in order.
+type DropLog = Arc<Mutex<Vec<&'static str>>>;
+
+/// Logs its name when dropped.
+struct Logged(DropLog, &'static str);
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push(self.1);
+    }
+}
+
+/// An emulated controller whose queue pairs log when they are dropped.
+struct LoggingController {
+    inner: EmuController,
+    log: DropLog,
+}
+
+impl Controller for LoggingController {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn namespace(&self) -> NamespaceInfo {
+        self.inner.namespace()
+    }
+
+    fn create_queue_pair(&self, depth: usize) -> Result<Box<dyn QueuePair>, QueuePairError> {
+        Ok(Box::new(LoggingQp {
+            inner: self.inner.queue_pair(depth)?,
+            _dropped: Logged(self.log.clone(), "queue pair"),
+        }))
+    }
+}
+
+struct LoggingQp {
+    inner: EmuQueuePair,
+    _dropped: Logged,
+}
+
+impl QueuePair for LoggingQp {
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        // SAFETY: forwarded unchanged: our caller keeps the submit contract for us.
+        unsafe { self.inner.submit(cmd, tag) }
+    }
+
+    fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
+        self.inner.process_completions(max, out)
+    }
+
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.interrupt_fd()
+    }
+
+    fn arm_interrupt(&mut self) {
+        self.inner.arm_interrupt()
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding()
+    }
+
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+
+    fn namespace(&self) -> NamespaceInfo {
+        self.inner.namespace()
+    }
+}
+
+#[test]
+fn a_reactor_dropped_with_io_in_flight_drops_its_queue_pairs_before_the_buffers() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let log = DropLog::default();
+    let ctrl = LoggingController {
+        inner: emu("emu:nand,size=1M", &clock),
+        log: log.clone(),
+    };
+    let device = Device::new(Arc::new(ctrl));
+    let mut r = reactor(&clock, "classic");
+    let dev = r.attach(&device, 4).unwrap();
+    // An I/O in flight: its slot holds its buffer and its callback, which holds a `Logged`:
+    // they go together.
+    let in_flight = Logged(log.clone(), "slot");
+    r.read(dev, 0, 8, IoBuf::zeroed(4096), move |_, _| drop(in_flight))
+        .unwrap();
+    assert_eq!(r.outstanding(), 1);
+    // Dropped without a shutdown, as a panic unwinding its thread drops it.
+    drop(r);
+    assert_eq!(*log.lock().unwrap(), ["queue pair", "slot"]);
 }
