@@ -98,6 +98,10 @@ struct Attached {
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
     abandoned: usize,
+    /// Whether the policy is told the emulated device's true next deadline
+    /// (`PollContext::oracle_deadline_ns`): only for the `oracle` policy on an emulated
+    /// queue pair, so no other device or policy pays to ask.
+    oracle: bool,
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.

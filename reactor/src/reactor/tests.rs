@@ -320,3 +320,33 @@ fn a_reactor_dropped_with_io_in_flight_drops_its_queue_pairs_before_the_buffers(
     drop(r);
     assert_eq!(*log.lock().unwrap(), ["queue pair", "slot"]);
 }
+
+#[test]
+fn the_oracle_policy_alone_is_told_the_emulated_deadline_and_sleeps_by_it() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let emulated = Device::new(Arc::new(emu("emu:nand,size=1M", &clock)));
+    // A queue pair that is not the emulator's (it wraps one): no deadline to tell.
+    let wrapped = Device::new(Arc::new(LoggingController {
+        inner: emu("emu:nand,size=1M", &clock),
+        log: DropLog::default(),
+    }));
+    for (policy, device, sleeps) in [
+        ("oracle", &emulated, 1),
+        ("classic", &emulated, 0),
+        ("oracle", &wrapped, 0),
+    ] {
+        let mut r = reactor(&clock, policy);
+        let dev = r.attach(device, 4).unwrap();
+        r.read(dev, 0, 8, IoBuf::zeroed(4096), |_, _| {}).unwrap();
+        assert_eq!(r.sim_turn(), 0, "nothing completes before the clock moves");
+        // The oracle sleeps until the deadline it is told (a NAND read's, far enough ahead
+        // to be worth a sleep); without one it spins, as classic does.
+        r.when_idle();
+        assert_eq!(
+            r.counters.sleeps,
+            sleeps,
+            "{policy} on {}",
+            device.ctrl.describe()
+        );
+    }
+}
