@@ -218,9 +218,10 @@ pub struct Reactor {
 /// Queue pairs go before the buffers they point into, whatever the order of the fields: a
 /// reactor dropped with I/O in flight (a panic unwinding its thread, a simulation's
 /// reactor) deletes its queue pairs first, and a dropped queue pair guarantees that its
-/// device touches no buffer handed to it (see `QueuePair`'s contract). Only then do the
-/// slots go, with the buffers and callbacks of the I/Os still in flight (the callbacks do
-/// not run: no reactor is left to run them on), and the wait queues' with the devices.
+/// device touches no buffer handed to it (see `QueuePair`'s contract); I/Os waiting for a
+/// slot, which no device saw, go with their devices. Only then do the slots go, with the
+/// buffers and callbacks of the I/Os still in flight (the callbacks do not run: no reactor
+/// is left to run them on).
 impl Drop for Reactor {
     fn drop(&mut self) {
         self.devices.clear();
