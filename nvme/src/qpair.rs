@@ -1,6 +1,7 @@
 //! The device-independent I/O interface: commands, completions, the [`QueuePair`] trait a
 //! reactor polls, and the [`Controller`] that hands out one queue pair per reactor.
 
+use std::any::Any;
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 
@@ -224,7 +225,12 @@ pub struct Completion {
 /// before `drop` returns; if it cannot be sure the device has stopped, it must leak the
 /// memory the device may still touch rather than return. Every completion still pending at
 /// drop time is discarded.
-pub trait QueuePair {
+///
+/// `Any` is a supertrait so that what one device alone offers is reached by downcasting,
+/// not by a method every device carries: the emulator's true completion deadlines, for
+/// benchmarks only, are [`crate::EmuQueuePair::downcast`] then
+/// [`crate::EmuQueuePair::oracle_next_deadline_ns`].
+pub trait QueuePair: Any {
     /// Places `cmd` on the submission queue and rings the doorbell. Never blocks and never
     /// allocates: a full queue is [`SubmitError::QueueFull`].
     ///
@@ -265,14 +271,6 @@ pub trait QueuePair {
 
     /// The namespace this queue pair reads and writes.
     fn namespace(&self) -> NamespaceInfo;
-
-    /// The true completion deadline (CLOCK_MONOTONIC ns) of the outstanding command that will
-    /// complete first, where the device knows it: only the emulated controller does. For
-    /// benchmarks' `oracle` policy, which marks the physical limit of sleeping; a real policy
-    /// must never use it.
-    fn oracle_next_deadline_ns(&self) -> Option<u64> {
-        None
-    }
 
     /// Asks the device to abort the outstanding command submitted with `tag`, as NVMe's
     /// Abort admin command does: the first step a host takes when a command times out.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
+use crate::emu::EmuQueuePair;
 use crate::qpair::{Command, Completion, QueuePair, SubmitError, NLB_TOO_LARGE, ZERO_NLB};
 use crate::spec::{Status, NLB_MAX};
 
@@ -45,7 +46,7 @@ pub enum IoError {
 
 /// Runs commands one at a time on a queue pair, waiting for each.
 pub struct SyncIo<'q> {
-    qp: &'q mut dyn QueuePair,
+    qp: &'q mut (dyn QueuePair + 'static),
     /// With a virtual clock, waiting advances it to the device's next deadline.
     clock: Option<VirtualClock>,
     timeout: Duration,
@@ -54,7 +55,7 @@ pub struct SyncIo<'q> {
 
 impl<'q> SyncIo<'q> {
     /// Waits on the real clock, up to `timeout` per command.
-    pub fn new(qp: &'q mut dyn QueuePair, timeout: Duration) -> SyncIo<'q> {
+    pub fn new(qp: &'q mut (dyn QueuePair + 'static), timeout: Duration) -> SyncIo<'q> {
         SyncIo {
             qp,
             clock: None,
@@ -65,7 +66,7 @@ impl<'q> SyncIo<'q> {
 
     /// Waits in virtual time: instead of spinning, it advances `clock` to the device's next
     /// completion deadline; a command with no deadline (lost) times out at once.
-    pub fn virtual_time(qp: &'q mut dyn QueuePair, clock: VirtualClock) -> SyncIo<'q> {
+    pub fn virtual_time(qp: &'q mut (dyn QueuePair + 'static), clock: VirtualClock) -> SyncIo<'q> {
         SyncIo {
             qp,
             clock: Some(clock),
@@ -210,7 +211,9 @@ impl<'q> SyncIo<'q> {
                 };
             }
             let waited_out = match &self.clock {
-                Some(clock) => match self.qp.oracle_next_deadline_ns() {
+                Some(clock) => match EmuQueuePair::downcast(self.qp)
+                    .and_then(EmuQueuePair::oracle_next_deadline_ns)
+                {
                     Some(deadline_ns) => {
                         clock.advance_to(deadline_ns);
                         false

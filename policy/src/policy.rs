@@ -80,7 +80,8 @@ pub struct PollContext<'a> {
     pub interrupts: bool,
     /// The emulated device's true time of its next completion, when the device knows it.
     /// Only the benchmark's `oracle` policy may read it, to bound what any policy could
-    /// achieve; every real policy ignores it (a real device cannot tell).
+    /// achieve; every real policy ignores it (a real device cannot tell). A reactor fills it
+    /// in only for the policy named `oracle`, on an emulated device: `None` otherwise.
     pub oracle_deadline_ns: Option<u64>,
 }
 

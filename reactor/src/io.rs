@@ -104,6 +104,10 @@ pub const WAIT_QUEUE_MAX: usize = 4096;
 /// on it; whatever has still not completed `reset_timeout` after that (or if the device
 /// cannot reset) is failed locally with [`IoFailure::Abandoned`]. So every I/O's callback
 /// runs within `io_timeout + abort_timeout + reset_timeout` (plus one loop turn).
+///
+/// A full queue pair refuses a submission at once, handing everything back ([`Rejected`]),
+/// unless [`DeviceOptions::wait_queue`] lets it wait; that default is deliberate (see the
+/// field, and docs/reactor.md, "Refusals and back-pressure").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceOptions {
     /// Queue depth of the reactor's queue pair on the device.
@@ -113,8 +117,14 @@ pub struct DeviceOptions {
     pub abort_timeout: Duration,
     pub reset_timeout: Duration,
     /// How many I/Os may wait, in order, for a slot when the queue pair is full, instead of
-    /// being refused with `QueueFull` (0, the default: refuse at once). Their timeout runs
-    /// from the moment they were accepted; at most [`WAIT_QUEUE_MAX`].
+    /// being refused with `QueueFull`. Their timeout runs from the moment they were
+    /// accepted; at most [`WAIT_QUEUE_MAX`].
+    ///
+    /// The default is 0, refuse at once, on purpose: a refusal hands back everything
+    /// ([`Rejected`]: request, buffer, callback), so a caller loses nothing by it and is the
+    /// one that knows whether to retry after completions, hold a client back or answer it;
+    /// a wait queue only moves the limit (depth + `wait_queue`) and turns overload into
+    /// latency, then timeouts. Set it for first come, first served waiting in the reactor.
     pub wait_queue: usize,
 }
 
@@ -245,7 +255,9 @@ pub enum IoFailure {
     Abandoned,
     /// It waited for a slot (see [`DeviceOptions::wait_queue`]) and the queue pair then
     /// refused it (for example because it was disabled); a warning in the log says why.
-    /// (No payload: `IoDone` stays small, and it is copied for every I/O.)
+    /// An application that answers a refused submission through the callback its
+    /// [`Rejected`] handed back may pass it too. (No payload: `IoDone` stays small, and it
+    /// is copied for every I/O.)
     #[error("the queue pair refused it after it waited for a slot (see the log)")]
     Refused,
 }
@@ -264,11 +276,48 @@ pub struct IoDone {
     pub latency_ns: u64,
 }
 
-/// Why an I/O was not accepted. The buffer comes back with it.
-#[derive(Debug)]
-pub struct Rejected {
+/// Why an I/O was not accepted, with everything the caller gave `Reactor::submit` (or
+/// `read`, `write`, ...) handed back: the device, the request, the buffer and the callback
+/// itself, which never ran and never will unless the caller runs it. So a refused I/O can
+/// be retried as it is (`r.submit(rejected.device, rejected.req, rejected.buf,
+/// rejected.callback)`), queued until completions free a slot, or answered: whatever the
+/// callback captured (a reply channel, a client's state) is still there.
+///
+/// `F` is the callback's own type, so neither a refusal nor a retry allocates.
+#[non_exhaustive]
+pub struct Rejected<F = IoCallback> {
     pub reason: RejectReason,
+    pub device: DeviceId,
+    /// The request as submitted (`write` fills `nlb` in from the buffer's length).
+    pub req: IoRequest,
     pub buf: Option<IoBuf>,
+    pub callback: F,
+}
+
+impl<F: FnOnce(&mut crate::Reactor, IoDone) + 'static> Rejected<F> {
+    /// The callback, boxed: to keep refusals of different callbacks in one queue.
+    pub fn boxed(self) -> Rejected<IoCallback> {
+        Rejected {
+            reason: self.reason,
+            device: self.device,
+            req: self.req,
+            buf: self.buf,
+            callback: Box::new(self.callback),
+        }
+    }
+}
+
+/// A refusal's callback need not be `Debug`: it is shown as its type's name.
+impl<F> std::fmt::Debug for Rejected<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rejected")
+            .field("reason", &self.reason)
+            .field("device", &self.device)
+            .field("req", &self.req)
+            .field("buf", &self.buf.as_ref().map(|b| b.len()))
+            .field("callback", &std::any::type_name::<F>())
+            .finish()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -288,20 +337,55 @@ pub enum RejectReason {
     /// [`IoFailure::Abandoned`]): the device stopped completing commands and could not be
     /// reset. Retrying helps only once it completes them (or after a restart).
     #[error(
-        "all {abandoned} queue slots hold abandoned commands: the device is not completing          commands; retry after it recovers"
+        "all {abandoned} queue slots hold abandoned commands: the device is not completing \
+         commands; retry after it recovers"
     )]
     Quarantined { abandoned: usize },
 }
 
-impl std::fmt::Display for Rejected {
+impl RejectReason {
+    /// Back-pressure: the queue pair (and its wait queue, if any) is full, and a retry after
+    /// completions have freed a slot may succeed. Every other reason stays until something
+    /// else changes (the request, the device, the reactor).
+    pub fn is_queue_full(&self) -> bool {
+        matches!(self, RejectReason::Submit(SubmitError::QueueFull { .. }))
+    }
+}
+
+impl<F> std::fmt::Display for Rejected<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.reason.fmt(f)
     }
 }
 
-impl std::error::Error for Rejected {}
+impl<F> std::error::Error for Rejected<F> {}
 
 /// The callback an I/O runs on completion, on its reactor. A closure that captures nothing
 /// (or a plain `fn`) costs no allocation; one that captures state costs one small
 /// allocation per I/O: use [`IoRequest::user`] to carry a number without one.
 pub type IoCallback = Box<dyn FnOnce(&mut crate::Reactor, IoDone)>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refusals are read in logs: one sentence each, with no run of spaces left by a line
+    /// continuation in the source.
+    #[test]
+    fn refusal_messages_read_as_one_sentence() {
+        let reasons = [
+            RejectReason::UnknownDevice,
+            RejectReason::Buffer,
+            RejectReason::ShuttingDown,
+            RejectReason::Quarantined { abandoned: 3 },
+        ];
+        for reason in reasons {
+            let text = reason.to_string();
+            assert!(!text.contains("  "), "{text:?}");
+            assert!(!text.is_empty() && !text.ends_with(' '), "{text:?}");
+        }
+        assert!(RejectReason::Quarantined { abandoned: 3 }
+            .to_string()
+            .contains("all 3 queue slots"));
+    }
+}

@@ -719,21 +719,33 @@ fn submissions_are_refused_with_reasons_and_the_buffer_back() {
                 let e = res.unwrap_err();
                 reasons.push((e.reason, e.buf.is_some()));
             };
-            note(r.submit(
-                DeviceId::FIRST,
-                IoRequest::new(IoOp::Read, 0, 8),
-                None,
-                |_, _| {},
-            ));
-            note(r.flush(DeviceId::from_index(9), |_, _| {}));
-            note(r.read(DeviceId::FIRST, 0, 0, IoBuf::zeroed(4096), |_, _| {}));
+            note(
+                r.submit(
+                    DeviceId::FIRST,
+                    IoRequest::new(IoOp::Read, 0, 8),
+                    None,
+                    |_, _| {},
+                )
+                .map_err(Rejected::boxed),
+            );
+            note(
+                r.flush(DeviceId::from_index(9), |_, _| {})
+                    .map_err(Rejected::boxed),
+            );
+            note(
+                r.read(DeviceId::FIRST, 0, 0, IoBuf::zeroed(4096), |_, _| {})
+                    .map_err(Rejected::boxed),
+            );
             let mut room = vec![r.has_room(DeviceId::FIRST)];
             r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
             room.push(r.has_room(DeviceId::FIRST));
             r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
             // Full: has_room says so before an I/O is built to be refused.
             room.push(r.has_room(DeviceId::FIRST));
-            note(r.read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {}));
+            note(
+                r.read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {})
+                    .map_err(Rejected::boxed),
+            );
             assert_eq!(room, [true, true, false]);
             tx.send(reasons).unwrap();
         })

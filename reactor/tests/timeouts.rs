@@ -301,16 +301,39 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
         ]
     );
     let (tx, rx) = crossbeam_channel::bounded(1);
+    let (answer_tx, answer_rx) = crossbeam_channel::bounded(1);
     h.send(move |r| {
         let refused = r
-            .read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {})
+            .read(
+                DeviceId::FIRST,
+                0,
+                8,
+                IoBuf::zeroed(4096),
+                move |_, done| answer_tx.send((done.user, done.result)).unwrap(),
+            )
             .unwrap_err();
-        tx.send(refused.reason).unwrap();
+        tx.send((refused.reason, refused.buf.is_some())).unwrap();
+        // The callback comes back with the refusal, not run: it still answers.
+        let done = hypoll_reactor::IoDone {
+            device: refused.device,
+            result: Err(IoFailure::Refused),
+            buf: refused.buf,
+            user: 7,
+            latency_ns: 0,
+        };
+        (refused.callback)(r, done);
     })
     .unwrap();
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(5)).unwrap(),
-        hypoll_reactor::RejectReason::Quarantined { abandoned: 2 }
+        (
+            hypoll_reactor::RejectReason::Quarantined { abandoned: 2 },
+            true
+        )
+    );
+    assert_eq!(
+        answer_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        (7, Err(IoFailure::Refused))
     );
     set.shutdown();
 }

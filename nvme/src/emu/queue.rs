@@ -3,6 +3,7 @@
 //! and the interrupt. What the controller does with a command once the doorbell rings is in
 //! `engine`; aborts and resets in `recovery`.
 
+use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::marker::PhantomData;
@@ -151,6 +152,24 @@ impl EmuQueuePair {
     /// This queue pair's id on the controller (1-based, as NVMe I/O queues are).
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// The emulated queue pair behind `qp`, if that is what it is: how benchmark-only
+    /// knowledge (the deadlines below) is reached from a `dyn QueuePair` without the trait
+    /// carrying it for every device.
+    pub fn downcast<'q>(qp: &'q (dyn QueuePair + 'static)) -> Option<&'q EmuQueuePair> {
+        (qp as &dyn Any).downcast_ref()
+    }
+
+    /// The true completion deadline (ns on the controller's clock) of the outstanding
+    /// command that will complete first. For benchmarks' `oracle` policy, which marks the
+    /// physical limit of sleeping, and for waiting in virtual time; no real device can tell
+    /// it, so it is the emulator's own, not [`QueuePair`]'s, and a real policy must never
+    /// use it.
+    pub fn oracle_next_deadline_ns(&self) -> Option<u64> {
+        self.pending
+            .peek()
+            .map(|&Reverse((deadline_ns, _))| deadline_ns)
     }
 
     /// The true deadline of the outstanding command submitted with `tag`, if it is pending
@@ -315,12 +334,6 @@ impl QueuePair for EmuQueuePair {
 
     fn namespace(&self) -> NamespaceInfo {
         self.shared.ns
-    }
-
-    fn oracle_next_deadline_ns(&self) -> Option<u64> {
-        self.pending
-            .peek()
-            .map(|&Reverse((deadline_ns, _))| deadline_ns)
     }
 
     /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion

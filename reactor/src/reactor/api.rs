@@ -6,6 +6,8 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hypoll_nvme::EmuQueuePair;
+
 use super::{
     Attached, Poller, PollerId, Reactor, ReactorHandle, COMPLETION_BATCH, DEVICES_MAX,
     TOKEN_DEVICE_BASE, TOKEN_POLLER_BASE,
@@ -110,6 +112,17 @@ impl Reactor {
             }
             None => false,
         };
+        // Only the benchmark's `oracle` policy reads the emulator's deadlines, and only an
+        // emulated queue pair has them: every other pairing pays nothing for them.
+        let wants_oracle = self.policy.name() == hypoll_policy::Oracle::NAME;
+        let oracle = wants_oracle && EmuQueuePair::downcast(&*qp).is_some();
+        if wants_oracle && !oracle {
+            tracing::warn!(
+                core = self.core,
+                device = %device.ctrl.describe(),
+                "the oracle policy needs an emulated device's deadlines; on this one it spins"
+            );
+        }
         self.io_capacity += qp.depth();
         // Preallocate everything the I/O path touches, so it never allocates.
         self.slots.reserve(self.io_capacity - self.slots.len());
@@ -133,6 +146,7 @@ impl Reactor {
             waiting: VecDeque::with_capacity(options.wait_queue),
             wait_capacity: options.wait_queue,
             abandoned: 0,
+            oracle,
         });
         // What the I/O path counts on: room reserved for every slot, every device's wait
         // queue within the limit.

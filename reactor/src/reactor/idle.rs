@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hypoll_nvme::sys::monotonic_ns;
+use hypoll_nvme::EmuQueuePair;
 use hypoll_policy::{Decision, InFlight, PollContext, Slept};
 
 use super::{Reactor, Recovery, SLEEP_CPU_SAMPLE_EVERY, TOKEN_MAILBOX};
@@ -83,7 +84,11 @@ impl Reactor {
             stats: dev.recorder.snapshot(),
             overshoot: dev.recorder.overshoot(),
             interrupts,
-            oracle_deadline_ns: dev.qp.oracle_next_deadline_ns(),
+            oracle_deadline_ns: if dev.oracle {
+                EmuQueuePair::downcast(&*dev.qp).and_then(EmuQueuePair::oracle_next_deadline_ns)
+            } else {
+                None
+            },
         };
         match self.policy.decide(&ctx) {
             Decision::Spin => std::hint::spin_loop(),

@@ -16,6 +16,8 @@ mod handle;
 mod idle;
 mod recovery;
 mod submit;
+#[cfg(test)]
+mod tests;
 mod turn;
 
 use std::collections::VecDeque;
@@ -96,6 +98,10 @@ struct Attached {
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
     abandoned: usize,
+    /// Whether the policy is told the emulated device's true next deadline
+    /// (`PollContext::oracle_deadline_ns`): only for the `oracle` policy on an emulated
+    /// queue pair, so no other device or policy pays to ask.
+    oracle: bool,
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
@@ -161,8 +167,7 @@ pub struct ExitReport {
 pub struct Reactor {
     index: usize,
     core: usize,
-    // Field order matters for drop: queue pairs go before the slots that own I/O buffers,
-    // so a device never touches a freed buffer.
+    /// Dropped before everything else, whatever the order of the fields: see `Drop`.
     devices: Vec<Attached>,
     slots: Slab<IoSlot>,
     io_capacity: usize,
@@ -208,6 +213,19 @@ pub struct Reactor {
     recovery_due_ns: u64,
     /// I/Os waiting for a slot, on every device.
     waiters: usize,
+}
+
+/// Queue pairs go before the buffers they point into, whatever the order of the fields: a
+/// reactor dropped with I/O in flight (a panic unwinding its thread, a simulation's
+/// reactor) deletes its queue pairs first, and a dropped queue pair guarantees that its
+/// device touches no buffer handed to it (see `QueuePair`'s contract); I/Os waiting for a
+/// slot, which no device saw, go with their devices. Only then do the slots go, with the
+/// buffers and callbacks of the I/Os still in flight (the callbacks do not run: no reactor
+/// is left to run them on).
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.devices.clear();
+    }
 }
 
 impl Reactor {

@@ -21,43 +21,117 @@ pub(super) struct Waiter {
 
 /// Why `Reactor::issue` did not put an I/O on its queue pair: the error, with what the
 /// caller gave back.
-type NotIssued = (
-    hypoll_nvme::SubmitError,
-    Option<hypoll_nvme::IoBuf>,
-    IoCallback,
-);
+type NotIssued<C> = (hypoll_nvme::SubmitError, Option<hypoll_nvme::IoBuf>, C);
+
+/// A callback as `Reactor::issue` takes it: a caller's closure is boxed only once its
+/// command is on the queue pair, so that a refusal hands the closure itself back; a waiter's
+/// was boxed when it began to wait.
+trait IntoCallback {
+    fn into_callback(self) -> IoCallback;
+}
+
+/// A caller's closure, not boxed yet.
+struct Unboxed<F>(F);
+
+impl<F: FnOnce(&mut Reactor, IoDone) + 'static> IntoCallback for Unboxed<F> {
+    #[inline(always)]
+    fn into_callback(self) -> IoCallback {
+        Box::new(self.0)
+    }
+}
+
+impl IntoCallback for IoCallback {
+    #[inline(always)]
+    fn into_callback(self) -> IoCallback {
+        self
+    }
+}
 
 impl Reactor {
     /// Submits one I/O. `buf` is required for reads and writes (at least `nlb` blocks) and
-    /// must be `None` otherwise; it comes back in the completion, or in the rejection.
-    pub fn submit(
+    /// must be `None` otherwise; it comes back in the completion. A refusal hands back
+    /// everything given here, the callback included (it has not run): see [`Rejected`].
+    pub fn submit<F>(
         &mut self,
         device: DeviceId,
         req: IoRequest,
         buf: Option<hypoll_nvme::IoBuf>,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+        callback: F,
+    ) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
+        self.submit_as(device, req, buf, Unboxed(callback))
+            .map_err(|rejected| Rejected {
+                reason: rejected.reason,
+                device: rejected.device,
+                req: rejected.req,
+                buf: rejected.buf,
+                callback: rejected.callback.0,
+            })
+    }
+
+    /// Submits again an I/O refused earlier, as the refusal handed it back with its
+    /// callback boxed ([`Rejected::boxed`], to queue refusals of different callbacks
+    /// together): as `submit` would, without boxing the boxed callback again.
+    pub fn resubmit(&mut self, rejected: Rejected) -> Result<(), Rejected> {
+        self.submit_as(
+            rejected.device,
+            rejected.req,
+            rejected.buf,
+            rejected.callback,
+        )
+    }
+
+    /// `submit`, for a callback boxed or not.
+    #[inline(always)]
+    fn submit_as<C: IntoCallback>(
+        &mut self,
+        device: DeviceId,
+        req: IoRequest,
+        mut buf: Option<hypoll_nvme::IoBuf>,
+        callback: C,
+    ) -> Result<(), Rejected<C>> {
         debug_assert!(self.wait_queues_hold());
         debug_assert!(self.abandoned_hold());
-        let reject = |reason, buf| Err(Rejected { reason, buf });
+        let refuse = move |reason, buf, callback| {
+            Err(Rejected {
+                reason,
+                device,
+                req,
+                buf,
+                callback,
+            })
+        };
         if self.stopping {
-            return reject(RejectReason::ShuttingDown, buf);
+            return refuse(RejectReason::ShuttingDown, buf, callback);
         }
         let d = device.0 as usize;
         let Some(dev) = self.devices.get(d) else {
-            return reject(RejectReason::UnknownDevice, buf);
+            return refuse(RejectReason::UnknownDevice, buf, callback);
         };
         let data_op = matches!(req.op, IoOp::Read | IoOp::Write);
         if data_op != buf.is_some() {
-            return reject(RejectReason::Buffer, buf);
+            return refuse(RejectReason::Buffer, buf, callback);
         }
-        let callback: IoCallback = Box::new(callback);
         let submitted = if !dev.waiting.is_empty() {
-            self.wait_behind(d, req, buf, callback)
+            match self.may_wait_behind(d, &req, buf.as_mut()) {
+                Ok(()) => {
+                    self.push_waiter(d, req, buf, callback.into_callback());
+                    Ok(())
+                }
+                Err(reason) => refuse(reason, buf, callback),
+            }
         } else {
             match self.issue(d, req, buf, callback, self.now_ns) {
                 Ok(()) => Ok(()),
-                Err(not_issued) => self.not_issued(d, req, not_issued),
+                Err((error, buf, callback)) => match self.may_wait(d, error) {
+                    Ok(()) => {
+                        self.push_waiter(d, req, buf, callback.into_callback());
+                        Ok(())
+                    }
+                    Err(reason) => refuse(reason, buf, callback),
+                },
             }
         };
         debug_assert!(self.wait_queues_hold());
@@ -65,61 +139,44 @@ impl Reactor {
         submitted
     }
 
-    /// A queue pair refused an I/O: it waits for a slot if the device has a wait queue
-    /// with room, or is refused.
+    /// A queue pair refused an I/O: it may wait for a slot if the device has a wait queue
+    /// with room; otherwise, why it is refused.
     #[cold]
     #[inline(never)]
-    fn not_issued(
-        &mut self,
-        d: usize,
-        req: IoRequest,
-        (error, buf, callback): NotIssued,
-    ) -> Result<(), Rejected> {
+    fn may_wait(&self, d: usize, error: SubmitError) -> Result<(), RejectReason> {
         let SubmitError::QueueFull { depth } = error else {
-            return Err(Rejected {
-                reason: RejectReason::Submit(error),
-                buf,
-            });
+            return Err(RejectReason::Submit(error));
         };
         let reason = self.full(d, depth);
         let dev = &self.devices[d];
         if dev.waiting.len() >= dev.wait_capacity
             || matches!(reason, RejectReason::Quarantined { .. })
         {
-            return Err(Rejected { reason, buf });
+            return Err(reason);
         }
-        self.push_waiter(d, req, buf, callback);
         Ok(())
     }
 
     /// Others already wait for a slot on device `d`: first come, first served, a new I/O
-    /// waits behind them, or is refused if the wait queue is full (or no slot will ever
-    /// free: every one holds an abandoned command).
+    /// may wait behind them, unless the wait queue is full (or no slot will ever free:
+    /// every one holds an abandoned command) or its command cannot be built.
     #[cold]
     #[inline(never)]
-    fn wait_behind(
-        &mut self,
+    fn may_wait_behind(
+        &self,
         d: usize,
-        req: IoRequest,
-        buf: Option<hypoll_nvme::IoBuf>,
-        callback: IoCallback,
-    ) -> Result<(), Rejected> {
+        req: &IoRequest,
+        buf: Option<&mut hypoll_nvme::IoBuf>,
+    ) -> Result<(), RejectReason> {
         let dev = &self.devices[d];
         let has_room = dev.waiting.len() < dev.wait_capacity;
-        let lba_bytes = dev.lba_bytes;
         let reason = self.full(d, dev.qp.depth());
         if !has_room || matches!(reason, RejectReason::Quarantined { .. }) {
-            return Err(Rejected { reason, buf });
+            return Err(reason);
         }
-        let mut buf = buf;
-        if let Err(e) = command(&req, buf.as_mut()).check(lba_bytes) {
-            return Err(Rejected {
-                reason: RejectReason::Submit(e),
-                buf,
-            });
-        }
-        self.push_waiter(d, req, buf, callback);
-        Ok(())
+        command(req, buf)
+            .check(dev.lba_bytes)
+            .map_err(RejectReason::Submit)
     }
 
     /// Queues an accepted I/O behind the others waiting for a slot on device `d` (the caller
@@ -175,14 +232,14 @@ impl Reactor {
     /// Puts an I/O on device `d`'s queue pair and records it in a slot. Inlined: it is the
     /// body of every submission.
     #[inline(always)]
-    fn issue(
+    fn issue<C: IntoCallback>(
         &mut self,
         d: usize,
         req: IoRequest,
         buf: Option<hypoll_nvme::IoBuf>,
-        callback: IoCallback,
+        callback: C,
         accepted_ns: u64,
-    ) -> Result<(), NotIssued> {
+    ) -> Result<(), NotIssued<C>> {
         let dev = &mut self.devices[d];
         debug_assert!(dev.qp.outstanding() <= dev.qp.depth());
         let mut buf = buf;
@@ -221,7 +278,7 @@ impl Reactor {
             idle_polls_at_submit: self.counters.idle_polls,
             user: req.user,
             buf,
-            callback: Some(callback),
+            callback: Some(callback.into_callback()),
             recovery: Recovery::InTime,
         });
         debug_assert_eq!(inserted, key);
@@ -308,16 +365,19 @@ impl Reactor {
         (w.callback)(self, done);
     }
 
-    // ---- convenience wrappers over `submit` ----
+    // ---- convenience wrappers over `submit`; a refusal hands back what `submit`'s does ----
 
-    pub fn read(
+    pub fn read<F>(
         &mut self,
         device: DeviceId,
         slba: u64,
         nlb: u32,
         buf: hypoll_nvme::IoBuf,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+        callback: F,
+    ) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
         self.submit(
             device,
             IoRequest::new(IoOp::Read, slba, nlb),
@@ -326,13 +386,16 @@ impl Reactor {
         )
     }
 
-    pub fn write(
+    pub fn write<F>(
         &mut self,
         device: DeviceId,
         slba: u64,
         buf: hypoll_nvme::IoBuf,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+        callback: F,
+    ) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
         let lba = self
             .devices
             .get(device.0 as usize)
@@ -346,21 +409,23 @@ impl Reactor {
         )
     }
 
-    pub fn flush(
-        &mut self,
-        device: DeviceId,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+    pub fn flush<F>(&mut self, device: DeviceId, callback: F) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
         self.submit(device, IoRequest::new(IoOp::Flush, 0, 0), None, callback)
     }
 
-    pub fn write_zeroes(
+    pub fn write_zeroes<F>(
         &mut self,
         device: DeviceId,
         slba: u64,
         nlb: u32,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+        callback: F,
+    ) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
         self.submit(
             device,
             IoRequest::new(IoOp::WriteZeroes, slba, nlb),
@@ -369,13 +434,16 @@ impl Reactor {
         )
     }
 
-    pub fn deallocate(
+    pub fn deallocate<F>(
         &mut self,
         device: DeviceId,
         slba: u64,
         nlb: u32,
-        callback: impl FnOnce(&mut Reactor, IoDone) + 'static,
-    ) -> Result<(), Rejected> {
+        callback: F,
+    ) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce(&mut Reactor, IoDone) + 'static,
+    {
         self.submit(
             device,
             IoRequest::new(IoOp::Deallocate, slba, nlb),
