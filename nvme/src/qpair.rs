@@ -283,11 +283,15 @@ impl<'buf> Command<'buf> {
             return Err(SubmitError::InvalidField(NLB_TOO_LARGE));
         }
         if matches!(self.opcode, Opcode::Read | Opcode::Write) {
+            debug_assert!(lba_size_bytes > 0, "a namespace has blocks of some size");
             let need_bytes = u64::from(self.nlb) * u64::from(lba_size_bytes);
-            if let Some(segs) = self.segments() {
-                return check_segments(segs, need_bytes).map_err(SubmitError::Segment);
-            }
             if (self.buf_len_bytes as u64) < need_bytes {
+                // A vectored command has no buffer of its own (length 0, and nlb >= 1 was
+                // checked above), so it always lands here: the single-buffer path pays no
+                // test for segments.
+                if let Some(segs) = self.segments() {
+                    return check_segments(segs, need_bytes).map_err(SubmitError::Segment);
+                }
                 return Err(SubmitError::BufferTooSmall {
                     need_bytes,
                     have_bytes: self.buf_len_bytes as u64,
@@ -308,6 +312,8 @@ impl<'buf> Command<'buf> {
 /// The rules every device applies to a vectored command's segments: at most
 /// [`SEGMENTS_MAX`], none empty, each starting [`BUFFER_ALIGN_BYTES`]-aligned (NVMe's dword
 /// rule for data pointers, as for a single buffer), `need_bytes` in all.
+#[cold]
+#[inline(never)]
 fn check_segments(segs: &[Segment], need_bytes: u64) -> Result<(), SegmentError> {
     if segs.len() > SEGMENTS_MAX {
         return Err(SegmentError::TooMany {
