@@ -334,7 +334,7 @@ fn check_segments(segs: &[Segment], need_bytes: u64) -> Result<(), SegmentError>
                 align_bytes: BUFFER_ALIGN_BYTES,
             });
         }
-        have_bytes += seg.len_bytes as u64;
+        have_bytes = have_bytes.saturating_add(seg.len_bytes as u64);
     }
     if have_bytes != need_bytes {
         return Err(SegmentError::LengthMismatch {
