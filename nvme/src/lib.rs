@@ -40,8 +40,8 @@ pub use device::DeviceConfig;
 pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{
-    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, SubmitError,
-    QUEUE_DEPTH_MAX,
+    Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, Segment,
+    SegmentError, SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};

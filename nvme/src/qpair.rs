@@ -2,6 +2,7 @@
 //! reactor polls, and the [`Controller`] that hands out one queue pair per reactor.
 
 use std::any::Any;
+use std::io::{IoSlice, IoSliceMut};
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 
@@ -14,6 +15,17 @@ pub const BUFFER_ALIGN_BYTES: usize = 4;
 /// Largest queue depth a queue pair may be created with (NVMe's MQES is 16 bits; real
 /// controllers commonly cap queues at 1024 entries).
 pub const QUEUE_DEPTH_MAX: usize = 1024;
+
+/// Most segments one vectored command ([`Command::readv`], [`Command::writev`]) carries.
+///
+/// 128 is what Linux gives a request queue by default (`BLK_MAX_SEGMENTS`) and what its NVMe
+/// PCIe driver takes per command (`NVME_MAX_SEGS`): a request a Linux initiator sends over
+/// virtio-blk, NBD or NVMe/TCP, split at its guest's or socket buffer's page boundaries,
+/// fits in one command. It covers the largest transfer a device here accepts (128 KiB MDTS
+/// in 4 KiB pages is 32 segments, 33 when the first starts inside a page) with room for
+/// sub-page pieces such as a group commit's staged records. Each queue pair reserves this
+/// many segments per slot, so the bound is also a memory bound.
+pub const SEGMENTS_MAX: usize = 128;
 
 /// Why [`Command::check`] refuses a command of zero blocks.
 pub const ZERO_NLB: &str = "zero-length transfer (nlb = 0)";
@@ -46,9 +58,65 @@ pub struct Command<'buf> {
     fua: bool,
     /// Write Zeroes may deallocate the blocks (NVMe's DEAC).
     deallocate: bool,
+    /// The one data buffer; null for commands without data and for vectored ones.
     buf_ptr: *mut u8,
     buf_len_bytes: usize,
+    /// A vectored command's segments (borrowed for `'buf`); null for every other command.
+    segs: *const Segment,
+    segs_count: usize,
     _buf: PhantomData<&'buf mut [u8]>,
+}
+
+/// One piece of a vectored command's data: an address and a length, laid out as POSIX's
+/// `struct iovec` (and so as [`IoSlice`] and [`IoSliceMut`], which std guarantees to be
+/// iovec-compatible on Unix). Devices read a command's segments during
+/// [`QueuePair::submit`] only and keep their own copy: the list itself may go once `submit`
+/// returns, the memory it points at may not (see `submit`'s contract).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    ptr: *mut u8,
+    len_bytes: usize,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<Segment>() == std::mem::size_of::<IoSlice<'_>>()
+        && std::mem::align_of::<Segment>() == std::mem::align_of::<IoSlice<'_>>()
+        && std::mem::size_of::<Segment>() == std::mem::size_of::<IoSliceMut<'_>>()
+        && std::mem::size_of::<Segment>() == std::mem::size_of::<libc::iovec>()
+        && std::mem::align_of::<Segment>() == std::mem::align_of::<libc::iovec>()
+);
+
+impl Segment {
+    /// No segment: what a device's per-slot copy holds before use.
+    pub const EMPTY: Segment = Segment {
+        ptr: std::ptr::null_mut(),
+        len_bytes: 0,
+    };
+
+    /// A segment of `len_bytes` at `ptr`, for a device's own bookkeeping and its tests;
+    /// commands take their segments from [`IoSlice`]s and [`IoSliceMut`]s.
+    #[cfg(test)]
+    pub(crate) fn from_raw(ptr: *mut u8, len_bytes: usize) -> Segment {
+        Segment { ptr, len_bytes }
+    }
+
+    /// The segment's first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    /// The segment as the kernel's `iovec`.
+    pub fn to_iovec(self) -> libc::iovec {
+        libc::iovec {
+            iov_base: self.ptr.cast(),
+            iov_len: self.len_bytes,
+        }
+    }
 }
 
 impl<'buf> Command<'buf> {
@@ -61,7 +129,17 @@ impl<'buf> Command<'buf> {
             deallocate: false,
             buf_ptr,
             buf_len_bytes,
+            segs: std::ptr::null(),
+            segs_count: 0,
             _buf: PhantomData,
+        }
+    }
+
+    fn vectored(opcode: Opcode, slba: u64, nlb: u32, segs: *const Segment, count: usize) -> Self {
+        Command {
+            segs,
+            segs_count: count,
+            ..Self::new(opcode, slba, nlb, std::ptr::null_mut(), 0)
         }
     }
 
@@ -75,6 +153,35 @@ impl<'buf> Command<'buf> {
         // The device only reads a write's buffer; the pointer is stored as `*mut` so one
         // field serves both directions.
         Self::new(Opcode::Write, slba, nlb, buf.as_ptr().cast_mut(), buf.len())
+    }
+
+    /// Reads `nlb` blocks starting at `slba` into `segs`, filled in order: the first bytes
+    /// into the first segment. A segment may end inside a block; the segments together must
+    /// hold exactly `nlb` blocks, and there may be at most [`SEGMENTS_MAX`] of them. What
+    /// else a device asks of them is checked at submission (see [`SegmentError`]).
+    ///
+    /// The command borrows the segment list, and through it every segment, for as long as
+    /// it lives, as [`Command::read`] borrows its buffer:
+    ///
+    /// ```compile_fail,E0506
+    /// use std::io::IoSliceMut;
+    /// let (mut a, mut b) = ([0u8; 256], [0u8; 256]);
+    /// let mut segs = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)];
+    /// let cmd = hypoll_nvme::Command::readv(0, 1, &mut segs);
+    /// b[0] = 1; // error: `b` is borrowed by the command
+    /// let _ = cmd.nlb();
+    /// ```
+    pub fn readv<'data: 'buf>(slba: u64, nlb: u32, segs: &'buf mut [IoSliceMut<'data>]) -> Self {
+        // IoSliceMut is iovec-compatible (std guarantees it on Unix), as Segment is (the
+        // layout assertion above); taking the list `&mut` keeps it, and so its memory,
+        // exclusively borrowed for as long as the command lives.
+        Self::vectored(Opcode::Read, slba, nlb, segs.as_ptr().cast(), segs.len())
+    }
+
+    /// Writes `nlb` blocks starting at `slba` from `segs`, taken in order. Segments follow
+    /// the rules of [`Command::readv`].
+    pub fn writev<'data: 'buf>(slba: u64, nlb: u32, segs: &'buf [IoSlice<'data>]) -> Self {
+        Self::vectored(Opcode::Write, slba, nlb, segs.as_ptr().cast(), segs.len())
     }
 
     /// Makes every completed write durable.
@@ -139,13 +246,26 @@ impl<'buf> Command<'buf> {
         self.deallocate
     }
 
-    /// The data buffer handed to the device: null for commands without data.
+    /// The data buffer handed to the device: null for commands without data and for
+    /// vectored commands (see [`Command::segments`]).
     pub fn buf_ptr(&self) -> *mut u8 {
         self.buf_ptr
     }
 
     pub fn buf_len_bytes(&self) -> usize {
         self.buf_len_bytes
+    }
+
+    /// A vectored command's segments ([`Command::readv`], [`Command::writev`]); `None` for
+    /// every other command, whose data (if any) is [`Command::buf_ptr`].
+    #[inline]
+    pub fn segments(&self) -> Option<&[Segment]> {
+        if self.segs.is_null() {
+            return None;
+        }
+        // SAFETY: `segs` and `segs_count` come from a slice of iovec-compatible entries
+        // borrowed for `'buf`, which outlives `&self`.
+        Some(unsafe { std::slice::from_raw_parts(self.segs, self.segs_count) })
     }
 
     /// Checks what the host side can check before a command reaches a device: a length the
@@ -164,8 +284,15 @@ impl<'buf> Command<'buf> {
             return Err(SubmitError::InvalidField(NLB_TOO_LARGE));
         }
         if matches!(self.opcode, Opcode::Read | Opcode::Write) {
+            debug_assert!(lba_size_bytes > 0, "a namespace has blocks of some size");
             let need_bytes = u64::from(self.nlb) * u64::from(lba_size_bytes);
             if (self.buf_len_bytes as u64) < need_bytes {
+                // A vectored command has no buffer of its own (length 0, and nlb >= 1 was
+                // checked above), so it always lands here: the single-buffer path pays no
+                // test for segments.
+                if let Some(segs) = self.segments() {
+                    return check_segments(segs, need_bytes).map_err(SubmitError::Segment);
+                }
                 return Err(SubmitError::BufferTooSmall {
                     need_bytes,
                     have_bytes: self.buf_len_bytes as u64,
@@ -181,6 +308,92 @@ impl<'buf> Command<'buf> {
         }
         Ok(())
     }
+}
+
+/// The rules every device applies to a vectored command's segments: at most
+/// [`SEGMENTS_MAX`], none empty, each starting [`BUFFER_ALIGN_BYTES`]-aligned (NVMe's dword
+/// rule for data pointers, as for a single buffer), `need_bytes` in all.
+#[cold]
+#[inline(never)]
+fn check_segments(segs: &[Segment], need_bytes: u64) -> Result<(), SegmentError> {
+    if segs.len() > SEGMENTS_MAX {
+        return Err(SegmentError::TooMany {
+            count: segs.len(),
+            max: SEGMENTS_MAX,
+        });
+    }
+    let mut have_bytes = 0u64;
+    for (index, seg) in segs.iter().enumerate() {
+        if seg.len_bytes == 0 {
+            return Err(SegmentError::Empty { index });
+        }
+        let addr = seg.ptr as usize;
+        if !addr.is_multiple_of(BUFFER_ALIGN_BYTES) {
+            return Err(SegmentError::Misaligned {
+                index,
+                addr,
+                align_bytes: BUFFER_ALIGN_BYTES,
+            });
+        }
+        have_bytes = have_bytes.saturating_add(seg.len_bytes as u64);
+    }
+    if have_bytes != need_bytes {
+        return Err(SegmentError::LengthMismatch {
+            need_bytes,
+            have_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Why a vectored command's segments were refused at submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SegmentError {
+    #[error("{count} segments: one command carries at most {max}")]
+    TooMany { count: usize, max: usize },
+    #[error("segment {index} is empty")]
+    Empty { index: usize },
+    #[error("segment {index} at {addr:#x} is not aligned to {align_bytes} bytes")]
+    Misaligned {
+        index: usize,
+        addr: usize,
+        align_bytes: usize,
+    },
+    #[error("the segments hold {have_bytes} bytes, the command moves {need_bytes}")]
+    LengthMismatch { need_bytes: u64, have_bytes: u64 },
+    /// O_DIRECT (a `uring` device with `direct=1`) moves whole blocks between the device and
+    /// memory: each segment's address and length must be multiples of the block size.
+    #[error(
+        "segment {index} ({len_bytes} bytes at {addr:#x}) is not block-aligned: O_DIRECT \
+         needs address and length multiples of {block_bytes} bytes"
+    )]
+    NotBlockAligned {
+        index: usize,
+        addr: usize,
+        len_bytes: usize,
+        block_bytes: u32,
+    },
+    /// NVMe PRP lists name whole pages after the first: every segment but the first must
+    /// start on a page boundary, every segment but the last must end on one.
+    #[error(
+        "segment {index} at {addr:#x} starts inside a {page_bytes}-byte page: only the first \
+         segment may (NVMe PRP rules)"
+    )]
+    StartsInsidePage {
+        index: usize,
+        addr: usize,
+        page_bytes: usize,
+    },
+    #[error(
+        "segment {index} ends at {end:#x}, inside a {page_bytes}-byte page: only the last \
+         segment may (NVMe PRP rules)"
+    )]
+    EndsInsidePage {
+        index: usize,
+        end: usize,
+        page_bytes: usize,
+    },
 }
 
 /// Why a command was not accepted. The command never reached the device, and no completion
@@ -202,6 +415,9 @@ pub enum SubmitError {
     /// The queue pair was shut down (for example by a controller reset that deleted it).
     #[error("queue pair is disabled")]
     Disabled,
+    /// A vectored command's segments break a rule of the device.
+    #[error("vectored command refused: {0}")]
+    Segment(#[from] SegmentError),
 }
 
 /// A command's completion, as the host sees it after reaping the completion queue.
@@ -239,7 +455,9 @@ pub trait QueuePair: Any {
     /// be read or written by anyone else, until the completion carrying `tag` has been
     /// delivered by [`QueuePair::process_completions`] (or the queue pair has been dropped:
     /// implementors guarantee the device touches no buffer after that, see the trait docs).
-    /// The device writes into or reads from that memory at a time of its choosing.
+    /// The device writes into or reads from that memory at a time of its choosing. For a
+    /// vectored command that is the memory of every segment; the segment list itself is read
+    /// during the call only (implementors copy what they need of it).
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError>;
 
     /// Reaps up to `max` completions, handing each to `out`, and returns how many it reaped:
@@ -388,5 +606,31 @@ mod tests {
         ));
         assert_eq!(Command::flush().check(512), Ok(()));
         assert_eq!(Command::read(0, 2, &mut buf).check(4096), Ok(()));
+    }
+
+    #[test]
+    fn vectored_commands_carry_their_segments_and_single_ones_none() {
+        let mut buf = crate::IoBuf::zeroed(4096);
+        let (a, b) = buf.split_at_mut(100);
+        let (a_ptr, b_ptr) = (a.as_mut_ptr(), b.as_mut_ptr());
+        let mut segs = [IoSliceMut::new(a), IoSliceMut::new(&mut b[..924])];
+        let cmd = Command::readv(3, 2, &mut segs);
+        assert_eq!((cmd.opcode(), cmd.slba(), cmd.nlb()), (Opcode::Read, 3, 2));
+        assert!(cmd.buf_ptr().is_null());
+        let got = cmd.segments().expect("vectored");
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].ptr(), got[0].len_bytes()), (a_ptr, 100));
+        assert_eq!((got[1].ptr(), got[1].len_bytes()), (b_ptr, 924));
+        assert_eq!(cmd.check(512), Ok(()));
+        assert_eq!(
+            cmd.check(4096),
+            Err(SubmitError::Segment(SegmentError::LengthMismatch {
+                need_bytes: 8192,
+                have_bytes: 1024
+            }))
+        );
+        let mut one = [0u8; 512];
+        assert!(Command::read(0, 1, &mut one).segments().is_none());
+        assert!(Command::flush().segments().is_none());
     }
 }

@@ -7,9 +7,15 @@ use std::cmp::Reverse;
 
 use super::latency::LatencyClass;
 use super::{EmuQueuePair, NSID};
+use crate::qpair::{Segment, SEGMENTS_MAX};
 use crate::spec::{
     CompletionEntry, DsmRange, Opcode, Status, SubmissionEntry, CDW12_FUA, DSM_ATTR_DEALLOCATE,
 };
+
+/// CDW0's PSDT field (bits 15:14, so bits 7:6 of the flags byte) saying the data pointer is
+/// an SGL: how the host hands this controller a vectored command's segment list (PRP1 its
+/// address, PRP2 its length in segments).
+pub(super) const FLAGS_PSDT_SGL: u8 = 0x40;
 
 /// Where a command is inside the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +38,9 @@ pub(super) struct DeviceSlot {
     pub(super) offset_bytes: u64,
     pub(super) len_bytes: u64,
     pub(super) buf_ptr: *mut u8,
+    /// A vectored command's segment count (its list is the queue pair's `seg_lists` for
+    /// this command id); 0 when `buf_ptr` is the one buffer.
+    pub(super) segs: u16,
     pub(super) deadline_ns: u64,
     /// A write (or Write Zeroes) with Force Unit Access: durable before it completes.
     pub(super) fua: bool,
@@ -45,6 +54,7 @@ impl DeviceSlot {
         offset_bytes: 0,
         len_bytes: 0,
         buf_ptr: std::ptr::null_mut(),
+        segs: 0,
         deadline_ns: 0,
         fua: false,
     };
@@ -97,10 +107,21 @@ impl EmuQueuePair {
             offset_bytes: 0,
             len_bytes: 0,
             buf_ptr: sqe.prp1 as *mut u8,
+            segs: 0,
             deadline_ns: now_ns,
             fua: matches!(opcode, Some(Opcode::Write | Opcode::WriteZeroes))
                 && sqe.cdw12 & CDW12_FUA != 0,
         };
+        if sqe.flags & FLAGS_PSDT_SGL != 0 {
+            let own_list = self.seg_lists[cid * SEGMENTS_MAX..].as_ptr();
+            assert!(
+                sqe.prp1 == own_list as u64 && (1..=SEGMENTS_MAX as u64).contains(&sqe.prp2),
+                "emulated controller: an SGL must be its queue pair's segment list for \
+                 command id {cid}, of 1 to {SEGMENTS_MAX} segments (host bug)"
+            );
+            slot.segs = sqe.prp2 as u16;
+            slot.buf_ptr = std::ptr::null_mut();
+        }
         let range = |slba: u64, count: u64| -> Result<(u64, u64), Status> {
             match slba.checked_add(count) {
                 Some(end) if end <= ns.capacity_lbas => Ok((slba * lba_bytes, count * lba_bytes)),
@@ -227,7 +248,7 @@ impl EmuQueuePair {
             slot.state = SlotState::Free;
             let slot = *slot;
             let status = if slot.status.is_success() {
-                self.execute(&slot)
+                self.execute(usize::from(cid), &slot)
             } else {
                 slot.status
             };
@@ -240,10 +261,63 @@ impl EmuQueuePair {
     /// Moves the data of a successful command, and makes a FUA write durable before it
     /// completes (on a file backing: `sync_data`); an I/O error of a file backing becomes
     /// Internal Error.
-    fn execute(&self, slot: &DeviceSlot) -> Status {
+    fn execute(&self, cid: usize, slot: &DeviceSlot) -> Status {
+        let store = &self.shared.store;
+        let opcode = slot.opcode.expect("validated");
+        let result = if slot.segs > 0 {
+            let segs = &self.seg_lists[cid * SEGMENTS_MAX..][..usize::from(slot.segs)];
+            debug_assert_eq!(
+                segs.iter().map(|s| s.len_bytes() as u64).sum::<u64>(),
+                slot.len_bytes,
+                "the host checked that the segments hold the command's length"
+            );
+            self.execute_vectored(opcode, slot.offset_bytes, segs)
+        } else {
+            self.execute_one(opcode, slot)
+        };
+        let result = result.and_then(|()| if slot.fua { store.flush() } else { Ok(()) });
+        match result {
+            Ok(()) => Status::SUCCESS,
+            Err(_) => Status::INTERNAL_ERROR,
+        }
+    }
+
+    /// Moves a vectored command's data segment by segment, each at its own byte offset in
+    /// the namespace: a segment boundary may fall inside a block.
+    fn execute_vectored(
+        &self,
+        opcode: Opcode,
+        offset_bytes: u64,
+        segs: &[Segment],
+    ) -> std::io::Result<()> {
+        let store = &self.shared.store;
+        let mut at = offset_bytes;
+        for seg in segs {
+            let n = seg.len_bytes();
+            match opcode {
+                Opcode::Read => {
+                    // SAFETY: the host's submit contract keeps every segment valid and
+                    // unaliased until this command's completion is reaped; `Command::check`
+                    // verified the segments hold exactly the command's length.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(seg.ptr(), n) };
+                    store.read(at, buf)?;
+                }
+                Opcode::Write => {
+                    // SAFETY: as for Read; the device only reads a write's segments.
+                    let buf = unsafe { std::slice::from_raw_parts(seg.ptr().cast_const(), n) };
+                    store.write(at, buf)?;
+                }
+                _ => unreachable!("only reads and writes carry segments"),
+            }
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    fn execute_one(&self, opcode: Opcode, slot: &DeviceSlot) -> std::io::Result<()> {
         let store = &self.shared.store;
         let len = slot.len_bytes as usize;
-        let result = match slot.opcode.expect("validated") {
+        match opcode {
             Opcode::Read => {
                 // SAFETY: the host's submit contract keeps the buffer valid and unaliased
                 // until this command's completion is reaped; `Command::check` verified it
@@ -259,11 +333,6 @@ impl EmuQueuePair {
             Opcode::WriteZeroes => store.zero(slot.offset_bytes, slot.len_bytes, false),
             Opcode::DatasetManagement => store.zero(slot.offset_bytes, slot.len_bytes, true),
             Opcode::Flush => store.flush(),
-        };
-        let result = result.and_then(|()| if slot.fua { store.flush() } else { Ok(()) });
-        match result {
-            Ok(()) => Status::SUCCESS,
-            Err(_) => Status::INTERNAL_ERROR,
         }
     }
 

@@ -11,10 +11,13 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::engine::FLAGS_PSDT_SGL;
 use super::engine::{DeviceSlot, SlotState};
 use super::latency::LatencyModel;
 use super::{IrqLine, Shared, NSID};
-use crate::qpair::{Command, Completion, QueuePair, RecoveryError, SubmitError};
+use crate::qpair::{
+    Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
+};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, SubmissionEntry, CDW12_FUA,
     DSM_ATTR_DEALLOCATE,
@@ -31,6 +34,10 @@ pub struct EmuQueuePair {
     pub(super) cq: Box<[CompletionEntry]>,
     /// Dataset Management range lists, one per command id, pointed to by PRP1.
     pub(super) dsm_ranges: Box<[DsmRange]>,
+    /// Segment lists of vectored commands, [`SEGMENTS_MAX`] per command id, pointed to by
+    /// PRP1 (an SGL in NVMe terms): the host copies a command's segments here, so the
+    /// caller's list need not outlive `submit`.
+    pub(super) seg_lists: Box<[Segment]>,
     /// Doorbell registers: written by the host, read by the controller.
     pub(super) sq_tail_doorbell: u16,
     pub(super) cq_head_doorbell: u16,
@@ -97,6 +104,7 @@ impl EmuQueuePair {
             sq: vec![SubmissionEntry::default(); ring].into_boxed_slice(),
             cq: vec![CompletionEntry::default(); ring].into_boxed_slice(),
             dsm_ranges: vec![DsmRange::default(); depth].into_boxed_slice(),
+            seg_lists: vec![Segment::EMPTY; depth * SEGMENTS_MAX].into_boxed_slice(),
             sq_tail_doorbell: 0,
             cq_head_doorbell: 0,
             host_sq_tail: 0,
@@ -216,6 +224,14 @@ impl QueuePair for EmuQueuePair {
             prp1: cmd.buf_ptr() as u64,
             ..SubmissionEntry::default()
         };
+        if let Some(segs) = cmd.segments() {
+            // `check` bounded the count by SEGMENTS_MAX.
+            let list = &mut self.seg_lists[cid as usize * SEGMENTS_MAX..][..segs.len()];
+            list.copy_from_slice(segs);
+            sqe.flags = FLAGS_PSDT_SGL;
+            sqe.prp1 = list.as_ptr() as u64;
+            sqe.prp2 = segs.len() as u64;
+        }
         match cmd.opcode() {
             Opcode::Read | Opcode::Write | Opcode::WriteZeroes => {
                 sqe.set_slba(cmd.slba());

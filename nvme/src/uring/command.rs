@@ -33,11 +33,12 @@ pub(super) enum Zeroing {
     Allocate,
 }
 
-/// The operation for a Read or a Write, on fixed file 0, with `slot` as its user data:
-/// through fixed buffer 0 when the buffer lies in the registered region (`fixed`); a Write
-/// with FUA is written with `RWF_DSYNC`.
+/// The operation for a Read or a Write of the one buffer at `buf_ptr`, on fixed file 0, with
+/// `slot` as its user data: through fixed buffer 0 when the buffer lies in the registered
+/// region (`fixed`); a Write with FUA is written with `RWF_DSYNC`.
 pub(super) fn data_entry(
     cmd: &Command<'_>,
+    buf_ptr: *mut u8,
     flight: &InFlight,
     slot: u32,
     fixed: bool,
@@ -45,21 +46,45 @@ pub(super) fn data_entry(
     let file = types::Fixed(0);
     let len_bytes = flight.len_bytes as u32;
     let entry = match flight.opcode {
-        Opcode::Read if fixed => opcode::ReadFixed::new(file, cmd.buf_ptr(), len_bytes, 0)
+        Opcode::Read if fixed => opcode::ReadFixed::new(file, buf_ptr, len_bytes, 0)
             .offset(flight.offset_bytes)
             .build(),
-        Opcode::Write if fixed => opcode::WriteFixed::new(file, cmd.buf_ptr(), len_bytes, 0)
+        Opcode::Write if fixed => opcode::WriteFixed::new(file, buf_ptr, len_bytes, 0)
             .offset(flight.offset_bytes)
             .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
             .build(),
-        Opcode::Read => opcode::Read::new(file, cmd.buf_ptr(), len_bytes)
+        Opcode::Read => opcode::Read::new(file, buf_ptr, len_bytes)
             .offset(flight.offset_bytes)
             .build(),
-        Opcode::Write => opcode::Write::new(file, cmd.buf_ptr(), len_bytes)
+        Opcode::Write => opcode::Write::new(file, buf_ptr, len_bytes)
             .offset(flight.offset_bytes)
             .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
             .build(),
         _ => unreachable!("only reads and writes carry a buffer"),
+    };
+    entry.user_data(u64::from(slot))
+}
+
+/// The operation for a vectored Read or Write (`readv`/`writev`) over the `count` iovecs at
+/// `iov`, which the queue pair keeps until the completion is reaped; FUA as in
+/// [`data_entry`].
+pub(super) fn vectored_entry(
+    cmd: &Command<'_>,
+    iov: *const libc::iovec,
+    count: u32,
+    flight: &InFlight,
+    slot: u32,
+) -> squeue::Entry {
+    let file = types::Fixed(0);
+    let entry = match flight.opcode {
+        Opcode::Read => opcode::Readv::new(file, iov, count)
+            .offset(flight.offset_bytes)
+            .build(),
+        Opcode::Write => opcode::Writev::new(file, iov, count)
+            .offset(flight.offset_bytes)
+            .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
+            .build(),
+        _ => unreachable!("only reads and writes carry segments"),
     };
     entry.user_data(u64::from(slot))
 }

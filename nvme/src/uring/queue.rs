@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, IoUring};
 
-use super::command::{data_entry, status_of, InFlight, Zeroing};
+use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
 use super::ring::{deferred_ring, enter, transient};
 use super::{sys, CompletionMode};
 use crate::qpair::{
-    Command, Completion, QueuePair, QueuePairError, RecoveryError, SubmitError, QUEUE_DEPTH_MAX,
+    Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SegmentError,
+    SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
 };
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
@@ -74,6 +75,12 @@ pub struct UringQueuePair {
     fixed_ios: u64,
     /// Abort (`ASYNC_CANCEL`) requests in the kernel; each posts one completion of its own.
     cancels_in_kernel: usize,
+    /// Vectored commands' iovecs, [`SEGMENTS_MAX`] per slot: the kernel reads them when the
+    /// entry is entered (later than `submit`, submissions are batched), and again if it
+    /// retries the I/O from a worker, so they live until the completion is reaped.
+    iovecs: Box<[libc::iovec]>,
+    /// The file is open with O_DIRECT: every segment must be block-aligned.
+    direct: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -103,6 +110,7 @@ impl UringQueuePair {
             CompletionMode::HybridPoll => sys::hybrid_iopoll_ring(entries)?,
         };
         ring.submitter().register_files(&[file.as_raw_fd()])?;
+        let direct = opened_direct(&file);
         // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
         // page pinning. Refused registration (RLIMIT_MEMLOCK for an unprivileged user)
         // leaves plain reads and writes.
@@ -163,8 +171,28 @@ impl UringQueuePair {
             fixed_region,
             fixed_ios: 0,
             cancels_in_kernel: 0,
+            iovecs: vec![Segment::EMPTY.to_iovec(); depth * SEGMENTS_MAX].into_boxed_slice(),
+            direct,
             _not_send: PhantomData,
         })
+    }
+
+    /// O_DIRECT's rule for a vectored command: each segment's address and length are
+    /// multiples of the block size (the kernel would fail the whole I/O with EINVAL).
+    fn check_direct(&self, segs: &[Segment]) -> Result<(), SegmentError> {
+        let block_bytes = self.ns.lba_size_bytes;
+        let block = block_bytes as usize;
+        match segs.iter().enumerate().find(|(_, s)| {
+            !(s.ptr() as usize).is_multiple_of(block) || !s.len_bytes().is_multiple_of(block)
+        }) {
+            Some((index, s)) => Err(SegmentError::NotBlockAligned {
+                index,
+                addr: s.ptr() as usize,
+                len_bytes: s.len_bytes(),
+                block_bytes,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Whether the pinned buffer pool is registered with this ring.
@@ -183,6 +211,20 @@ impl UringQueuePair {
             let at = ptr as usize;
             at >= base && (at - base) as u64 + len <= region_len as u64
         })
+    }
+
+    /// The entry of a read or write of the one buffer at `buf_ptr`: fixed where it lies in the
+    /// registered region.
+    fn one_buffer_entry(
+        &mut self,
+        cmd: &Command<'_>,
+        buf_ptr: *mut u8,
+        flight: &InFlight,
+        slot: u32,
+    ) -> squeue::Entry {
+        let fixed = self.in_fixed_region(buf_ptr, flight.len_bytes);
+        self.fixed_ios += u64::from(fixed);
+        data_entry(cmd, buf_ptr, flight, slot, fixed)
     }
 
     /// How this queue pair finds completions.
@@ -353,6 +395,13 @@ impl UringQueuePair {
     }
 }
 
+/// Whether `file` was opened with O_DIRECT.
+fn opened_direct(file: &File) -> bool {
+    // SAFETY: F_GETFL on a descriptor we hold open reads its status flags, nothing else.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_DIRECT != 0
+}
+
 /// Completions taken from a ring at a time, into a buffer on the stack.
 const REAP_BATCH: usize = 32;
 
@@ -363,6 +412,10 @@ impl QueuePair for UringQueuePair {
         }
         let lba_bytes = self.ns.lba_size_bytes;
         cmd.check(lba_bytes)?;
+        let segs = cmd.segments();
+        if let Some(segs) = segs.filter(|_| self.direct) {
+            self.check_direct(segs)?;
+        }
         let in_range = match cmd.opcode() {
             Opcode::Flush => true,
             _ => cmd
@@ -397,12 +450,19 @@ impl QueuePair for UringQueuePair {
             },
             side: !moves_data && self.side.is_some(),
         };
-        let fixed = moves_data && self.in_fixed_region(cmd.buf_ptr(), len_bytes);
-        self.fixed_ios += u64::from(fixed);
-        let entry = if moves_data {
-            data_entry(cmd, &flight, slot, fixed)
-        } else {
-            flight.entry(slot)
+        let entry = match segs {
+            // One segment is one buffer: a plain (or fixed) read or write, as without segments.
+            Some(&[one]) => self.one_buffer_entry(cmd, one.ptr(), &flight, slot),
+            Some(segs) => {
+                // `check` bounded the count by SEGMENTS_MAX.
+                let iov = &mut self.iovecs[slot as usize * SEGMENTS_MAX..][..segs.len()];
+                for (v, s) in iov.iter_mut().zip(segs) {
+                    *v = s.to_iovec();
+                }
+                vectored_entry(cmd, iov.as_ptr(), segs.len() as u32, &flight, slot)
+            }
+            None if moves_data => self.one_buffer_entry(cmd, cmd.buf_ptr(), &flight, slot),
+            None => flight.entry(slot),
         };
         // SAFETY: the caller of `submit` guarantees the command's buffer stays valid and
         // untouched until its completion is reaped (QueuePair::submit's contract), and Drop

@@ -162,6 +162,13 @@ impl PoolWindow {
     pub fn len_bytes(&self) -> usize {
         self.len_bytes
     }
+
+    /// The IOVA of `len_bytes` at `ptr`, when they lie inside the pool, wherever they start:
+    /// for a vectored command's segments, whose PRP rules are checked apart.
+    pub fn iova_of_bytes(&self, ptr: *const u8, len_bytes: usize) -> Option<u64> {
+        let at = (ptr as usize).checked_sub(self.base)?;
+        (at.checked_add(len_bytes)? <= self.len_bytes).then(|| self.iova + at as u64)
+    }
 }
 
 impl Drop for PoolWindow {

@@ -3,6 +3,12 @@
 //! dword-aligned offset in its page); PRP2 is the second page when the transfer touches
 //! exactly two pages, otherwise the address of a PRP list holding every page after the
 //! first. The driver never chains lists: a list lives inside one page. Pure arithmetic on IOVAs, so it is tested on the host.
+//!
+//! A vectored command's segments become one PRP list when they meet the PRP rules
+//! ([`check_segments`]): every segment but the first starts on a page, every segment but the
+//! last ends on one. [`segment_pages`] lists their pages for [`build`].
+
+use crate::qpair::SegmentError;
 
 /// The memory page size the driver programs into CC.MPS (4 KiB, MPS = 0).
 pub const PAGE_BYTES: usize = 4096;
@@ -22,6 +28,61 @@ pub enum PrpError {
         "a PRP list must not cross a page boundary (list at {list_iova:#x}, {entries} entries)"
     )]
     ListCrossesPage { list_iova: u64, entries: usize },
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+}
+
+/// Checks the PRP rules on a vectored command's segments, given as (address, length) in
+/// order: every segment but the first starts on a page, every segment but the last ends on
+/// one (a segment's dword alignment is checked with the command). The rules hold alike for
+/// host addresses and IOVAs, which map pages to pages.
+pub fn check_segments(
+    segs: impl ExactSizeIterator<Item = (u64, usize)>,
+) -> Result<(), SegmentError> {
+    let last = segs.len().saturating_sub(1);
+    for (index, (addr, len_bytes)) in segs.enumerate() {
+        if index > 0 && !addr.is_multiple_of(PAGE_BYTES as u64) {
+            return Err(SegmentError::StartsInsidePage {
+                index,
+                addr: addr as usize,
+                page_bytes: PAGE_BYTES,
+            });
+        }
+        let end = addr.saturating_add(len_bytes as u64);
+        if index < last && !end.is_multiple_of(PAGE_BYTES as u64) {
+            return Err(SegmentError::EndsInsidePage {
+                index,
+                end: end as usize,
+                page_bytes: PAGE_BYTES,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Lists the pages of segments (IOVA, length) that meet the PRP rules into `pages`, in
+/// order, for [`build`]: the page holding the first segment's first byte, then every page
+/// of the data after it. Returns the first segment's offset in its page and the page count.
+pub fn segment_pages(segs: &[(u64, usize)], pages: &mut [u64]) -> Result<(usize, usize), PrpError> {
+    check_segments(segs.iter().copied())?;
+    let page = PAGE_BYTES as u64;
+    let first_offset = segs.first().map_or(0, |&(iova, _)| (iova % page) as usize);
+    let mut count = 0;
+    for &(iova, len_bytes) in segs {
+        let start = iova - iova % page;
+        let spanned = pages_spanned((iova - start) as usize, len_bytes);
+        if count + spanned > pages.len() {
+            return Err(PrpError::TooFewPages {
+                need: count + spanned,
+                have: pages.len(),
+            });
+        }
+        for (i, p) in pages[count..count + spanned].iter_mut().enumerate() {
+            *p = start + i as u64 * page;
+        }
+        count += spanned;
+    }
+    Ok((first_offset, count))
 }
 
 /// Pages a transfer of `len_bytes` starting `first_offset` bytes into its first page spans.
@@ -153,6 +214,92 @@ mod tests {
                 list_iova: 2 * P - 8,
                 entries: 2
             })
+        );
+    }
+
+    /// Builds the PRPs of segments (IOVA, length) as the driver does: the pages, then PRP1,
+    /// PRP2 and the list.
+    fn prps_of(segs: &[(u64, usize)], list: &mut [u64]) -> Result<(u64, u64), PrpError> {
+        let mut pages = [0u64; 40];
+        let (offset, n) = segment_pages(segs, &mut pages)?;
+        let total = segs.iter().map(|s| s.1).sum();
+        build(&pages[..n], offset, total, list, 100 * P)
+    }
+
+    #[test]
+    fn segments_that_meet_the_prp_rules_make_one_list_in_order() {
+        let mut list = [0u64; 32];
+        // One segment is a plain buffer.
+        assert_eq!(
+            prps_of(&[(5 * P + 512, 1024)], &mut list),
+            Ok((5 * P + 512, 0))
+        );
+        // The tail of one page, then a whole page elsewhere: two pages, PRP2 the second.
+        assert_eq!(
+            prps_of(&[(5 * P + 3072, 1024), (9 * P, 4096)], &mut list),
+            Ok((5 * P + 3072, 9 * P))
+        );
+        // A head inside a page, whole pages, and a short tail: a list of every page after
+        // the first, in segment order, each page-aligned.
+        let segs = [(7 * P + 2048, 2048), (2 * P, 8192), (11 * P, 512)];
+        assert_eq!(prps_of(&segs, &mut list), Ok((7 * P + 2048, 100 * P)));
+        assert_eq!(&list[..3], &[2 * P, 3 * P, 11 * P]);
+        assert_eq!(list[3], 0, "no more entries than pages");
+        // A 4 x 1 KiB write that splits a page is refused, naming the segment.
+        let quarters = [
+            (P, 1024),
+            (P + 1024, 1024),
+            (P + 2048, 1024),
+            (P + 3072, 1024),
+        ];
+        assert_eq!(
+            prps_of(&quarters, &mut list),
+            Err(PrpError::Segment(SegmentError::EndsInsidePage {
+                index: 0,
+                end: (P + 1024) as usize,
+                page_bytes: PAGE_BYTES
+            }))
+        );
+    }
+
+    #[test]
+    fn segments_that_break_the_prp_rules_are_refused() {
+        // Every segment but the first must start on a page.
+        assert_eq!(
+            check_segments([(P, 4096), (2 * P + 8, 504)].into_iter()),
+            Err(SegmentError::StartsInsidePage {
+                index: 1,
+                addr: (2 * P + 8) as usize,
+                page_bytes: PAGE_BYTES
+            })
+        );
+        // Every segment but the last must end on one, the first included.
+        assert_eq!(
+            check_segments([(P + 512, 1024), (3 * P, 4096)].into_iter()),
+            Err(SegmentError::EndsInsidePage {
+                index: 0,
+                end: (P + 1536) as usize,
+                page_bytes: PAGE_BYTES
+            })
+        );
+        assert_eq!(
+            check_segments([(P, 4096), (3 * P, 100), (5 * P, 4096)].into_iter()),
+            Err(SegmentError::EndsInsidePage {
+                index: 1,
+                end: (3 * P + 100) as usize,
+                page_bytes: PAGE_BYTES
+            })
+        );
+        // The first may start, and the last end, anywhere.
+        assert_eq!(
+            check_segments([(P + 4000, 96), (3 * P, 4096), (5 * P, 12)].into_iter()),
+            Ok(())
+        );
+        // Too few pages for the segments is an error, not an overrun.
+        let mut pages = [0u64; 2];
+        assert_eq!(
+            segment_pages(&[(P + 2048, 2048), (4 * P, 8192)], &mut pages),
+            Err(PrpError::TooFewPages { need: 3, have: 2 })
         );
     }
 

@@ -16,7 +16,9 @@ use super::dma::{DmaRegion, PagePool};
 use super::prp::{self, PAGE_BYTES};
 use super::sys::Gate;
 use super::{Inner, VfioError, TRANSFER_BYTES_MAX};
-use crate::qpair::{Command, Completion, QueuePair, RecoveryError, SubmitError};
+use crate::qpair::{
+    Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
+};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_DEAC,
     CDW12_FUA, DSM_ATTR_DEALLOCATE,
@@ -42,6 +44,9 @@ struct Slot {
     /// For a Read: where the data goes once the command completes.
     read_dst: *mut u8,
     read_len_bytes: usize,
+    /// For a vectored Read through bounce pages: how many of the slot's `seg_lists`
+    /// entries the data goes to (0: `read_dst`, if any).
+    read_segs: u16,
 }
 
 const IDLE_SLOT: Slot = Slot {
@@ -51,6 +56,7 @@ const IDLE_SLOT: Slot = Slot {
     npages: 0,
     read_dst: std::ptr::null_mut(),
     read_len_bytes: 0,
+    read_segs: 0,
 };
 
 /// An NVMe I/O queue pair driven from user space.
@@ -66,6 +72,9 @@ pub struct VfioQueuePair {
     bounce: DmaRegion,
     pool: PagePool,
     slots: Vec<Slot>,
+    /// Vectored reads' destination segments, [`SEGMENTS_MAX`] per slot, for the copy out
+    /// of the bounce pages on completion.
+    seg_lists: Box<[Segment]>,
     free_cids: Vec<u16>,
     sq_tail: u16,
     cq_head: u16,
@@ -127,6 +136,7 @@ impl VfioQueuePair {
             bounce,
             pool: PagePool::new(pages),
             slots: vec![IDLE_SLOT; depth],
+            seg_lists: vec![Segment::EMPTY; depth * SEGMENTS_MAX].into_boxed_slice(),
             free_cids: (0..depth as u16).rev().collect(),
             sq_tail: 0,
             cq_head: 0,
@@ -189,7 +199,17 @@ impl VfioQueuePair {
             .filter(|s| s.busy)
             .unwrap_or_else(|| panic!("vfio queue {qid}: completion for idle command id {cid}"));
         let slot = std::mem::replace(slot, IDLE_SLOT);
-        if !slot.read_dst.is_null() {
+        if slot.read_segs > 0 {
+            let segs =
+                &self.seg_lists[usize::from(cid) * SEGMENTS_MAX..][..usize::from(slot.read_segs)];
+            let pages = &slot.pages[..usize::from(slot.npages)];
+            for_each_bounce_piece(pages, segs, |offset, seg_ptr, n| {
+                // SAFETY: each segment is the vectored Read's, which submit's contract keeps
+                // valid and exclusive until this completion is delivered; the pieces stay
+                // inside their segment.
+                unsafe { self.bounce.read_to(offset, seg_ptr, n) }
+            });
+        } else if !slot.read_dst.is_null() {
             let mut copied = 0;
             for &page in &slot.pages[..usize::from(slot.npages)] {
                 let n = (slot.read_len_bytes - copied).min(PAGE_BYTES);
@@ -245,6 +265,7 @@ impl VfioQueuePair {
             if self.slots[usize::from(cid)].busy {
                 // The data never arrived: do not copy stale bounce bytes into a read buffer.
                 self.slots[usize::from(cid)].read_dst = std::ptr::null_mut();
+                self.slots[usize::from(cid)].read_segs = 0;
                 let tag = self.finish(cid);
                 self.synthetic.push_back(Completion {
                     tag,
@@ -276,6 +297,75 @@ impl VfioQueuePair {
         }
     }
 
+    /// PRP1 and PRP2 of a vectored Read or Write, whose segments meet the PRP rules (checked
+    /// by `submit`), with the slot's list written where more than two pages need it: straight
+    /// to the segments when every one lies in the pinned pool, else through bounce pages
+    /// (a write's data copied in now, a read's segments kept for the copy out).
+    fn vectored_prps(
+        &mut self,
+        cid: u16,
+        slot: &mut Slot,
+        opcode: Opcode,
+        segs: &[Segment],
+        data_bytes: usize,
+    ) -> Result<(u64, u64), SubmitError> {
+        // One page more than a transfer's: the first segment may start inside a page.
+        let mut iovas = [0u64; PAGES_PER_COMMAND_MAX + 1];
+        let mut direct = [(0u64, 0usize); SEGMENTS_MAX];
+        let window = self.ctrl.pool.as_ref().ok();
+        let all_pinned = segs.iter().zip(direct.iter_mut()).all(|(s, d)| {
+            let iova = window.and_then(|w| w.iova_of_bytes(s.ptr(), s.len_bytes()));
+            *d = (iova.unwrap_or(0), s.len_bytes());
+            iova.is_some()
+        });
+        let (first_offset, npages) = if all_pinned {
+            let pages = prp::segment_pages(&direct[..segs.len()], &mut iovas)
+                .expect("segments that meet the PRP rules within MDTS fit a command's pages");
+            self.zero_copy_ios += 1;
+            pages
+        } else {
+            let npages = prp::pages_spanned(0, data_bytes);
+            if !self.pool.take(&mut slot.pages[..npages]) {
+                return Err(SubmitError::QueueFull { depth: self.depth });
+            }
+            slot.npages = npages as u8;
+            for (i, &p) in slot.pages[..npages].iter().enumerate() {
+                iovas[i] = self.bounce.iova() + (p as usize * PAGE_BYTES) as u64;
+            }
+            if opcode == Opcode::Write {
+                let bounce = &mut self.bounce;
+                for_each_bounce_piece(&slot.pages[..npages], segs, |offset, seg_ptr, n| {
+                    // SAFETY: submit's contract keeps the write's segments valid; the pieces
+                    // stay inside their segment.
+                    let src = unsafe { std::slice::from_raw_parts(seg_ptr.cast_const(), n) };
+                    bounce.write_bytes(offset, src);
+                });
+            } else {
+                self.seg_lists[usize::from(cid) * SEGMENTS_MAX..][..segs.len()]
+                    .copy_from_slice(segs);
+                slot.read_segs = segs.len() as u16;
+            }
+            (0, npages)
+        };
+        debug_assert_eq!(npages, prp::pages_spanned(first_offset, data_bytes));
+        let list_off = usize::from(cid) * LIST_BYTES_PER_SLOT;
+        let mut list = [0u64; PAGES_PER_COMMAND_MAX];
+        let prps = prp::build(
+            &iovas[..npages],
+            first_offset,
+            data_bytes,
+            &mut list,
+            self.lists.iova() + list_off as u64,
+        )
+        .expect("pages of segments that meet the PRP rules make valid PRPs");
+        if npages > 2 {
+            for (i, &entry) in list[..npages - 1].iter().enumerate() {
+                self.lists.write_volatile(list_off + 8 * i, entry);
+            }
+        }
+        Ok(prps)
+    }
+
     fn post(&mut self, mut sqe: SubmissionEntry) {
         sqe.nsid = self.ns.nsid;
         self.sq.write_volatile(usize::from(self.sq_tail) * 64, sqe);
@@ -285,6 +375,33 @@ impl VfioQueuePair {
         }
         self.in_device += 1;
         self.ctrl.bar.ring_sq(self.qid, self.sq_tail);
+    }
+}
+
+/// Calls `f(offset in the bounce region, address in a segment, length)` for each piece of
+/// `segs` laid end to end over the bounce `pages`: a piece ends at a page's or a segment's
+/// end, whichever comes first.
+fn for_each_bounce_piece(
+    pages: &[u32],
+    segs: &[Segment],
+    mut f: impl FnMut(usize, *mut u8, usize),
+) {
+    let mut at = 0usize;
+    for seg in segs {
+        let mut done = 0;
+        while done < seg.len_bytes() {
+            let (page, in_page) = (at / PAGE_BYTES, at % PAGE_BYTES);
+            let n = (PAGE_BYTES - in_page).min(seg.len_bytes() - done);
+            // `wrapping_add` keeps the address arithmetic safe; `f` is handed addresses
+            // inside the segment only.
+            f(
+                pages[page] as usize * PAGE_BYTES + in_page,
+                seg.ptr().wrapping_add(done),
+                n,
+            );
+            done += n;
+            at += n;
+        }
     }
 }
 
@@ -298,6 +415,12 @@ impl QueuePair for VfioQueuePair {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
         cmd.check(self.ns.lba_size_bytes)?;
+        let segs = cmd.segments();
+        if let Some(segs) = segs {
+            // Checked whatever memory the segments lie in, bounced or not, so a command
+            // this driver takes does not depend on where its buffers were allocated.
+            prp::check_segments(segs.iter().map(|s| (s.ptr() as u64, s.len_bytes())))?;
+        }
         let opcode = cmd.opcode();
         let data_bytes = match opcode {
             Opcode::Read | Opcode::Write => cmd.nlb() as usize * self.ns.lba_size_bytes as usize,
@@ -336,6 +459,14 @@ impl QueuePair for VfioQueuePair {
         let list_off = usize::from(cid) * LIST_BYTES_PER_SLOT;
         let list_iova = self.lists.iova() + list_off as u64;
         match opcode {
+            Opcode::Read | Opcode::Write if segs.is_some() => {
+                let segs = segs.expect("matched");
+                let (prp1, prp2) = self.vectored_prps(cid, &mut slot, opcode, segs, data_bytes)?;
+                sqe.prp1 = prp1;
+                sqe.prp2 = prp2;
+                sqe.set_slba(cmd.slba());
+                sqe.cdw12 = (cmd.nlb() - 1) | if cmd.fua() { CDW12_FUA } else { 0 };
+            }
             Opcode::Read | Opcode::Write => {
                 let npages = prp::pages_spanned(0, data_bytes);
                 let mut iovas = [0u64; PAGES_PER_COMMAND_MAX];
@@ -534,5 +665,38 @@ impl Drop for VfioQueuePair {
             self.bounce.leak();
         }
         self.ctrl.qids.lock()[usize::from(self.qid) - 1] = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Segments laid end to end over bounce pages: each piece stays inside one page and one
+    /// segment, and together they cover every byte once, in order.
+    #[test]
+    fn bounce_pieces_follow_both_page_and_segment_boundaries() {
+        let mut a = [0u8; 100];
+        let mut b = [0u8; 4000];
+        let mut c = [0u8; 2000];
+        let segs = [
+            Segment::from_raw(a.as_mut_ptr(), a.len()),
+            Segment::from_raw(b.as_mut_ptr(), b.len()),
+            Segment::from_raw(c.as_mut_ptr(), c.len()),
+        ];
+        let mut pieces = Vec::new();
+        for_each_bounce_piece(&[5, 2], &segs, |offset, ptr, n| {
+            pieces.push((offset, ptr, n))
+        });
+        let p = PAGE_BYTES;
+        assert_eq!(
+            pieces,
+            [
+                (5 * p, a.as_mut_ptr(), 100),
+                (5 * p + 100, b.as_mut_ptr(), 3996),
+                (2 * p, b.as_mut_ptr().wrapping_add(3996), 4),
+                (2 * p + 4, c.as_mut_ptr(), 2000),
+            ]
+        );
     }
 }
