@@ -21,7 +21,8 @@
 //! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
 //! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
 //! - `metrics.rs` and `endpoint.rs`: the Prometheus metrics and their HTTP endpoint.
-//! - `epoll.rs`: the epoll set, the one system interface needed beyond std.
+//! - `epoll.rs`: the epoll set, the one system interface needed beyond std; `fdlimit.rs`:
+//!   the open-file limit, checked (and raised) against the connections allowed.
 
 mod bufcache;
 mod coalesce;
@@ -29,6 +30,7 @@ mod config;
 mod conn;
 mod endpoint;
 mod epoll;
+mod fdlimit;
 mod listen;
 mod local;
 pub mod metrics;
@@ -48,6 +50,7 @@ pub use config::{
 };
 pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL};
 pub use endpoint::Endpoint;
+pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use listen::ListenAddr;
 pub use local::with_shard;
 pub use protocol::Protocol;

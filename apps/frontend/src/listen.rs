@@ -10,6 +10,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use hypoll_reactor::ReactorHandle;
 
@@ -19,6 +20,45 @@ use crate::stream::Stream;
 
 /// How often the listener checks whether it should stop.
 const ACCEPT_CHECK_MS: i32 = 50;
+/// First pause after `accept()` fails. A failure for want of descriptors or memory
+/// (EMFILE, ENFILE, ENOBUFS) leaves the connection queued and the listener readable, so
+/// retrying at once would spin and log without end.
+const ACCEPT_BACKOFF_MS_MIN: u64 = 1;
+/// Longest pause between retries: a closing connection frees a descriptor, and the next
+/// client should not wait much longer than this to be accepted.
+const ACCEPT_BACKOFF_MS_MAX: u64 = 100;
+
+const _: () = assert!(ACCEPT_BACKOFF_MS_MIN <= ACCEPT_BACKOFF_MS_MAX);
+
+/// The pacing of `accept()` failures: each failure in a row pauses twice as long as the one
+/// before (from [`ACCEPT_BACKOFF_MS_MIN`] to [`ACCEPT_BACKOFF_MS_MAX`]), and only the first
+/// of a run is logged; a success ends the run.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    pause_ms: u64,
+    failures: u64,
+}
+
+impl AcceptBackoff {
+    /// A failure: how long to pause, and whether it is the first of its run (to log).
+    fn failed(&mut self) -> (Duration, bool) {
+        let first = self.failures == 0;
+        self.failures += 1;
+        self.pause_ms = if first {
+            ACCEPT_BACKOFF_MS_MIN
+        } else {
+            (self.pause_ms * 2).min(ACCEPT_BACKOFF_MS_MAX)
+        };
+        assert!((ACCEPT_BACKOFF_MS_MIN..=ACCEPT_BACKOFF_MS_MAX).contains(&self.pause_ms));
+        (Duration::from_millis(self.pause_ms), first)
+    }
+
+    /// A success: ends the run; returns how many failures it had (0: there was none).
+    fn accepted(&mut self) -> u64 {
+        self.pause_ms = 0;
+        std::mem::take(&mut self.failures)
+    }
+}
 
 /// Where the server listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,6 +167,7 @@ pub(crate) fn accept_loop<P: Protocol>(
 ) {
     assert!(!handles.is_empty());
     let mut next = 0usize;
+    let mut backoff = AcceptBackoff::default();
     while !stop.load(Ordering::Acquire) {
         match hypoll_nvme::wait_readable(listener.fd(), ACCEPT_CHECK_MS) {
             Ok(true) => {}
@@ -140,10 +181,21 @@ pub(crate) fn accept_loop<P: Protocol>(
             Ok(a) => a,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
-                tracing::warn!("accept failed: {e}");
+                let (pause, first) = backoff.failed();
+                if first {
+                    tracing::warn!(
+                        "accept failed: {e}; retrying every {ACCEPT_BACKOFF_MS_MAX} ms at \
+                         most, logged again once it succeeds"
+                    );
+                }
+                std::thread::sleep(pause);
                 continue;
             }
         };
+        let failures = backoff.accepted();
+        if failures > 0 {
+            tracing::warn!("accepting again after {failures} failed accepts");
+        }
         if open.load(Ordering::Acquire) >= connections_max {
             // The setting by its name: the front end that took it from its user (a flag,
             // a file) says how the user wrote it.
@@ -244,6 +296,24 @@ mod tests {
         assert!(text.contains("setting=\"connections_max\""), "{text}");
         assert!(!text.contains("--"), "{text}");
         assert!(set.shutdown().panics.is_empty());
+    }
+
+    /// Failures in a row pause longer and longer, up to the bound, and only the first of a
+    /// run is logged; a success starts over.
+    #[test]
+    fn accept_failures_back_off_to_a_bound_and_log_once_per_run() {
+        let mut b = AcceptBackoff::default();
+        let run: Vec<(Duration, bool)> = (0..20).map(|_| b.failed()).collect();
+        assert_eq!(run[0], (Duration::from_millis(ACCEPT_BACKOFF_MS_MIN), true));
+        assert!(run[1..].iter().all(|&(_, log)| !log));
+        assert!(run.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert_eq!(run[19].0, Duration::from_millis(ACCEPT_BACKOFF_MS_MAX));
+        assert_eq!(b.accepted(), 20);
+        assert_eq!(b.accepted(), 0);
+        assert_eq!(
+            b.failed(),
+            (Duration::from_millis(ACCEPT_BACKOFF_MS_MIN), true)
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use hypoll_reactor::{InitError, Reactor, ReactorConfig, ReactorSet, ReactorTuning};
 
 use crate::endpoint::Endpoint;
+use crate::fdlimit::{self, FdLimit, FDS_PER_REACTOR, FDS_SERVICE};
 use crate::listen::{accept_loop, ListenAddr, Listener};
 use crate::metrics::Metrics;
 use crate::protocol::Protocol;
@@ -65,6 +66,7 @@ impl<P: Protocol> Service<P> {
         export_names: Vec<String>,
         init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
+        check_fds(cfg);
         let listener = bind(&cfg.listen)?;
         let local = listener.local_addr().map_err(|error| StartError::Listen {
             addr: cfg.listen.to_string(),
@@ -106,6 +108,28 @@ impl<P: Protocol> Service<P> {
 impl<P: Protocol> Drop for Service<P> {
     fn drop(&mut self) {
         let _ = self.stop_inner();
+    }
+}
+
+/// Step 0: enough open files for `connections_max` connections, raising the soft limit
+/// toward the hard one where it is short, else a warning: past the limit, new connections
+/// wait in the listen backlog until one closes.
+fn check_fds(cfg: &ServiceConfig) {
+    let reactors = cfg.cores.as_ref().map_or(1, |c| c.len().max(1)) as u64;
+    let needed = cfg.connections_max as u64 + FDS_SERVICE + FDS_PER_REACTOR * reactors;
+    match fdlimit::ensure(needed) {
+        Ok(FdLimit::Enough) => {}
+        Ok(FdLimit::Raised { from, to }) => {
+            tracing::info!("open-file limit raised from {from} to {to}");
+        }
+        Ok(FdLimit::Short { soft, needed }) => tracing::warn!(
+            setting = "connections_max",
+            "the open-file limit is {soft} (its hard limit) but {} connections and the \
+             server need about {needed}: past it, new clients wait until a connection \
+             closes; raise the limit (ulimit -n) or allow fewer connections",
+            cfg.connections_max
+        ),
+        Err(e) => tracing::warn!("reading or raising the open-file limit: {e}"),
     }
 }
 

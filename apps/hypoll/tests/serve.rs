@@ -32,18 +32,23 @@ impl Serve {
     }
 
     fn start_with(exports: &[&str], extra: &[&str]) -> Serve {
+        Serve::spawn(Serve::command("127.0.0.1:0", exports, extra))
+    }
+
+    /// The command line of a server listening on `listen` (a free port) with its metrics
+    /// on a free port of the loopback.
+    fn command(listen: &str, exports: &[&str], extra: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hypoll"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ]);
+        cmd.args(["serve", "--listen", listen, "--metrics", "127.0.0.1:0"]);
         for e in exports {
             cmd.args(["--export", e]);
         }
         cmd.args(extra);
+        cmd
+    }
+
+    /// Runs `cmd` (from [`Serve::command`]) and waits until it listens.
+    fn spawn(mut cmd: Command) -> Serve {
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1212,4 +1217,82 @@ fn a_client_that_shuts_down_its_side_gets_every_reply_it_asked_for() {
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty(), "{} bytes after the replies", rest.len());
+}
+
+/// CPU seconds (user + system) the process has used, from /proc.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which ends at the last ')'; utime and stime are
+    // fields 14 and 15 of the whole line, 12 and 13 after it.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz
+}
+
+/// Under an open-file limit that `--max-connections` cannot fit in, the server says so at
+/// start; clients past the limit wait, costing the server neither a spinning core nor a
+/// flood of log lines, and are served once descriptors free up.
+#[test]
+fn out_of_file_descriptors_the_listener_backs_off_and_warns_at_start() {
+    use std::os::unix::process::CommandExt;
+    /// The server's open-file limit, soft and hard: under the default --max-connections.
+    const FDS_MAX: libc::rlim_t = 64;
+    /// Connections the test opens: more than the server has descriptors for.
+    const CLIENTS: usize = 100;
+    let mut cmd = Serve::command("127.0.0.1:0", &["mem=emu:dram,size=8M"], &[]);
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, and allocates
+    // nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: FDS_MAX,
+                rlim_max: FDS_MAX,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let s = Serve::spawn(cmd);
+    let pid = s.child.id();
+    let clients: Vec<TcpStream> = (0..CLIENTS)
+        .map(|_| TcpStream::connect(("127.0.0.1", s.port)).unwrap())
+        .collect();
+    // Let the server run out of descriptors, then watch it.
+    std::thread::sleep(Duration::from_millis(300));
+    let start_log = s.stderr_text();
+    let cpu0 = cpu_s(pid);
+    std::thread::sleep(Duration::from_millis(1500));
+    let cpu = cpu_s(pid) - cpu0;
+    let log = s.stderr_text();
+    assert!(
+        start_log.contains("open-file limit is 64") && start_log.contains("--max-connections"),
+        "{start_log}"
+    );
+    assert!(
+        start_log.contains("accept failed"),
+        "the server ran out of descriptors: {start_log}"
+    );
+    assert!(cpu < 0.3, "{cpu} CPU seconds in 1.5 s");
+    assert!(
+        log.lines().count() < 10,
+        "{} lines:\n{log}",
+        log.lines().count()
+    );
+    drop(clients);
+    // Closed clients free their descriptors; a new client is served.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut greeting = [0u8; GREETING_BYTES];
+        if c.read_exact(&mut greeting).is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no client is served again");
+    }
 }
