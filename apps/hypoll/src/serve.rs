@@ -251,11 +251,11 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         if let Some(m) = server.metrics_addr() {
             let _ = writeln!(out, "metrics on http://{m}/metrics");
         }
-        for e in server.exports() {
+        for (e, device) in server.exports().iter().zip(server.export_devices()) {
             let _ = writeln!(
                 out,
-                "export {} = {} ({} bytes, {}-byte blocks)",
-                e.name, e.description, e.size_bytes, e.block_bytes
+                "export {} = {device} ({} bytes, {}-byte blocks)",
+                e.name, e.size_bytes, e.block_bytes
             );
         }
         let _ = out.flush();

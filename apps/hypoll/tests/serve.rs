@@ -1296,3 +1296,24 @@ fn out_of_file_descriptors_the_listener_backs_off_and_warns_at_start() {
         assert!(Instant::now() < deadline, "no client is served again");
     }
 }
+
+/// What a client sees of an export names it and nothing of the server's machine: not the
+/// device string, its backing file's path or its kind.
+#[test]
+fn clients_see_an_export_by_name_never_its_device_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("secret-disk.bin");
+    let spec = format!("mem=emu:dram,backing=file:{},size=1M", disk.display());
+    let s = Serve::start(&[&spec]);
+    for args in [vec!["--list", "--json"], vec!["--json"]] {
+        let uri = s.uri(if args.len() == 2 { "" } else { "mem" });
+        let mut all = args.clone();
+        all.push(&uri);
+        let out = run("nbdinfo", &all);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("\"export-name\": \"mem\""), "{text}");
+        for leak in ["secret-disk", "backing", "emu:", "file:"] {
+            assert!(!text.contains(leak), "{leak:?} in {text}");
+        }
+    }
+}

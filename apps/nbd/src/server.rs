@@ -29,6 +29,8 @@ pub use hypoll_frontend::{
 pub struct Server {
     service: Service<Nbd>,
     exports: Arc<[ExportInfo]>,
+    /// Each export's device as it describes itself, for the operator only.
+    devices: Vec<String>,
 }
 
 /// Builds what clients see of an export from its device.
@@ -36,7 +38,9 @@ fn export_info(name: &str, device: &Device) -> ExportInfo {
     let ns = device.ctrl.namespace();
     ExportInfo {
         name: name.to_string(),
-        description: device.ctrl.describe(),
+        // The device string can name paths and modes on the server's machine: clients see
+        // the name only.
+        description: name.to_string(),
         size_bytes: ns.capacity_bytes(),
         // Every device has flush; trim and write zeroes only where the device carries out
         // Dataset Management and Write Zeroes (optional in NVMe: a `vfio` controller says in
@@ -92,6 +96,7 @@ impl Server {
     pub fn start(cfg: ServerConfig) -> Result<Server, ServeError> {
         cfg.check()?;
         let (devices, infos) = open_exports(&cfg.exports)?;
+        let described = devices.iter().map(|d| d.ctrl.describe()).collect();
         let infos: Arc<[ExportInfo]> = infos.into();
         let limits = Limits {
             request_bytes_max: cfg.request_bytes_max,
@@ -118,6 +123,7 @@ impl Server {
         Ok(Server {
             service,
             exports: infos,
+            devices: described,
         })
     }
 
@@ -133,6 +139,13 @@ impl Server {
 
     pub fn exports(&self) -> &[ExportInfo] {
         &self.exports
+    }
+
+    /// Each export's device as it describes itself (its kind, and paths or I/O modes on
+    /// this machine), in [`Server::exports`] order: for the operator, never sent to
+    /// clients.
+    pub fn export_devices(&self) -> &[String] {
+        &self.devices
     }
 
     /// Connections open now.
@@ -161,6 +174,7 @@ mod tests {
         let device = Device::open("emu:dram,size=64M,lba=4096").unwrap();
         let info = export_info("mem", &device);
         assert_eq!(info.size_bytes, 64 << 20);
+        assert_eq!(info.description, "mem", "the name, never the device string");
         assert_eq!((info.block_bytes, info.preferred_bytes), (4096, 4096));
         for flag in [
             proto::TFLAG_HAS_FLAGS,
