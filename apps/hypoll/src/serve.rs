@@ -1,5 +1,6 @@
-//! `hypoll serve`: exports devices over NBD on per-core reactors until SIGINT or SIGTERM,
-//! then stops gracefully (stop accepting, finish in-flight requests, flush).
+//! `hypoll serve`: exports devices over NBD on per-core reactors until SIGINT, SIGTERM,
+//! SIGHUP or SIGQUIT, then stops gracefully (stop accepting, finish in-flight requests,
+//! flush).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -210,14 +211,18 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             }
         },
     };
-    // Signals are watched before any thread starts, so none of them can take one.
+    // Signals are watched before any thread starts, so none of them can take one. Every
+    // signal whose default action ends the process is among them (a closed terminal sends
+    // SIGHUP, Ctrl-\ SIGQUIT), so none ends it without the drain and the final flush.
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGQUIT,
     ]) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("hypoll serve: watching SIGINT and SIGTERM: {e}");
+            eprintln!("hypoll serve: watching SIGINT, SIGTERM, SIGHUP and SIGQUIT: {e}");
             return ExitCode::FAILURE;
         }
     };

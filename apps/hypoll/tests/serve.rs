@@ -715,6 +715,35 @@ fn sigint_stops_an_idle_server() {
     assert!(log.contains("signal 2"), "{log}");
 }
 
+/// A closed terminal (SIGHUP) or Ctrl-\ (SIGQUIT) stops the server as SIGTERM does: a
+/// write in flight completes, is flushed and is on disk, and the exit is clean.
+#[test]
+fn sighup_and_sigquit_stop_gracefully_like_sigterm() {
+    for signal in [libc::SIGHUP, libc::SIGQUIT] {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("disk.bin");
+        // Writes take 300 ms on this device: it is surely in flight when the signal lands.
+        let spec = format!(
+            "mem=emu:dram,backing=file:{},size=1M,write_us=300000,jitter=0",
+            disk.display()
+        );
+        let s = Serve::start(&[&spec]);
+        let mut c = handshake(s.port, "mem");
+        let mut m = client::request(CMD_WRITE, 0, 7, 0, 4096);
+        m.extend([0x5a; 4096]);
+        c.write_all(&m).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let reader = std::thread::spawn(move || reply(&mut c));
+        let (status, log) = s.signal_and_wait(signal);
+        assert_eq!(reader.join().unwrap(), (7, 0), "signal {signal}: {log}");
+        assert!(status.success(), "signal {signal}: {status}: {log}");
+        assert!(log.contains(&format!("signal {signal}")), "{log}");
+        assert!(log.contains("stopped cleanly"), "{log}");
+        let data = std::fs::read(&disk).unwrap();
+        assert!(data[..4096].iter().all(|&b| b == 0x5a), "signal {signal}");
+    }
+}
+
 /// Clients of the load test, each on its own region of the export.
 const LOAD_CLIENTS: usize = 64;
 /// Bytes of each client's region.
