@@ -83,6 +83,13 @@ impl std::str::FromStr for ListenAddr {
     }
 }
 
+impl ListenAddr {
+    /// Whether it binds every interface of the machine (`0.0.0.0`, `[::]`).
+    pub fn is_wildcard(&self) -> bool {
+        matches!(self, ListenAddr::Tcp(a) if a.ip().is_unspecified())
+    }
+}
+
 impl fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -327,6 +334,10 @@ mod tests {
             Ok(ListenAddr::Unix("/tmp/x.sock".into()))
         );
         assert!("unix:".parse::<ListenAddr>().is_err());
+        let wildcard = |s: &str| s.parse::<ListenAddr>().unwrap().is_wildcard();
+        assert!(wildcard("0.0.0.0:10809") && wildcard("[::]:10809"));
+        assert!(!wildcard("127.0.0.1:10809") && !wildcard("[::1]:0"));
+        assert!(!wildcard("192.168.1.2:0") && !wildcard("unix:/tmp/x.sock"));
         assert!("localhost".parse::<ListenAddr>().is_err());
         assert_eq!(
             ListenAddr::Unix("/a".into()).to_string(),

@@ -133,12 +133,21 @@ fn check_fds(cfg: &ServiceConfig) {
     }
 }
 
-/// Step 1: the listening socket.
+/// Step 1: the listening socket, with a warning when it is reachable on every interface:
+/// clients are neither encrypted nor authenticated yet.
 fn bind(addr: &ListenAddr) -> Result<Listener, StartError> {
-    Listener::bind(addr).map_err(|error| StartError::Listen {
+    let listener = Listener::bind(addr).map_err(|error| StartError::Listen {
         addr: addr.to_string(),
         error,
-    })
+    })?;
+    if addr.is_wildcard() {
+        tracing::warn!(
+            "listening on every interface ({addr}) with no TLS and no client \
+             authentication: anyone who can reach this port can read and write every \
+             export; listen on a loopback or private address, or behind a firewall"
+        );
+    }
+    Ok(listener)
 }
 
 /// Step 2: one reactor per core, each with the protocol's state (from `init`) in a shard.

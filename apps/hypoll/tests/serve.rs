@@ -1346,3 +1346,29 @@ fn clients_see_an_export_by_name_never_its_device_string() {
         }
     }
 }
+
+/// Listening on every interface is warned about (no TLS, no authentication yet); listening
+/// on the loopback is not.
+#[test]
+fn a_wildcard_address_is_warned_about() {
+    let log_within = |s: &Serve, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut log = String::new();
+        while !log.contains(what) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            log.push_str(&s.stderr_text());
+        }
+        log
+    };
+    let s = Serve::spawn(Serve::command("0.0.0.0:0", &["mem=null"], &[]));
+    let _ = handshake(s.port, "mem");
+    let log = log_within(&s, "every interface");
+    assert!(
+        log.contains("every interface (0.0.0.0:0)") && log.contains("no TLS"),
+        "{log}"
+    );
+    let quiet = Serve::start(&["mem=null"]);
+    let _ = handshake(quiet.port, "mem");
+    let log = log_within(&quiet, "every interface");
+    assert!(!log.contains("every interface"), "{log}");
+}
