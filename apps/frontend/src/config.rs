@@ -36,12 +36,17 @@ pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 pub const CONNECTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Bounds of [`ServiceConfig::connection_bytes_max`].
 pub const CONNECTION_BYTES_MAX_RANGE: RangeInclusive<usize> = (64 << 10)..=(64 << 30);
+/// Default permissions of a Unix socket's file: its owner only may connect.
+pub const UNIX_MODE_DEFAULT: u32 = 0o600;
+/// Largest [`ServiceConfig::unix_mode`]: permission bits only.
+pub const UNIX_MODE_MAX: u32 = 0o777;
 /// How long a graceful stop waits for connections to finish what they have in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a graceful stop waits for the final flush of each export.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 const _: () = assert!(COALESCE_NS_DEFAULT <= COALESCE_NS_MAX);
+const _: () = assert!(UNIX_MODE_DEFAULT <= UNIX_MODE_MAX);
 const _: () = assert!(CONNECTIONS_MAX_DEFAULT <= CONNECTIONS_PER_REACTOR_MAX);
 const _: () = assert!(*CONNECTION_BYTES_MAX_RANGE.start() <= CONNECTION_BYTES_MAX_DEFAULT);
 const _: () = assert!(CONNECTION_BYTES_MAX_DEFAULT <= *CONNECTION_BYTES_MAX_RANGE.end());
@@ -69,6 +74,9 @@ pub struct ServiceConfig {
     /// Request-gathering window under pipelined load (0: never gather; at most
     /// [`COALESCE_NS_MAX`]).
     pub coalesce_ns: u64,
+    /// Permissions of a Unix socket's file (at most [`UNIX_MODE_MAX`]), set whatever the
+    /// umask: connecting needs write permission.
+    pub unix_mode: u32,
 }
 
 impl ServiceConfig {
@@ -84,6 +92,7 @@ impl ServiceConfig {
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             coalesce_ns: COALESCE_NS_DEFAULT,
+            unix_mode: UNIX_MODE_DEFAULT,
         }
     }
 
@@ -97,6 +106,9 @@ impl ServiceConfig {
                 self.connection_bytes_max,
             ));
         }
+        if self.unix_mode > UNIX_MODE_MAX {
+            return Err(ServiceConfigError::UnixMode(self.unix_mode));
+        }
         Ok(())
     }
 }
@@ -109,6 +121,8 @@ pub enum ServiceConfigError {
     Connections(usize),
     #[error("connection_bytes_max {0}: expected 64K to 64G")]
     ConnectionBytes(usize),
+    #[error("unix_mode {0:o}: expected permission bits, 0 to 777 (octal)")]
+    UnixMode(u32),
 }
 
 impl ServiceConfigError {
@@ -118,6 +132,7 @@ impl ServiceConfigError {
         match self {
             ServiceConfigError::Connections(_) => "connections_max",
             ServiceConfigError::ConnectionBytes(_) => "connection_bytes_max",
+            ServiceConfigError::UnixMode(_) => "unix_mode",
         }
     }
 }

@@ -7,8 +7,9 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -114,8 +115,8 @@ impl Drop for Listener {
 }
 
 impl Listener {
-    /// Binds `addr`, non-blocking.
-    pub(crate) fn bind(addr: &ListenAddr) -> io::Result<Listener> {
+    /// Binds `addr`, non-blocking; a Unix socket's file gets permissions `unix_mode`.
+    pub(crate) fn bind(addr: &ListenAddr, unix_mode: u32) -> io::Result<Listener> {
         let l = match addr {
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
@@ -123,7 +124,7 @@ impl Listener {
                 Listener::Tcp(l)
             }
             ListenAddr::Unix(p) => {
-                let l = UnixListener::bind(p)?;
+                let l = bind_unix(p, unix_mode)?;
                 l.set_nonblocking(true)?;
                 Listener::Unix(l, p.clone())
             }
@@ -159,6 +160,61 @@ impl Listener {
                 Ok((Stream::Unix(s), "unix client".to_string()))
             }),
         }
+    }
+}
+
+/// Binds a Unix socket at `path` whose file has permissions `mode`. A socket file left by
+/// a server that died (nothing answers a connect) is replaced; a socket where a server
+/// still listens, or a file that is not a socket, is left alone and is an error.
+fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    match bind_unix_with_mode(path, mode) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            remove_stale_socket(path)?;
+            bind_unix_with_mode(path, mode)
+        }
+        bound => bound,
+    }
+}
+
+fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    assert!(mode <= 0o777);
+    // bind() creates the file with the umask's permissions: under a permissive umask any
+    // user could connect before a later chmod. Narrowing the umask around bind() leaves no
+    // such moment. The umask is process-wide: a service binds before it starts any thread
+    // of its own.
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let umask_before = unsafe { libc::umask(!mode & 0o777) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask found.
+    unsafe { libc::umask(umask_before) };
+    let listener = bound?;
+    // Exactly `mode`, whatever the platform's bits for a new socket file.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(listener)
+}
+
+/// Removes the socket file at `path` if no server listens on it.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "the path exists and is not a socket; it is left alone",
+        ));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another server is listening on this socket",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!("{}: replacing a stale socket file", path.display());
+            std::fs::remove_file(path)
+        }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("the socket file exists and connecting to it to see whether it is stale failed: {e}"),
+        )),
     }
 }
 
@@ -263,7 +319,7 @@ mod tests {
     /// field (`connections_max`), never a flag: the binary maps the one to the other.
     #[test]
     fn a_connection_past_the_limit_is_refused_with_a_warning_naming_the_setting() {
-        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 0o600).unwrap();
         let Ok(ListenAddr::Tcp(addr)) = listener.local_addr() else {
             panic!("a TCP listener");
         };

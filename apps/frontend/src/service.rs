@@ -67,7 +67,7 @@ impl<P: Protocol> Service<P> {
         init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
         check_fds(cfg);
-        let listener = bind(&cfg.listen)?;
+        let listener = bind(&cfg.listen, cfg.unix_mode)?;
         let local = listener.local_addr().map_err(|error| StartError::Listen {
             addr: cfg.listen.to_string(),
             error,
@@ -135,8 +135,8 @@ fn check_fds(cfg: &ServiceConfig) {
 
 /// Step 1: the listening socket, with a warning when it is reachable on every interface:
 /// clients are neither encrypted nor authenticated yet.
-fn bind(addr: &ListenAddr) -> Result<Listener, StartError> {
-    let listener = Listener::bind(addr).map_err(|error| StartError::Listen {
+fn bind(addr: &ListenAddr, unix_mode: u32) -> Result<Listener, StartError> {
+    let listener = Listener::bind(addr, unix_mode).map_err(|error| StartError::Listen {
         addr: addr.to_string(),
         error,
     })?;

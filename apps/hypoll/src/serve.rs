@@ -10,7 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use hypoll_nbd::server::{
     COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
-    HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT,
+    HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, UNIX_MODE_DEFAULT,
+    UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
@@ -30,6 +31,10 @@ pub struct ServeArgs {
     /// Where to listen: ADDR:PORT (port 0 picks a free one) or unix:PATH.
     #[arg(long, default_value = "127.0.0.1:10809")]
     listen: ListenAddr,
+    /// Permissions of the unix:PATH socket file, in octal, whatever the umask (connecting
+    /// needs write permission): 600 lets its owner only connect, 660 its group too.
+    #[arg(long, value_name = "OCTAL", default_value_t = format!("{UNIX_MODE_DEFAULT:o}"), value_parser = parse_unix_mode)]
+    unix_mode: String,
     /// Cores, one reactor each: 0, 0-1, 0,2 (default: the first core this process may use).
     #[arg(long, value_parser = crate::parse_cores)]
     cores: Option<CoreList>,
@@ -71,6 +76,15 @@ pub struct ServeArgs {
     /// (clients that connect and say nothing would hold connection slots forever).
     #[arg(long, default_value_t = HANDSHAKE_TIMEOUT_DEFAULT.as_secs_f64(), value_parser = parse_handshake_timeout_s)]
     handshake_timeout_s: f64,
+}
+
+fn parse_unix_mode(s: &str) -> Result<String, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(v) if v <= UNIX_MODE_MAX => Ok(s.to_string()),
+        _ => Err(format!(
+            "{s:?}: expected permission bits in octal, 0 to {UNIX_MODE_MAX:o} (600, 660)"
+        )),
+    }
 }
 
 fn parse_handshake_timeout_s(s: &str) -> Result<f64, String> {
@@ -117,6 +131,7 @@ fn flag_of(setting: &str) -> Option<&'static str> {
         "connections_max" => "--max-connections",
         "request_bytes_max" => "--max-request-bytes",
         "connection_bytes_max" => "--max-connection-bytes",
+        "unix_mode" => "--unix-mode",
         _ => return None,
     })
 }
@@ -235,6 +250,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
+        unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
         ..ServiceConfig::new(args.listen)
     };
     let cfg = ServerConfig {

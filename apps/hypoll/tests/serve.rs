@@ -1372,3 +1372,84 @@ fn a_wildcard_address_is_warned_about() {
     let log = log_within(&quiet, "every interface");
     assert!(!log.contains("every interface"), "{log}");
 }
+
+/// A server on a Unix socket, killed when dropped.
+struct UnixServe(Child);
+
+impl Drop for UnixServe {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `hypoll serve` on the Unix socket `sock` with `extra` flags, under `umask`;
+/// returns the server once it listens, or its stderr if it exited instead.
+fn serve_unix(sock: &Path, extra: &[&str], umask: libc::mode_t) -> Result<UnixServe, String> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hypoll"));
+    cmd.args(["serve", "--export", "mem=emu:dram,size=8M", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure only calls umask, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::umask(umask);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if first.trim() == format!("listening on unix:{}", sock.display()) {
+        return Ok(UnixServe(child));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    Err(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A socket file left by a server that died is replaced at start; one where a server still
+/// listens, and a file that is not a socket, are left alone and refused with a clear error.
+#[test]
+fn a_stale_unix_socket_is_replaced_and_a_live_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nbd.sock");
+    // A dead server's socket: bound, then closed without removing its file.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let first = serve_unix(&sock, &[], 0o022).expect("the stale socket is replaced");
+    let uri = format!("nbd+unix:///mem?socket={}", sock.display());
+    run("nbdinfo", &["--size", &uri]);
+    let refused = serve_unix(&sock, &[], 0o022)
+        .err()
+        .expect("a live socket is kept");
+    assert!(refused.contains("another server is listening"), "{refused}");
+    run("nbdinfo", &["--size", &uri]);
+    drop(first);
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, b"data").unwrap();
+    let refused = serve_unix(&file, &[], 0o022).err().expect("a file is kept");
+    assert!(refused.contains("not a socket"), "{refused}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"data");
+}
+
+/// The socket file's permissions are the server's (600 unless --unix-mode says), never the
+/// umask's: under umask 000 other users must not be able to connect.
+#[test]
+fn a_unix_sockets_mode_is_set_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, mode) in [(&[][..], 0o600), (&["--unix-mode", "660"][..], 0o660)] {
+        let sock = dir.path().join(format!("nbd-{mode:o}.sock"));
+        let _s = serve_unix(&sock, extra, 0o000).unwrap();
+        let got = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "{:o} for {extra:?}", got);
+    }
+    let bad = serve_unix(&dir.path().join("x.sock"), &["--unix-mode", "1777"], 0o022);
+    assert!(bad.err().unwrap().contains("--unix-mode"));
+}
