@@ -1,12 +1,13 @@
-//! The Prometheus HTTP endpoint (`--metrics ADDR`): a thread that answers `GET /metrics`
-//! with the service's [`Metrics`], one scrape at a time, until it is dropped.
+//! The Prometheus HTTP endpoint (`--metrics ADDR`): a thread that accepts scrapers and
+//! answers `GET /metrics` with the service's [`Metrics`], each scrape on a thread of its
+//! own (a few at once) within an overall deadline, until it is dropped.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hypoll_reactor::ReactorHandle;
 
@@ -14,8 +15,13 @@ use crate::metrics::Metrics;
 
 /// Longest HTTP request head the endpoint reads.
 const HTTP_REQUEST_BYTES_MAX: usize = 8192;
-/// How long a scraper may take to send its request.
-const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one scrape may take, request and response together: a client that sends (or
+/// reads) a byte now and then cannot hold its thread longer.
+const HTTP_SCRAPE_MS_MAX: u64 = 2000;
+/// Scrapes answered at once, each on its own thread: a few slow clients cannot keep a
+/// scraper waiting, and many cannot make the endpoint grow. Past it, a client is answered
+/// 503 at once.
+const HTTP_SCRAPES_MAX: usize = 4;
 /// How often the endpoint's thread checks whether it should stop.
 const STOP_CHECK_MS: i32 = 100;
 
@@ -27,7 +33,8 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Serves `GET /metrics` (and `/`) on `addr`, one scrape at a time.
+    /// Serves `GET /metrics` (and `/`) on `addr`, a few scrapes at a time, each within a
+    /// deadline.
     pub fn start(
         addr: SocketAddr,
         metrics: Arc<Metrics>,
@@ -39,25 +46,7 @@ impl Endpoint {
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("hypoll-metrics".into())
-            .spawn(move || {
-                while !stopping.load(Ordering::Acquire) {
-                    use std::os::fd::AsFd;
-                    match hypoll_nvme::wait_readable(listener.as_fd(), STOP_CHECK_MS) {
-                        Ok(true) => {}
-                        Ok(false) => continue,
-                        Err(e) => {
-                            tracing::error!("metrics endpoint: {e}; it stops");
-                            return;
-                        }
-                    }
-                    let Ok((stream, _)) = listener.accept() else {
-                        continue;
-                    };
-                    if let Err(e) = answer(stream, &metrics, &reactors) {
-                        tracing::warn!("metrics scrape failed: {e}");
-                    }
-                }
-            })?;
+            .spawn(move || serve(&listener, &stopping, &metrics, &reactors))?;
         Ok(Endpoint {
             addr,
             stop,
@@ -80,44 +69,133 @@ impl Drop for Endpoint {
     }
 }
 
+/// The endpoint thread's loop: accepts until `stop`, answers each scraper on a thread of
+/// its own while fewer than [`HTTP_SCRAPES_MAX`] run, and waits for them before it ends.
+fn serve(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    metrics: &Arc<Metrics>,
+    reactors: &Arc<[ReactorHandle]>,
+) {
+    use std::os::fd::AsFd;
+    let mut scrapes: Vec<JoinHandle<()>> = Vec::with_capacity(HTTP_SCRAPES_MAX);
+    while !stop.load(Ordering::Acquire) {
+        match hypoll_nvme::wait_readable(listener.as_fd(), STOP_CHECK_MS) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::error!("metrics endpoint: {e}; it stops");
+                break;
+            }
+        }
+        let Ok((mut stream, _)) = listener.accept() else {
+            continue;
+        };
+        // Finished scrapes are joined here, so at most HTTP_SCRAPES_MAX threads exist.
+        scrapes.retain(|t| !t.is_finished());
+        if scrapes.len() >= HTTP_SCRAPES_MAX {
+            // A short answer fits the socket's buffer: it never waits on the client.
+            let _ = stream.set_nonblocking(true);
+            let deadline = Instant::now() + Duration::from_millis(HTTP_SCRAPE_MS_MAX);
+            let _ = respond(&mut stream, "503 Service Unavailable", "", deadline);
+            // Closing with the request unread would reset the connection and could
+            // discard the answer at the client: read what has arrived first.
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let _ = stream.read(&mut [0u8; HTTP_REQUEST_BYTES_MAX]);
+            continue;
+        }
+        let (metrics, reactors) = (metrics.clone(), reactors.clone());
+        let spawned = std::thread::Builder::new()
+            .name("hypoll-scrape".into())
+            .spawn(move || {
+                if let Err(e) = answer(stream, &metrics, &reactors) {
+                    tracing::warn!("metrics scrape failed: {e}");
+                }
+            });
+        match spawned {
+            Ok(t) => scrapes.push(t),
+            Err(e) => tracing::warn!("metrics scrape not answered: starting its thread: {e}"),
+        }
+        assert!(scrapes.len() <= HTTP_SCRAPES_MAX);
+    }
+    // Each ends within HTTP_SCRAPE_MS_MAX.
+    for t in scrapes {
+        let _ = t.join();
+    }
+}
+
+/// The time left before `deadline`, or a timeout error once it has passed.
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    match deadline.checked_duration_since(Instant::now()) {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the scrape took longer than {HTTP_SCRAPE_MS_MAX} ms"),
+        )),
+    }
+}
+
 fn answer(
     mut stream: TcpStream,
     metrics: &Metrics,
     reactors: &[ReactorHandle],
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(HTTP_READ_TIMEOUT))?;
+    let deadline = Instant::now() + Duration::from_millis(HTTP_SCRAPE_MS_MAX);
     let mut head = Vec::new();
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        // Each read may wait only for what is left of the whole scrape's time.
+        stream.set_read_timeout(Some(left(deadline)?))?;
         let n = stream.read(&mut chunk)?;
         if n == 0 {
             break;
         }
         head.extend_from_slice(&chunk[..n]);
         if head.len() > HTTP_REQUEST_BYTES_MAX {
-            return respond(&mut stream, "431 Request Header Fields Too Large", "");
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "",
+                deadline,
+            );
         }
     }
     let line = String::from_utf8_lossy(&head);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next(), parts.next());
     if method != Some("GET") {
-        return respond(&mut stream, "405 Method Not Allowed", "");
+        return respond(&mut stream, "405 Method Not Allowed", "", deadline);
     }
     if !matches!(path, Some("/metrics") | Some("/")) {
-        return respond(&mut stream, "404 Not Found", "try /metrics\n");
+        return respond(&mut stream, "404 Not Found", "try /metrics\n", deadline);
     }
     let body = metrics.encode(reactors);
-    respond(&mut stream, "200 OK", &body)
+    respond(&mut stream, "200 OK", &body, deadline)
 }
 
-fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+/// Writes the response, all of it before `deadline`.
+fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    body: &str,
+    deadline: Instant,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; \
          charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+    for mut bytes in [head.as_bytes(), body.as_bytes()] {
+        while !bytes.is_empty() {
+            // Each write may wait only for what is left of the whole scrape's time.
+            stream.set_write_timeout(Some(left(deadline)?))?;
+            match stream.write(bytes) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }

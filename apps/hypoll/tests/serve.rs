@@ -1453,3 +1453,74 @@ fn a_unix_sockets_mode_is_set_whatever_the_umask() {
     let bad = serve_unix(&dir.path().join("x.sock"), &["--unix-mode", "1777"], 0o022);
     assert!(bad.err().unwrap().contains("--unix-mode"));
 }
+
+/// A metrics client that sends its request a byte every 1.5 s neither holds the endpoint
+/// (another scrape is answered at once) nor its own connection past the scrape deadline.
+#[test]
+fn a_slow_metrics_client_does_not_block_a_scrape() {
+    let s = Serve::start(&["mem=null"]);
+    let port = s.metrics_port;
+    let slow = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let started = Instant::now();
+        for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" {
+            if c.write_all(&[*b]).is_err() || Instant::now() - started > Duration::from_secs(8) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = c.read_to_end(&mut Vec::new());
+        Instant::now() - started
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = Instant::now();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        let got = c.read_to_string(&mut text);
+        assert!(got.is_ok(), "the scrape waited: {got:?}");
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(Instant::now() - started < Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let held = slow.join().unwrap();
+    assert!(
+        held < Duration::from_secs(5),
+        "the slow client held on for {held:?}"
+    );
+}
+
+/// Many metrics clients that connect and send nothing hold a bounded number of the
+/// endpoint's threads, each at most the scrape deadline: a scrape meanwhile is answered at
+/// once (503 while every slot is held), and with metrics once they are closed.
+#[test]
+fn idle_metrics_clients_hold_the_endpoint_boundedly() {
+    let s = Serve::start(&["mem=null"]);
+    let idle: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(("127.0.0.1", s.metrics_port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let scrape = || {
+        let mut c = TcpStream::connect(("127.0.0.1", s.metrics_port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).map(|_| text)
+    };
+    // Answered at once: 503, or closed (when the request arrived after the answer).
+    let started = Instant::now();
+    match scrape() {
+        Ok(busy) => assert!(busy.starts_with("HTTP/1.1 503"), "{busy}"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    assert!(Instant::now() - started < Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(2500));
+    let text = scrape().unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    drop(idle);
+}
