@@ -247,8 +247,8 @@ pub(crate) fn accept_loop<P: Protocol>(
                 let (pause, first) = backoff.failed();
                 if first {
                     tracing::warn!(
-                        "accept failed: {e}; retrying every {ACCEPT_BACKOFF_MS_MAX} ms at \
-                         most, logged again once it succeeds"
+                        "accept failed: {e}; retrying after pauses of up to \
+                         {ACCEPT_BACKOFF_MS_MAX} ms, logging again once an accept succeeds"
                     );
                 }
                 std::thread::sleep(pause);
