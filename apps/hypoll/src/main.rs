@@ -55,7 +55,7 @@ enum Cmd {
     Policies,
     /// List the emulated device profiles.
     Devices,
-    /// Serve devices over NBD (network block device) until SIGINT, SIGTERM, SIGHUP or SIGQUIT (each a graceful stop).
+    /// Serve devices over NBD until SIGINT, SIGTERM, SIGHUP or SIGQUIT (a graceful stop).
     Serve(Box<serve::ServeArgs>),
     /// Run the seeded fault simulation: several reactors, faults on, checked against a
     /// shadow model. Exit status 1 and the failing seed on the first failure.
