@@ -7,7 +7,7 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -178,19 +178,37 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
 
 fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     assert!(mode <= 0o777);
-    // bind() creates the file with the umask's permissions: under a permissive umask any
-    // user could connect before a later chmod. Narrowing the umask around bind() leaves no
-    // such moment. The umask is process-wide: a service binds before it starts any thread
-    // of its own.
-    // SAFETY: umask only swaps the process's file-creation mask.
-    let umask_before = unsafe { libc::umask(!mode & 0o777) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the mask found.
-    unsafe { libc::umask(umask_before) };
-    let listener = bound?;
-    // Exactly `mode`, whatever the platform's bits for a new socket file.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(listener)
+    // bind() creates the socket file with the umask's permissions: under a permissive umask
+    // any user could connect before a later chmod. So the socket is bound in a fresh
+    // directory only this user may enter, given its mode there, and only then linked to
+    // its name: no moment exists at which the name reaches a more open socket, and the
+    // process's umask (shared with every thread of an embedding program) is left alone.
+    // A link, unlike a rename, never replaces what is at the name.
+    static STAGED: AtomicUsize = AtomicUsize::new(0);
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let private = parent.join(format!(
+        ".hypoll-{}-{}",
+        std::process::id(),
+        STAGED.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let staged = private.join("s");
+    let bound = UnixListener::bind(&staged).and_then(|listener| {
+        // Exactly `mode`, whatever the platform's bits for a new socket file.
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+        std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => io::Error::new(io::ErrorKind::AddrInUse, e),
+            _ => e,
+        })?;
+        Ok(listener)
+    });
+    // The listener stays bound to the socket, now reached by `path` alone.
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    bound
 }
 
 /// Removes the socket file at `path` if no server listens on it.
