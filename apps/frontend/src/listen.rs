@@ -176,6 +176,9 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
     }
 }
 
+/// Private directories tried beside a socket while binding it (each is removed after).
+const STAGING_DIRS_MAX: usize = 64;
+
 fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     assert!(mode <= 0o777);
     // bind() creates the socket file with the umask's permissions: under a permissive umask
@@ -184,17 +187,27 @@ fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     // its name: no moment exists at which the name reaches a more open socket, and the
     // process's umask (shared with every thread of an embedding program) is left alone.
     // A link, unlike a rename, never replaces what is at the name.
-    static STAGED: AtomicUsize = AtomicUsize::new(0);
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let private = parent.join(format!(
-        ".hypoll-{}-{}",
-        std::process::id(),
-        STAGED.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    // Short names, so the staged path is no longer than `path` itself for any socket name
+    // of six bytes or more: a socket's path is bounded (`sun_path`, 108 bytes).
+    let private = (0..STAGING_DIRS_MAX)
+        .map(|n| parent.join(format!(".h{n}")))
+        .find_map(
+            |dir| match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => Some(Ok(dir)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
+                Err(e) => Some(Err(e)),
+            },
+        )
+        .unwrap_or_else(|| {
+            Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "no free name for a private directory beside the socket",
+            ))
+        })?;
     let staged = private.join("s");
     let bound = UnixListener::bind(&staged).and_then(|listener| {
         // Exactly `mode`, whatever the platform's bits for a new socket file.
@@ -316,6 +329,35 @@ mod tests {
     use hypoll_reactor::{allowed_cores, CoreList, ReactorConfig, ReactorSet};
 
     use super::*;
+
+    /// A socket path near the kernel's bound still binds: the private directory it is
+    /// staged in adds no length to it.
+    #[test]
+    fn a_long_socket_path_binds_with_its_mode() {
+        let base = std::env::temp_dir().join(format!("hypoll-long-{}", std::process::id()));
+        // `sun_path` holds 108 bytes with the terminating NUL.
+        let pad = 107 - base.as_os_str().len() - "/".len() - "/nbd.sock".len();
+        let dir = base.join("d".repeat(pad));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nbd.sock");
+        assert_eq!(path.as_os_str().len(), 107);
+        let listener = bind_unix(&path, 0o640).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+        UnixStream::connect(&path).unwrap();
+        drop(listener);
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("nbd.sock")],
+            "no staging directory left"
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
     use crate::conn::tests::Sender;
 
     /// What a `tracing` subscriber wrote.
