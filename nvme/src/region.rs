@@ -114,6 +114,10 @@ pub enum UnregisterError {
     /// Not registered with this queue pair (never, or unregistered already).
     #[error("the region is not registered with this queue pair")]
     Unknown,
+    /// The device could not let go of the region (an IOMMU unmap failed): it stays
+    /// registered, and the memory must stay mapped.
+    #[error("the device could not let go of the region: {0}")]
+    Device(&'static str),
 }
 
 /// Why a command's memory was refused against the registered regions.
