@@ -371,8 +371,6 @@ impl QueuePair for EmuQueuePair {
         self.shared.ns
     }
 
-    /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion
-    /// is reaped by the next poll.
     /// Bookkeeping only: the emulated controller copies to and from host memory at the
     /// moment a command completes, wherever that memory lies.
     unsafe fn register_memory(
@@ -389,6 +387,8 @@ impl QueuePair for EmuQueuePair {
         Ok(())
     }
 
+    /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion
+    /// is reaped by the next poll.
     fn abort(&mut self, tag: u64) -> Result<(), RecoveryError> {
         self.abort_command(tag);
         Ok(())
