@@ -146,6 +146,8 @@ struct Entry {
 #[derive(Debug)]
 pub struct RegionTable {
     entries: [Option<Entry>; REGIONS_MAX],
+    /// Which entries are registered, one bit per index: a lookup visits only those.
+    occupied: u64,
     count: usize,
     next_id: u64,
     /// Per command slot: the regions its command uses, one bit per table index.
@@ -159,6 +161,7 @@ impl RegionTable {
     pub fn new(slots: usize) -> RegionTable {
         RegionTable {
             entries: [None; REGIONS_MAX],
+            occupied: 0,
             count: 0,
             next_id: 1,
             slot_masks: vec![0; slots].into_boxed_slice(),
@@ -226,6 +229,7 @@ impl RegionTable {
             id,
             in_flight: 0,
         });
+        self.occupied |= 1 << index;
         self.count += 1;
         debug_assert!(self.count <= REGIONS_MAX);
         Ok(MemoryRegion {
@@ -240,6 +244,7 @@ impl RegionTable {
     pub fn undo(&mut self, region: &MemoryRegion) {
         let entry = self.entries[region.index()].take();
         debug_assert!(entry.is_some_and(|e| e.id == region.id && e.in_flight == 0));
+        self.occupied &= !(1 << region.index());
         self.count -= 1;
     }
 
@@ -259,6 +264,7 @@ impl RegionTable {
     pub fn remove(&mut self, region: &MemoryRegion) {
         debug_assert_eq!(self.check_remove(region), Ok(()));
         self.entries[region.index()] = None;
+        self.occupied &= !(1 << region.index());
         self.count -= 1;
     }
 
@@ -267,8 +273,14 @@ impl RegionTable {
     pub fn find(&self, ptr: *const u8, len_bytes: usize) -> Result<Option<usize>, RegionError> {
         let at = ptr as usize;
         let end = at.saturating_add(len_bytes);
-        for (index, e) in self.entries.iter().enumerate() {
-            let Some(e) = e else { continue };
+        let mut bits = self.occupied;
+        while bits != 0 {
+            let index = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let Some(e) = &self.entries[index] else {
+                debug_assert!(false, "occupied index {index} holds no region");
+                continue;
+            };
             if e.base < end && at < e.end {
                 return if at >= e.base && end <= e.end {
                     Ok(Some(index))
