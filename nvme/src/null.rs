@@ -201,9 +201,10 @@ impl QueuePair for NullQueuePair {
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
         let n = max.min(self.len);
         let depth = self.done.len();
+        let charged = !self.regions.is_empty();
         for _ in 0..n {
             let (tag, status) = self.done[self.head];
-            if !self.regions.is_empty() {
+            if charged {
                 self.regions.release(self.head);
             }
             self.head = if self.head + 1 == depth {

@@ -145,9 +145,11 @@ struct Entry {
 /// The regions of one queue pair, and which of them each command slot uses.
 #[derive(Debug)]
 pub struct RegionTable {
-    entries: [Option<Entry>; REGIONS_MAX],
-    /// Which entries are registered, one bit per index: a lookup visits only those.
+    /// Which entries are registered, one bit per index: a lookup visits only those, and
+    /// none registered (0) is the one test the I/O path pays.
     occupied: u64,
+    /// On the heap: a queue pair that registers nothing keeps its hot fields together.
+    entries: Box<[Option<Entry>; REGIONS_MAX]>,
     count: usize,
     next_id: u64,
     /// Per command slot: the regions its command uses, one bit per table index.
@@ -160,8 +162,8 @@ impl RegionTable {
     /// A table for a queue pair of `slots` command slots.
     pub fn new(slots: usize) -> RegionTable {
         RegionTable {
-            entries: [None; REGIONS_MAX],
             occupied: 0,
+            entries: Box::new([None; REGIONS_MAX]),
             count: 0,
             next_id: 1,
             slot_masks: vec![0; slots].into_boxed_slice(),
@@ -171,7 +173,7 @@ impl RegionTable {
     /// No region registered: commands need no lookup.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.occupied == 0
     }
 
     pub fn len(&self) -> usize {

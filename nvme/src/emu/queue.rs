@@ -280,6 +280,8 @@ impl QueuePair for EmuQueuePair {
         self.catch_up_with_controller_resets(Ordering::Relaxed);
         self.post_due();
         let mut reaped = 0;
+        // Nothing registered, nothing charged: one test per poll, not per completion.
+        let charged = !self.regions.is_empty();
         while reaped < max && self.cq_entry_ready() {
             let cqe = self.cq[self.host_cq_head as usize];
             let cid = cqe.cid as usize;
@@ -291,7 +293,7 @@ impl QueuePair for EmuQueuePair {
             );
             self.in_use[cid] = false;
             self.free_cids.push(cid as u16);
-            if !self.regions.is_empty() {
+            if charged {
                 self.regions.release(cid);
             }
             self.host_sq_head = cqe.sq_head;
