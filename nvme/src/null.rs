@@ -11,7 +11,7 @@ use crate::config::size_text;
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, QUEUE_DEPTH_MAX,
 };
-use crate::region::{self, MemoryRegion, RegionTable, RegisterError, UnregisterError};
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
@@ -163,7 +163,7 @@ impl QueuePair for NullQueuePair {
                 0
             } else {
                 let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
-                self.regions.mask_of(region::pieces(cmd, data_bytes))?
+                self.regions.command_mask(cmd, data_bytes)?
             };
         let in_range = matches!(cmd.opcode(), Opcode::Flush)
             || cmd

@@ -18,7 +18,7 @@ use super::{IrqLine, Shared, NSID};
 use crate::qpair::{
     Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
 };
-use crate::region::{self, MemoryRegion, RegionTable, RegisterError, UnregisterError};
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, SubmissionEntry, CDW12_FUA,
     DSM_ATTR_DEALLOCATE,
@@ -225,7 +225,7 @@ impl QueuePair for EmuQueuePair {
                 0
             } else {
                 let data_bytes = cmd.nlb() as usize * self.shared.ns.lba_size_bytes as usize;
-                self.regions.mask_of(region::pieces(cmd, data_bytes))?
+                self.regions.command_mask(cmd, data_bytes)?
             };
         let cid = self.free_cids.pop().expect("a free command id below depth");
         if regions != 0 {

@@ -18,7 +18,7 @@ use crate::qpair::{
     Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SegmentError,
     SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
 };
-use crate::region::{self, MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
@@ -466,7 +466,7 @@ impl QueuePair for UringQueuePair {
             0
         } else {
             let data_bytes = cmd.nlb() as usize * lba_bytes as usize;
-            self.regions.mask_of(region::pieces(cmd, data_bytes))?
+            self.regions.command_mask(cmd, data_bytes)?
         };
         let in_range = match cmd.opcode() {
             Opcode::Flush => true,

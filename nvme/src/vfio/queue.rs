@@ -19,7 +19,7 @@ use super::{Inner, VfioError, TRANSFER_BYTES_MAX};
 use crate::qpair::{
     Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
 };
-use crate::region::{self, MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_DEAC,
     CDW12_FUA, DSM_ATTR_DEALLOCATE,
@@ -458,7 +458,7 @@ impl QueuePair for VfioQueuePair {
         let regions = if self.regions.is_empty() || data_bytes == 0 {
             0
         } else {
-            self.regions.mask_of(region::pieces(cmd, data_bytes))?
+            self.regions.command_mask(cmd, data_bytes)?
         };
         let cid = *self
             .free_cids
