@@ -27,6 +27,7 @@ pub mod emu;
 pub mod null;
 mod pool;
 pub mod qpair;
+pub mod region;
 pub mod spec;
 pub mod sync;
 pub mod sys;
@@ -42,6 +43,10 @@ pub use null::{NullConfig, NullController, NullQueuePair};
 pub use qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, Segment,
     SegmentError, SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
+};
+pub use region::{
+    MemoryRegion, RegionError, RegisterError, UnregisterError, REGIONS_MAX, REGION_ALIGN_BYTES,
+    REGION_BYTES_MAX,
 };
 pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};

@@ -11,6 +11,7 @@ use crate::config::size_text;
 use crate::qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, SubmitError, QUEUE_DEPTH_MAX,
 };
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
@@ -109,6 +110,7 @@ impl NullController {
             irq,
             irq_armed: false,
             queues_live: self.queues_live.clone(),
+            regions: RegionTable::new(depth),
             _not_send: PhantomData,
         })
     }
@@ -143,6 +145,9 @@ pub struct NullQueuePair {
     irq: EventFd,
     irq_armed: bool,
     queues_live: Arc<AtomicU32>,
+    /// Memory the application registered, and which of it each ring entry's command uses:
+    /// the null device moves no data, so this is bookkeeping only.
+    regions: RegionTable,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -153,6 +158,13 @@ impl QueuePair for NullQueuePair {
             return Err(SubmitError::QueueFull { depth });
         }
         cmd.check(self.ns.lba_size_bytes)?;
+        let regions =
+            if self.regions.is_empty() || !matches!(cmd.opcode(), Opcode::Read | Opcode::Write) {
+                0
+            } else {
+                let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
+                self.regions.command_mask(cmd, data_bytes)?
+            };
         let in_range = matches!(cmd.opcode(), Opcode::Flush)
             || cmd
                 .slba()
@@ -174,6 +186,9 @@ impl QueuePair for NullQueuePair {
             at => at,
         };
         self.done[slot] = (tag, status);
+        if regions != 0 {
+            self.regions.charge(slot, regions);
+        }
         self.len += 1;
         if self.irq_armed {
             self.irq
@@ -186,8 +201,12 @@ impl QueuePair for NullQueuePair {
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
         let n = max.min(self.len);
         let depth = self.done.len();
+        let charged = !self.regions.is_empty();
         for _ in 0..n {
             let (tag, status) = self.done[self.head];
+            if charged {
+                self.regions.release(self.head);
+            }
             self.head = if self.head + 1 == depth {
                 0
             } else {
@@ -226,6 +245,21 @@ impl QueuePair for NullQueuePair {
 
     fn namespace(&self) -> NamespaceInfo {
         self.ns
+    }
+
+    /// Bookkeeping only: the null device moves no data.
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        self.regions.add(ptr, len_bytes)
+    }
+
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        self.regions.check_remove(&region)?;
+        self.regions.remove(&region);
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 
+use crate::region::{MemoryRegion, RegionError, RegisterError, UnregisterError};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 
 /// Buffers handed to a device must be aligned to this many bytes: NVMe requires data pointers
@@ -418,6 +419,9 @@ pub enum SubmitError {
     /// A vectored command's segments break a rule of the device.
     #[error("vectored command refused: {0}")]
     Segment(#[from] SegmentError),
+    /// The command's memory lies partly in a registered region and partly outside it.
+    #[error("registered memory: {0}")]
+    Region(#[from] RegionError),
 }
 
 /// A command's completion, as the host sees it after reaping the completion queue.
@@ -523,6 +527,39 @@ pub trait QueuePair: Any {
     /// buffer). Implementations must not call this from `process_completions`' callback.
     fn reset(&mut self) -> Result<(), RecoveryError> {
         Err(RecoveryError::Unsupported)
+    }
+
+    /// Registers `len_bytes` of the application's memory at `ptr`: reads and writes whose
+    /// buffer or segments lie inside it then point straight into it (see
+    /// [`crate::region`]). Start and length must be multiples of
+    /// [`crate::region::REGION_ALIGN_BYTES`], at most
+    /// [`crate::region::REGION_BYTES_MAX`] long, overlapping no region already registered;
+    /// a queue pair holds at most [`crate::region::REGIONS_MAX`]. Not on the I/O path: it
+    /// may make a system call.
+    ///
+    /// The default is [`RegisterError::Unsupported`].
+    ///
+    /// # Safety
+    /// The memory must be valid for reads and writes for `len_bytes`, and stay mapped (not
+    /// freed, unmapped or remapped) until [`QueuePair::unregister_memory`] returns `Ok` for
+    /// it or the queue pair is dropped: a device may pin or map its pages now and use them
+    /// for any command after.
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        let _ = (ptr, len_bytes);
+        Err(RegisterError::Unsupported)
+    }
+
+    /// Unregisters `region`. Refused with [`UnregisterError::InUse`] while a command whose
+    /// memory lies in it is outstanding (its completion not yet delivered): the region
+    /// stays registered and the caller tries again after reaping. Once this returns `Ok`
+    /// the device no longer uses the memory, and the application may free it.
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        let _ = region;
+        Err(UnregisterError::Unknown)
     }
 }
 

@@ -13,11 +13,13 @@
 //! any failed. Every check is bounded in time (IO_TIMEOUT per command, a fixed number of
 //! commands). Data patterns come from a seeded generator; the seed is printed.
 //!
-//! Layout: `io_checks` (the I/O path on an open controller), `error_checks` (opening errors
-//! a user can act on); this file holds the shared helpers and the runner.
+//! Layout: `io_checks` (the I/O path on an open controller), `regmem_checks` (memory the
+//! application registers), `error_checks` (opening errors a user can act on); this file holds
+//! the shared helpers and the runner.
 
 mod error_checks;
 mod io_checks;
+mod regmem_checks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,6 +143,10 @@ fn main() {
                 &mut || round_trips(&ctrl),
             );
             run("zero-copy pinned buffers", &mut || zero_copy(&ctrl));
+            run(
+                "registered memory (memfd, mapped at its own IOVA)",
+                &mut || regmem_checks::registered_memory(&ctrl),
+            );
             run("out-of-range LBA", &mut || out_of_range(&ctrl));
             run("queue wrap", &mut || queue_wrap(&ctrl));
             run("full queue", &mut || full_queue(&ctrl));

@@ -18,6 +18,7 @@ use super::{IrqLine, Shared, NSID};
 use crate::qpair::{
     Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
 };
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, SubmissionEntry, CDW12_FUA,
     DSM_ATTR_DEALLOCATE,
@@ -80,6 +81,10 @@ pub struct EmuQueuePair {
     pub(super) reset_generation_seen: u64,
     /// The clock as this queue pair last read it (ns).
     pub(super) last_clock_ns: u64,
+    /// Memory the application registered, and which of it each command id uses. The
+    /// emulated controller reads and writes host memory directly, so registering maps
+    /// nothing: it keeps the bookkeeping that refuses unregistering memory in use.
+    pub(super) regions: RegionTable,
 
     /// Queue pairs belong to one thread: `*const ()` makes this type neither Send nor Sync.
     pub(super) _not_send: PhantomData<*const ()>,
@@ -128,6 +133,7 @@ impl EmuQueuePair {
             resets: 0,
             aborts_requested: 0,
             aborts_done: 0,
+            regions: RegionTable::new(depth),
             reset_generation_seen,
             last_clock_ns: 0,
             _not_send: PhantomData,
@@ -214,7 +220,17 @@ impl QueuePair for EmuQueuePair {
         if sq_free == 0 {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
+        let regions =
+            if self.regions.is_empty() || !matches!(cmd.opcode(), Opcode::Read | Opcode::Write) {
+                0
+            } else {
+                let data_bytes = cmd.nlb() as usize * self.shared.ns.lba_size_bytes as usize;
+                self.regions.command_mask(cmd, data_bytes)?
+            };
         let cid = self.free_cids.pop().expect("a free command id below depth");
+        if regions != 0 {
+            self.regions.charge(usize::from(cid), regions);
+        }
         self.tags[cid as usize] = tag;
         self.in_use[cid as usize] = true;
         let mut sqe = SubmissionEntry {
@@ -264,6 +280,8 @@ impl QueuePair for EmuQueuePair {
         self.catch_up_with_controller_resets(Ordering::Relaxed);
         self.post_due();
         let mut reaped = 0;
+        // Nothing registered, nothing charged: one test per poll, not per completion.
+        let charged = !self.regions.is_empty();
         while reaped < max && self.cq_entry_ready() {
             let cqe = self.cq[self.host_cq_head as usize];
             let cid = cqe.cid as usize;
@@ -275,6 +293,9 @@ impl QueuePair for EmuQueuePair {
             );
             self.in_use[cid] = false;
             self.free_cids.push(cid as u16);
+            if charged {
+                self.regions.release(cid);
+            }
             self.host_sq_head = cqe.sq_head;
             self.outstanding -= 1;
             self.host_cq_head = self.ring_next(self.host_cq_head);
@@ -350,6 +371,22 @@ impl QueuePair for EmuQueuePair {
 
     fn namespace(&self) -> NamespaceInfo {
         self.shared.ns
+    }
+
+    /// Bookkeeping only: the emulated controller copies to and from host memory at the
+    /// moment a command completes, wherever that memory lies.
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        self.regions.add(ptr, len_bytes)
+    }
+
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        self.regions.check_remove(&region)?;
+        self.regions.remove(&region);
+        Ok(())
     }
 
     /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion

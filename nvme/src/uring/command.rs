@@ -34,29 +34,30 @@ pub(super) enum Zeroing {
 }
 
 /// The operation for a Read or a Write of the one buffer at `buf_ptr`, on fixed file 0, with
-/// `slot` as its user data: through fixed buffer 0 when the buffer lies in the registered
-/// region (`fixed`); a Write with FUA is written with `RWF_DSYNC`.
+/// `slot` as its user data: through the fixed buffer `fixed` names when the buffer lies in a
+/// registered one (the pinned pool is 0, an application's regions follow); a Write with FUA
+/// is written with `RWF_DSYNC`.
 pub(super) fn data_entry(
     cmd: &Command<'_>,
     buf_ptr: *mut u8,
     flight: &InFlight,
     slot: u32,
-    fixed: bool,
+    fixed: Option<u16>,
 ) -> squeue::Entry {
     let file = types::Fixed(0);
     let len_bytes = flight.len_bytes as u32;
-    let entry = match flight.opcode {
-        Opcode::Read if fixed => opcode::ReadFixed::new(file, buf_ptr, len_bytes, 0)
+    let entry = match (flight.opcode, fixed) {
+        (Opcode::Read, Some(index)) => opcode::ReadFixed::new(file, buf_ptr, len_bytes, index)
             .offset(flight.offset_bytes)
             .build(),
-        Opcode::Write if fixed => opcode::WriteFixed::new(file, buf_ptr, len_bytes, 0)
+        (Opcode::Write, Some(index)) => opcode::WriteFixed::new(file, buf_ptr, len_bytes, index)
             .offset(flight.offset_bytes)
             .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
             .build(),
-        Opcode::Read => opcode::Read::new(file, buf_ptr, len_bytes)
+        (Opcode::Read, None) => opcode::Read::new(file, buf_ptr, len_bytes)
             .offset(flight.offset_bytes)
             .build(),
-        Opcode::Write => opcode::Write::new(file, buf_ptr, len_bytes)
+        (Opcode::Write, None) => opcode::Write::new(file, buf_ptr, len_bytes)
             .offset(flight.offset_bytes)
             .rw_flags(if cmd.fua() { libc::RWF_DSYNC } else { 0 })
             .build(),

@@ -18,6 +18,7 @@ use crate::qpair::{
     Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SegmentError,
     SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
 };
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
@@ -81,6 +82,13 @@ pub struct UringQueuePair {
     iovecs: Box<[libc::iovec]>,
     /// The file is open with O_DIRECT: every segment must be block-aligned.
     direct: bool,
+    /// Memory the application registered, and which of it each slot's command uses.
+    regions: RegionTable,
+    /// The buffer table has a slot per region (index + 1): a sparse table.
+    sparse_table: bool,
+    /// Regions registered as fixed buffers, one bit per region index; the others go as
+    /// plain buffers and iovecs.
+    regions_fixed: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -112,8 +120,15 @@ impl UringQueuePair {
         ring.submitter().register_files(&[file.as_raw_fd()])?;
         let direct = opened_direct(&file);
         // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
-        // page pinning. Refused registration (RLIMIT_MEMLOCK for an unprivileged user)
-        // leaves plain reads and writes.
+        // page pinning. The table is sparse, with room after the pool for the regions an
+        // application registers later (`register_memory`); a kernel without sparse tables
+        // (before 5.19) gets the pool alone, and registered regions go as plain iovecs.
+        // Refused registration (RLIMIT_MEMLOCK for an unprivileged user) leaves plain reads
+        // and writes.
+        let sparse = ring
+            .submitter()
+            .register_buffers_sparse(1 + REGIONS_MAX as u32)
+            .is_ok();
         let fixed_region = crate::buf::pinned_region().and_then(|(base, len)| {
             let iov = libc::iovec {
                 iov_base: base.cast(),
@@ -121,9 +136,14 @@ impl UringQueuePair {
             };
             // SAFETY: the pinned pool's region is mapped for the life of the process and
             // never remapped, so the pages the kernel pins stay the ones at these addresses.
-            unsafe { ring.submitter().register_buffers(&[iov]) }
-                .ok()
-                .map(|()| (base as usize, len))
+            let registered = unsafe {
+                if sparse {
+                    ring.submitter().register_buffers_update(0, &[iov], None)
+                } else {
+                    ring.submitter().register_buffers(&[iov])
+                }
+            };
+            registered.ok().map(|()| (base as usize, len))
         });
         let side = if side_ring {
             let ring = IoUring::builder()
@@ -173,6 +193,9 @@ impl UringQueuePair {
             cancels_in_kernel: 0,
             iovecs: vec![Segment::EMPTY.to_iovec(); depth * SEGMENTS_MAX].into_boxed_slice(),
             direct,
+            regions: RegionTable::new(depth),
+            sparse_table: sparse,
+            regions_fixed: 0,
             _not_send: PhantomData,
         })
     }
@@ -213,8 +236,27 @@ impl UringQueuePair {
         })
     }
 
+    /// Whether `region` is registered with the kernel as a fixed buffer (else its I/O goes
+    /// as plain buffers and iovecs).
+    pub fn region_is_fixed(&self, region: &MemoryRegion) -> bool {
+        self.regions_fixed & (1 << region.index()) != 0
+    }
+
+    /// The fixed buffer `len` bytes at `ptr` lie in: 0 for the pinned pool, a registered
+    /// region's index + 1; `None` for plain memory.
+    fn fixed_index(&self, ptr: *mut u8, len: u64) -> Option<u16> {
+        if self.in_fixed_region(ptr, len) {
+            return Some(0);
+        }
+        if self.regions_fixed == 0 {
+            return None;
+        }
+        let index = self.regions.find(ptr, len as usize).ok().flatten()?;
+        (self.regions_fixed & (1 << index) != 0).then_some(index as u16 + 1)
+    }
+
     /// The entry of a read or write of the one buffer at `buf_ptr`: fixed where it lies in the
-    /// registered region.
+    /// pinned pool or in a region registered as a fixed buffer.
     fn one_buffer_entry(
         &mut self,
         cmd: &Command<'_>,
@@ -222,8 +264,8 @@ impl UringQueuePair {
         flight: &InFlight,
         slot: u32,
     ) -> squeue::Entry {
-        let fixed = self.in_fixed_region(buf_ptr, flight.len_bytes);
-        self.fixed_ios += u64::from(fixed);
+        let fixed = self.fixed_index(buf_ptr, flight.len_bytes);
+        self.fixed_ios += u64::from(fixed.is_some());
         data_entry(cmd, buf_ptr, flight, slot, fixed)
     }
 
@@ -380,6 +422,9 @@ impl UringQueuePair {
             }
         }
         self.free_slots.push(slot);
+        if !self.regions.is_empty() {
+            self.regions.release(slot as usize);
+        }
         out(Completion {
             tag: flight.tag,
             status: status_of(result, &flight),
@@ -416,6 +461,13 @@ impl QueuePair for UringQueuePair {
         if let Some(segs) = segs.filter(|_| self.direct) {
             self.check_direct(segs)?;
         }
+        let moves_data = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
+        let regions = if self.regions.is_empty() || !moves_data {
+            0
+        } else {
+            let data_bytes = cmd.nlb() as usize * lba_bytes as usize;
+            self.regions.command_mask(cmd, data_bytes)?
+        };
         let in_range = match cmd.opcode() {
             Opcode::Flush => true,
             _ => cmd
@@ -428,7 +480,6 @@ impl QueuePair for UringQueuePair {
             return Ok(());
         }
         let len_bytes = u64::from(cmd.nlb()) * u64::from(lba_bytes);
-        let moves_data = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
         if moves_data && len_bytes > u64::from(self.ns.transfer_bytes_max) {
             self.complete_locally(tag, Status::INVALID_FIELD);
             return Ok(());
@@ -472,6 +523,9 @@ impl QueuePair for UringQueuePair {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
         self.slots[slot as usize] = Some(flight);
+        if regions != 0 {
+            self.regions.charge(slot as usize, regions);
+        }
         self.in_kernel += 1;
         if let Some(side) = self.side.as_mut().filter(|_| flight.side) {
             side.in_kernel += 1;
@@ -594,6 +648,70 @@ impl QueuePair for UringQueuePair {
             _ => self.cancels_in_kernel += 1,
         }
         self.flush();
+        Ok(())
+    }
+
+    /// Registers the region as a fixed buffer (slot index + 1 of the sparse table), so a
+    /// read or write of one buffer inside it skips the kernel's per-I/O page pinning;
+    /// where the kernel has no sparse table, or refuses to pin (a memlock limit), the
+    /// region is kept for bookkeeping and its I/O goes as plain buffers and iovecs. Vectored
+    /// commands always go as iovecs: io_uring's fixed vectored reads and writes are too new
+    /// (Linux 6.15) to rely on.
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        let region = self.regions.add(ptr, len_bytes)?;
+        if self.sparse_table {
+            let iov = libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: len_bytes,
+            };
+            // SAFETY: the caller keeps the memory mapped, at these addresses, until it is
+            // unregistered or the queue pair (and with it the ring and its pins) is gone.
+            let fixed = unsafe {
+                self.ring.submitter().register_buffers_update(
+                    1 + region.index() as u32,
+                    &[iov],
+                    None,
+                )
+            };
+            match fixed {
+                Ok(()) => self.regions_fixed |= 1 << region.index(),
+                Err(e) => tracing::debug!(
+                    "io_uring: region of {len_bytes} bytes not registered as a fixed buffer \
+                     ({e}); its I/O goes as plain buffers"
+                ),
+            }
+        }
+        Ok(region)
+    }
+
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        self.regions.check_remove(&region)?;
+        if self.region_is_fixed(&region) {
+            self.regions_fixed &= !(1 << region.index());
+            let empty = Segment::EMPTY.to_iovec();
+            // SAFETY: an empty entry (null, 0) points at no memory. No command uses the
+            // region (checked above), and none will be submitted as fixed into it again.
+            let cleared = unsafe {
+                self.ring.submitter().register_buffers_update(
+                    1 + region.index() as u32,
+                    &[empty],
+                    None,
+                )
+            };
+            if let Err(e) = cleared {
+                // The kernel keeps its pins on the pages until the ring goes, which keeps
+                // them alive, not the mapping: nothing is submitted into them again.
+                tracing::warn!(
+                    "io_uring: clearing fixed buffer {} failed: {e}",
+                    region.index() + 1
+                );
+            }
+        }
+        self.regions.remove(&region);
         Ok(())
     }
 

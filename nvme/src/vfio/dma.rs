@@ -112,15 +112,22 @@ impl Container {
     }
 }
 
-/// The process's pinned buffer pool ([`IoBuf::pinned`](crate::IoBuf::pinned)), mapped for
-/// the device once: a read or write whose buffer lies in it goes straight to the caller's
-/// memory, with no bounce copy (SPDK's rule: I/O buffers come from DMA-able memory).
+/// Host memory the driver did not allocate, mapped for the device at an IOVA so PRPs point
+/// straight at it, with no bounce copy (SPDK's rule: I/O buffers come from DMA-able
+/// memory): the process's pinned buffer pool ([`IoBuf::pinned`](crate::IoBuf::pinned)),
+/// mapped once per controller, or a region an application registered with a queue pair
+/// ([`QueuePair::register_memory`](crate::QueuePair::register_memory)).
 #[derive(Debug)]
 pub struct PoolWindow {
     base: usize,
     len_bytes: usize,
     iova: u64,
     container: Arc<Container>,
+    /// The application's memory, which it may free once the window is gone: an IOVA range
+    /// that cannot be unmapped must stop the process rather than outlive it.
+    application: bool,
+    /// Unmapped already (by [`PoolWindow::unmap`]).
+    unmapped: bool,
 }
 
 impl PoolWindow {
@@ -128,35 +135,67 @@ impl PoolWindow {
     /// will not pin it (a memlock limit), in which case every transfer bounces.
     pub fn map(container: &Arc<Container>) -> Result<PoolWindow, String> {
         let (base, len_bytes) = crate::buf::pinned_region().ok_or("the pinned pool is off")?;
+        // SAFETY: the pinned pool's region is mapped for the life of the process and never
+        // remapped, so the pages the IOMMU maps stay the ones at these addresses; Drop
+        // unmaps the IOVA range before the container goes.
+        let window = unsafe { PoolWindow::map_memory(container, base, len_bytes, false) };
+        window.map_err(|e| match e {
+            VfioError::IovaExhausted { .. } => "no IOVA space left for it".to_string(),
+            e => e.to_string(),
+        })
+    }
+
+    /// Maps `len_bytes` (whole pages) of memory at `base` into `container` at an IOVA of
+    /// its own. `application`: the memory is the application's (see the field).
+    ///
+    /// # Safety
+    /// The memory must stay mapped, at these addresses, until the window has been unmapped
+    /// ([`PoolWindow::unmap`] returned `Ok`, or Drop ran): the device may write it at any
+    /// time until then.
+    pub unsafe fn map_memory(
+        container: &Arc<Container>,
+        base: *mut u8,
+        len_bytes: usize,
+        application: bool,
+    ) -> Result<PoolWindow, VfioError> {
+        debug_assert!(
+            len_bytes.is_multiple_of(PAGE_BYTES) && (base as usize).is_multiple_of(PAGE_BYTES)
+        );
         let iova = container
             .iova
             .lock()
             .alloc(len_bytes as u64)
-            .ok_or("no IOVA space left for it")?;
-        // SAFETY: the pinned pool's region is mapped for the life of the process and never
-        // remapped, so the pages the IOMMU maps stay the ones at these addresses; Drop
-        // unmaps the IOVA range before the container goes.
+            .ok_or(VfioError::IovaExhausted { len_bytes })?;
+        // SAFETY: the caller keeps the memory mapped until the window is unmapped.
         let mapped = unsafe { sys::map_dma(&container.fd, base as u64, iova, len_bytes as u64) };
-        if let Err(e) = mapped {
+        if let Err(source) = mapped {
             container.iova.lock().free(iova, len_bytes as u64);
-            return Err(format!(
-                "VFIO_IOMMU_MAP_DMA of {len_bytes} bytes failed ({e}; memlock limit {:?})",
-                sys::memlock_limit_bytes()
-            ));
+            return Err(VfioError::PinFailed {
+                len_bytes,
+                memlock_limit_bytes: sys::memlock_limit_bytes(),
+                source,
+            });
         }
         Ok(PoolWindow {
             base: base as usize,
             len_bytes,
             iova,
             container: container.clone(),
+            application,
+            unmapped: false,
         })
     }
 
     /// The IOVA of `len_bytes` at `ptr`, when they lie inside the pool and start on a page.
     pub fn iova_of(&self, ptr: *const u8, len_bytes: usize) -> Option<u64> {
-        let at = (ptr as usize).checked_sub(self.base)?;
-        (at.is_multiple_of(PAGE_BYTES) && at + len_bytes <= self.len_bytes)
-            .then(|| self.iova + at as u64)
+        iova_in(
+            self.base,
+            self.len_bytes,
+            self.iova,
+            ptr as usize,
+            len_bytes,
+            true,
+        )
     }
 
     pub fn len_bytes(&self) -> usize {
@@ -166,20 +205,72 @@ impl PoolWindow {
     /// The IOVA of `len_bytes` at `ptr`, when they lie inside the pool, wherever they start:
     /// for a vectored command's segments, whose PRP rules are checked apart.
     pub fn iova_of_bytes(&self, ptr: *const u8, len_bytes: usize) -> Option<u64> {
-        let at = (ptr as usize).checked_sub(self.base)?;
-        (at.checked_add(len_bytes)? <= self.len_bytes).then(|| self.iova + at as u64)
+        iova_in(
+            self.base,
+            self.len_bytes,
+            self.iova,
+            ptr as usize,
+            len_bytes,
+            false,
+        )
     }
+
+    /// Unmaps the IOVA range, after which the device cannot reach the memory; on failure
+    /// the window stays mapped (and is given back with the error).
+    pub fn unmap(mut self) -> Result<(), (PoolWindow, std::io::Error)> {
+        match sys::unmap_dma(&self.container.fd, self.iova, self.len_bytes as u64) {
+            Ok(()) => {
+                self.unmapped = true;
+                self.container
+                    .iova
+                    .lock()
+                    .free(self.iova, self.len_bytes as u64);
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
+/// The IOVA of `len_bytes` at address `at`, for a window of `window_bytes` at `base` mapped
+/// at `iova`: `None` unless they lie wholly inside it (and, with `page_start`, start on a
+/// page, as a one-buffer command's PRPs without an offset need).
+fn iova_in(
+    base: usize,
+    window_bytes: usize,
+    iova: u64,
+    at: usize,
+    len_bytes: usize,
+    page_start: bool,
+) -> Option<u64> {
+    let offset = at.checked_sub(base)?;
+    let inside = offset.checked_add(len_bytes)? <= window_bytes;
+    (inside && (!page_start || offset.is_multiple_of(PAGE_BYTES))).then(|| iova + offset as u64)
 }
 
 impl Drop for PoolWindow {
     fn drop(&mut self) {
-        // The pool's memory stays mapped in the process either way; only the IOVA goes.
+        if self.unmapped {
+            return;
+        }
         if sys::unmap_dma(&self.container.fd, self.iova, self.len_bytes as u64).is_ok() {
             self.container
                 .iova
                 .lock()
                 .free(self.iova, self.len_bytes as u64);
+        } else if self.application {
+            // The application may free this memory once its queue pair is gone, and the
+            // device could still write it: stop here rather than corrupt it.
+            tracing::error!(
+                "vfio: unmapping {} bytes of registered memory at IOVA {:#x} failed; \
+                 aborting rather than let the device write freed memory",
+                self.len_bytes,
+                self.iova
+            );
+            std::process::abort();
         }
+        // The pool's memory stays mapped in the process for its whole life: an IOVA range
+        // left mapped into it harms nothing.
     }
 }
 
@@ -410,6 +501,44 @@ mod tests {
         assert_eq!(a.in_use_bytes(0), 0);
         // Everything merged back into the top: the whole space is one range again.
         assert_eq!(a.alloc(8 * P), Some(0));
+    }
+
+    #[test]
+    fn window_iovas_cover_only_what_lies_inside() {
+        let (base, len, iova) = (0x10_0000usize, 4 * PAGE_BYTES, IOVA_BASE + 8 * P);
+        assert_eq!(iova_in(base, len, iova, base, len, true), Some(iova));
+        assert_eq!(
+            iova_in(base, len, iova, base + PAGE_BYTES, 2 * PAGE_BYTES, true),
+            Some(iova + P)
+        );
+        // Inside but off the page: only for segments.
+        assert_eq!(iova_in(base, len, iova, base + 100, 512, true), None);
+        assert_eq!(
+            iova_in(base, len, iova, base + 100, 512, false),
+            Some(iova + 100)
+        );
+        // Before, past the end, or overflowing: none.
+        assert_eq!(iova_in(base, len, iova, base - 1, 2, false), None);
+        assert_eq!(iova_in(base, len, iova, base + len - 4, 8, false), None);
+        assert_eq!(iova_in(base, len, iova, base + 8, usize::MAX, false), None);
+    }
+
+    /// A queue pair's registered regions each take an IOVA range of their own, and give it
+    /// back when unregistered: the allocator hands the same space to the next region, and
+    /// a region larger than what is left is refused, not wrapped.
+    #[test]
+    fn registered_regions_take_and_give_back_iova_ranges() {
+        let mut a = IovaAllocator::new(IOVA_BASE, IOVA_BASE + 64 * P);
+        let pool = a.alloc(32 * P).unwrap();
+        let r1 = a.alloc(16 * P).unwrap();
+        let r2 = a.alloc(8 * P).unwrap();
+        assert!(r1 >= pool + 32 * P && r2 >= r1 + 16 * P);
+        assert_eq!(a.alloc(16 * P), None, "8 pages left");
+        a.free(r1, 16 * P);
+        assert_eq!(a.alloc(16 * P), Some(r1));
+        a.free(r2, 8 * P);
+        a.free(r1, 16 * P);
+        assert_eq!(a.in_use_bytes(IOVA_BASE), 32 * P);
     }
 
     #[test]

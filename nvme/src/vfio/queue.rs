@@ -12,13 +12,14 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use super::dma::{DmaRegion, PagePool};
+use super::dma::{DmaRegion, PagePool, PoolWindow};
 use super::prp::{self, PAGE_BYTES};
 use super::sys::Gate;
 use super::{Inner, VfioError, TRANSFER_BYTES_MAX};
 use crate::qpair::{
     Command, Completion, QueuePair, RecoveryError, Segment, SubmitError, SEGMENTS_MAX,
 };
+use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
 use crate::spec::{
     CompletionEntry, DsmRange, NamespaceInfo, Opcode, Status, SubmissionEntry, CDW12_DEAC,
     CDW12_FUA, DSM_ATTR_DEALLOCATE,
@@ -95,8 +96,14 @@ pub struct VfioQueuePair {
     ns: NamespaceInfo,
     /// Statistics a test can read.
     aborted_by_reset: u64,
-    /// Reads and writes that went straight to a pinned-pool buffer.
+    /// Reads and writes that went straight to a pinned-pool buffer or a registered region.
     zero_copy_ios: u64,
+    /// Memory the application registered, and which of it each command id uses.
+    regions: RegionTable,
+    /// Each registered region's IOVA mapping, by region index. Fields drop after `drop`
+    /// has deleted the queues (or stopped the controller), so the device lets go of a
+    /// region before its mapping goes.
+    windows: Vec<Option<PoolWindow>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -150,6 +157,8 @@ impl VfioQueuePair {
             armed: false,
             aborted_by_reset: 0,
             zero_copy_ios: 0,
+            regions: RegionTable::new(depth),
+            windows: (0..REGIONS_MAX).map(|_| None).collect(),
             _not_send: PhantomData,
         })
     }
@@ -224,6 +233,9 @@ impl VfioQueuePair {
         }
         self.pool.give(&slot.pages[..usize::from(slot.npages)]);
         self.free_cids.push(cid);
+        if !self.regions.is_empty() {
+            self.regions.release(usize::from(cid));
+        }
         slot.tag
     }
 
@@ -314,7 +326,9 @@ impl VfioQueuePair {
         let mut direct = [(0u64, 0usize); SEGMENTS_MAX];
         let window = self.ctrl.pool.as_ref().ok();
         let all_pinned = segs.iter().zip(direct.iter_mut()).all(|(s, d)| {
-            let iova = window.and_then(|w| w.iova_of_bytes(s.ptr(), s.len_bytes()));
+            let iova = window
+                .and_then(|w| w.iova_of_bytes(s.ptr(), s.len_bytes()))
+                .or_else(|| self.region_iova(s.ptr(), s.len_bytes(), false));
             *d = (iova.unwrap_or(0), s.len_bytes());
             iova.is_some()
         });
@@ -364,6 +378,21 @@ impl VfioQueuePair {
             }
         }
         Ok(prps)
+    }
+
+    /// The IOVA of `len_bytes` at `ptr` in a registered region's mapping (with
+    /// `page_start`, only where they start on a page).
+    fn region_iova(&self, ptr: *const u8, len_bytes: usize, page_start: bool) -> Option<u64> {
+        if self.regions.is_empty() {
+            return None;
+        }
+        let index = self.regions.find(ptr, len_bytes).ok().flatten()?;
+        let window = self.windows[index].as_ref()?;
+        if page_start {
+            window.iova_of(ptr, len_bytes)
+        } else {
+            window.iova_of_bytes(ptr, len_bytes)
+        }
     }
 
     fn post(&mut self, mut sqe: SubmissionEntry) {
@@ -426,6 +455,11 @@ impl QueuePair for VfioQueuePair {
             Opcode::Read | Opcode::Write => cmd.nlb() as usize * self.ns.lba_size_bytes as usize,
             _ => 0,
         };
+        let regions = if self.regions.is_empty() || data_bytes == 0 {
+            0
+        } else {
+            self.regions.command_mask(cmd, data_bytes)?
+        };
         let cid = *self
             .free_cids
             .last()
@@ -475,7 +509,8 @@ impl QueuePair for VfioQueuePair {
                     .pool
                     .as_ref()
                     .ok()
-                    .and_then(|w| w.iova_of(cmd.buf_ptr(), data_bytes));
+                    .and_then(|w| w.iova_of(cmd.buf_ptr(), data_bytes))
+                    .or_else(|| self.region_iova(cmd.buf_ptr(), data_bytes, true));
                 if let Some(iova) = direct {
                     // Zero-copy: the controller reads or writes the caller's pinned buffer,
                     // which submit's contract keeps valid until the completion is reaped.
@@ -547,6 +582,9 @@ impl QueuePair for VfioQueuePair {
         }
         self.free_cids.pop();
         self.slots[usize::from(cid)] = slot;
+        if regions != 0 {
+            self.regions.charge(usize::from(cid), regions);
+        }
         self.post(sqe);
         Ok(())
     }
@@ -623,6 +661,44 @@ impl QueuePair for VfioQueuePair {
     /// Deletion" at once, and the queues are created again. Other queue pairs on the
     /// controller do the same the next time they are touched. `abort` keeps the default
     /// (Unsupported): a reactor goes straight to this.
+    /// Maps the region into the controller's IOMMU container at an IOVA range of its own
+    /// (the kernel pins its pages), so PRPs point straight at it: a read or write whose
+    /// buffer starts on a page inside it, or whose segments all lie in mapped memory, moves
+    /// no bounce copy. Refused with [`RegisterError::Device`] when the kernel will not pin
+    /// it (RLIMIT_MEMLOCK) or the IOVA space is used up.
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        let region = self.regions.add(ptr, len_bytes)?;
+        // SAFETY: the caller keeps the memory mapped until it is unregistered (which unmaps
+        // the window first) or the queue pair is dropped (whose fields, the windows among
+        // them, drop after its queues are deleted).
+        match unsafe { PoolWindow::map_memory(&self.ctrl.container, ptr, len_bytes, true) } {
+            Ok(window) => {
+                self.windows[region.index()] = Some(window);
+                Ok(region)
+            }
+            Err(e) => {
+                self.regions.undo(&region);
+                Err(RegisterError::Device(e.to_string()))
+            }
+        }
+    }
+
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        self.regions.check_remove(&region)?;
+        if let Some(window) = self.windows[region.index()].take() {
+            if let Err((window, _)) = window.unmap() {
+                self.windows[region.index()] = Some(window);
+                return Err(UnregisterError::Device("VFIO_IOMMU_UNMAP_DMA failed"));
+            }
+        }
+        self.regions.remove(&region);
+        Ok(())
+    }
+
     fn reset(&mut self) -> Result<(), RecoveryError> {
         self.ctrl
             .reset()
