@@ -21,6 +21,7 @@
 
 pub mod buf;
 pub mod clock;
+pub mod command;
 pub mod config;
 pub mod device;
 pub mod emu;
