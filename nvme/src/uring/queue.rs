@@ -1,7 +1,9 @@
 //! The `uring` queue pair: one io_uring ring per queue pair (and in polled modes a side ring
 //! for what an IOPOLL ring refuses), commands in flight by slot, batched submission, reaping
 //! both rings, Write Zeroes carried out in steps, aborts, and a drop that waits for the
-//! kernel to let go of every buffer.
+//! kernel to let go of every buffer. Fixed buffers and registered memory are in
+//! `queue/fixed.rs`; the rest stays whole because submission, both reaps and the drop share
+//! the slot table's rules (a slot is free only once the kernel has let go of it).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -15,14 +17,16 @@ use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
 use super::ring::{deferred_ring, enter, transient};
 use super::{sys, CompletionMode};
 use crate::qpair::{
-    Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SegmentError,
-    SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,
+    Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SubmitError,
+    QUEUE_DEPTH_MAX, SEGMENTS_MAX,
 };
 use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, REGIONS_MAX};
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
 /// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
+mod fixed;
+
 const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
@@ -198,75 +202,6 @@ impl UringQueuePair {
             regions_fixed: 0,
             _not_send: PhantomData,
         })
-    }
-
-    /// O_DIRECT's rule for a vectored command: each segment's address and length are
-    /// multiples of the block size (the kernel would fail the whole I/O with EINVAL).
-    fn check_direct(&self, segs: &[Segment]) -> Result<(), SegmentError> {
-        let block_bytes = self.ns.lba_size_bytes;
-        let block = block_bytes as usize;
-        match segs.iter().enumerate().find(|(_, s)| {
-            !(s.ptr() as usize).is_multiple_of(block) || !s.len_bytes().is_multiple_of(block)
-        }) {
-            Some((index, s)) => Err(SegmentError::NotBlockAligned {
-                index,
-                addr: s.ptr() as usize,
-                len_bytes: s.len_bytes(),
-                block_bytes,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether the pinned buffer pool is registered with this ring.
-    pub fn has_fixed_buffers(&self) -> bool {
-        self.fixed_region.is_some()
-    }
-
-    /// Reads and writes so far whose buffer lay in the registered pool.
-    pub fn fixed_ios(&self) -> u64 {
-        self.fixed_ios
-    }
-
-    /// Whether `len` bytes at `ptr` lie inside the registered region.
-    fn in_fixed_region(&self, ptr: *mut u8, len: u64) -> bool {
-        self.fixed_region.is_some_and(|(base, region_len)| {
-            let at = ptr as usize;
-            at >= base && (at - base) as u64 + len <= region_len as u64
-        })
-    }
-
-    /// Whether `region` is registered with the kernel as a fixed buffer (else its I/O goes
-    /// as plain buffers and iovecs).
-    pub fn region_is_fixed(&self, region: &MemoryRegion) -> bool {
-        self.regions_fixed & (1 << region.index()) != 0
-    }
-
-    /// The fixed buffer `len` bytes at `ptr` lie in: 0 for the pinned pool, a registered
-    /// region's index + 1; `None` for plain memory.
-    fn fixed_index(&self, ptr: *mut u8, len: u64) -> Option<u16> {
-        if self.in_fixed_region(ptr, len) {
-            return Some(0);
-        }
-        if self.regions_fixed == 0 {
-            return None;
-        }
-        let index = self.regions.find(ptr, len as usize).ok().flatten()?;
-        (self.regions_fixed & (1 << index) != 0).then_some(index as u16 + 1)
-    }
-
-    /// The entry of a read or write of the one buffer at `buf_ptr`: fixed where it lies in the
-    /// pinned pool or in a region registered as a fixed buffer.
-    fn one_buffer_entry(
-        &mut self,
-        cmd: &Command<'_>,
-        buf_ptr: *mut u8,
-        flight: &InFlight,
-        slot: u32,
-    ) -> squeue::Entry {
-        let fixed = self.fixed_index(buf_ptr, flight.len_bytes);
-        self.fixed_ios += u64::from(fixed.is_some());
-        data_entry(cmd, buf_ptr, flight, slot, fixed)
     }
 
     /// How this queue pair finds completions.
@@ -651,68 +586,18 @@ impl QueuePair for UringQueuePair {
         Ok(())
     }
 
-    /// Registers the region as a fixed buffer (slot index + 1 of the sparse table), so a
-    /// read or write of one buffer inside it skips the kernel's per-I/O page pinning;
-    /// where the kernel has no sparse table, or refuses to pin (a memlock limit), the
-    /// region is kept for bookkeeping and its I/O goes as plain buffers and iovecs. Vectored
-    /// commands always go as iovecs: io_uring's fixed vectored reads and writes are too new
-    /// (Linux 6.15) to rely on.
+    /// Registers the region as a fixed buffer where the kernel allows (see `fixed.rs`).
     unsafe fn register_memory(
         &mut self,
         ptr: *mut u8,
         len_bytes: usize,
     ) -> Result<MemoryRegion, RegisterError> {
-        let region = self.regions.add(ptr, len_bytes)?;
-        if self.sparse_table {
-            let iov = libc::iovec {
-                iov_base: ptr.cast(),
-                iov_len: len_bytes,
-            };
-            // SAFETY: the caller keeps the memory mapped, at these addresses, until it is
-            // unregistered or the queue pair (and with it the ring and its pins) is gone.
-            let fixed = unsafe {
-                self.ring.submitter().register_buffers_update(
-                    1 + region.index() as u32,
-                    &[iov],
-                    None,
-                )
-            };
-            match fixed {
-                Ok(()) => self.regions_fixed |= 1 << region.index(),
-                Err(e) => tracing::debug!(
-                    "io_uring: region of {len_bytes} bytes not registered as a fixed buffer \
-                     ({e}); its I/O goes as plain buffers"
-                ),
-            }
-        }
-        Ok(region)
+        // SAFETY: the caller keeps `register_memory`'s contract, which is the same.
+        unsafe { self.register_region(ptr, len_bytes) }
     }
 
     fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
-        self.regions.check_remove(&region)?;
-        if self.region_is_fixed(&region) {
-            self.regions_fixed &= !(1 << region.index());
-            let empty = Segment::EMPTY.to_iovec();
-            // SAFETY: an empty entry (null, 0) points at no memory. No command uses the
-            // region (checked above), and none will be submitted as fixed into it again.
-            let cleared = unsafe {
-                self.ring.submitter().register_buffers_update(
-                    1 + region.index() as u32,
-                    &[empty],
-                    None,
-                )
-            };
-            if let Err(e) = cleared {
-                // The kernel keeps its pins on the pages until the ring goes, which keeps
-                // them alive, not the mapping: nothing is submitted into them again.
-                tracing::warn!(
-                    "io_uring: clearing fixed buffer {} failed: {e}",
-                    region.index() + 1
-                );
-            }
-        }
-        self.regions.remove(&region);
-        Ok(())
+        self.unregister_region(region)
     }
 
     // `reset` keeps the default (Unsupported): io_uring cannot take back a command the
