@@ -26,6 +26,10 @@ use crate::spec::{
 };
 
 /// Bounce pages one command may take: TRANSFER_BYTES_MAX of 4 KiB pages.
+mod regions;
+
+use regions::for_each_bounce_piece;
+
 const PAGES_PER_COMMAND_MAX: usize = TRANSFER_BYTES_MAX as usize / PAGE_BYTES;
 /// Bytes of PRP list per slot: one entry per page after the first (rounded to a power of
 /// two so a slot's list never crosses a page).
@@ -309,92 +313,6 @@ impl VfioQueuePair {
         }
     }
 
-    /// PRP1 and PRP2 of a vectored Read or Write, whose segments meet the PRP rules (checked
-    /// by `submit`), with the slot's list written where more than two pages need it: straight
-    /// to the segments when every one lies in the pinned pool, else through bounce pages
-    /// (a write's data copied in now, a read's segments kept for the copy out).
-    fn vectored_prps(
-        &mut self,
-        cid: u16,
-        slot: &mut Slot,
-        opcode: Opcode,
-        segs: &[Segment],
-        data_bytes: usize,
-    ) -> Result<(u64, u64), SubmitError> {
-        // One page more than a transfer's: the first segment may start inside a page.
-        let mut iovas = [0u64; PAGES_PER_COMMAND_MAX + 1];
-        let mut direct = [(0u64, 0usize); SEGMENTS_MAX];
-        let window = self.ctrl.pool.as_ref().ok();
-        let all_pinned = segs.iter().zip(direct.iter_mut()).all(|(s, d)| {
-            let iova = window
-                .and_then(|w| w.iova_of_bytes(s.ptr(), s.len_bytes()))
-                .or_else(|| self.region_iova(s.ptr(), s.len_bytes(), false));
-            *d = (iova.unwrap_or(0), s.len_bytes());
-            iova.is_some()
-        });
-        let (first_offset, npages) = if all_pinned {
-            let pages = prp::segment_pages(&direct[..segs.len()], &mut iovas)
-                .expect("segments that meet the PRP rules within MDTS fit a command's pages");
-            self.zero_copy_ios += 1;
-            pages
-        } else {
-            let npages = prp::pages_spanned(0, data_bytes);
-            if !self.pool.take(&mut slot.pages[..npages]) {
-                return Err(SubmitError::QueueFull { depth: self.depth });
-            }
-            slot.npages = npages as u8;
-            for (i, &p) in slot.pages[..npages].iter().enumerate() {
-                iovas[i] = self.bounce.iova() + (p as usize * PAGE_BYTES) as u64;
-            }
-            if opcode == Opcode::Write {
-                let bounce = &mut self.bounce;
-                for_each_bounce_piece(&slot.pages[..npages], segs, |offset, seg_ptr, n| {
-                    // SAFETY: submit's contract keeps the write's segments valid; the pieces
-                    // stay inside their segment.
-                    let src = unsafe { std::slice::from_raw_parts(seg_ptr.cast_const(), n) };
-                    bounce.write_bytes(offset, src);
-                });
-            } else {
-                self.seg_lists[usize::from(cid) * SEGMENTS_MAX..][..segs.len()]
-                    .copy_from_slice(segs);
-                slot.read_segs = segs.len() as u16;
-            }
-            (0, npages)
-        };
-        debug_assert_eq!(npages, prp::pages_spanned(first_offset, data_bytes));
-        let list_off = usize::from(cid) * LIST_BYTES_PER_SLOT;
-        let mut list = [0u64; PAGES_PER_COMMAND_MAX];
-        let prps = prp::build(
-            &iovas[..npages],
-            first_offset,
-            data_bytes,
-            &mut list,
-            self.lists.iova() + list_off as u64,
-        )
-        .expect("pages of segments that meet the PRP rules make valid PRPs");
-        if npages > 2 {
-            for (i, &entry) in list[..npages - 1].iter().enumerate() {
-                self.lists.write_volatile(list_off + 8 * i, entry);
-            }
-        }
-        Ok(prps)
-    }
-
-    /// The IOVA of `len_bytes` at `ptr` in a registered region's mapping (with
-    /// `page_start`, only where they start on a page).
-    fn region_iova(&self, ptr: *const u8, len_bytes: usize, page_start: bool) -> Option<u64> {
-        if self.regions.is_empty() {
-            return None;
-        }
-        let index = self.regions.find(ptr, len_bytes).ok().flatten()?;
-        let window = self.windows[index].as_ref()?;
-        if page_start {
-            window.iova_of(ptr, len_bytes)
-        } else {
-            window.iova_of_bytes(ptr, len_bytes)
-        }
-    }
-
     fn post(&mut self, mut sqe: SubmissionEntry) {
         sqe.nsid = self.ns.nsid;
         self.sq.write_volatile(usize::from(self.sq_tail) * 64, sqe);
@@ -404,33 +322,6 @@ impl VfioQueuePair {
         }
         self.in_device += 1;
         self.ctrl.bar.ring_sq(self.qid, self.sq_tail);
-    }
-}
-
-/// Calls `f(offset in the bounce region, address in a segment, length)` for each piece of
-/// `segs` laid end to end over the bounce `pages`: a piece ends at a page's or a segment's
-/// end, whichever comes first.
-fn for_each_bounce_piece(
-    pages: &[u32],
-    segs: &[Segment],
-    mut f: impl FnMut(usize, *mut u8, usize),
-) {
-    let mut at = 0usize;
-    for seg in segs {
-        let mut done = 0;
-        while done < seg.len_bytes() {
-            let (page, in_page) = (at / PAGE_BYTES, at % PAGE_BYTES);
-            let n = (PAGE_BYTES - in_page).min(seg.len_bytes() - done);
-            // `wrapping_add` keeps the address arithmetic safe; `f` is handed addresses
-            // inside the segment only.
-            f(
-                pages[page] as usize * PAGE_BYTES + in_page,
-                seg.ptr().wrapping_add(done),
-                n,
-            );
-            done += n;
-            at += n;
-        }
     }
 }
 
@@ -654,6 +545,20 @@ impl QueuePair for VfioQueuePair {
         self.ns
     }
 
+    /// Maps the region for the device at an IOVA range of its own (see `queue/regions.rs`).
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<MemoryRegion, RegisterError> {
+        // SAFETY: the caller keeps `register_memory`'s contract, which is the same.
+        unsafe { self.register_region(ptr, len_bytes) }
+    }
+
+    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
+        self.unregister_region(region)
+    }
+
     /// A controller reset (NVMe has no per-queue reset short of deleting and recreating the
     /// queues through the same admin queue, and a command stuck in the controller is best
     /// cleared by disabling it): the controller stops (CC.EN = 0), so it touches no buffer
@@ -661,44 +566,6 @@ impl QueuePair for VfioQueuePair {
     /// Deletion" at once, and the queues are created again. Other queue pairs on the
     /// controller do the same the next time they are touched. `abort` keeps the default
     /// (Unsupported): a reactor goes straight to this.
-    /// Maps the region into the controller's IOMMU container at an IOVA range of its own
-    /// (the kernel pins its pages), so PRPs point straight at it: a read or write whose
-    /// buffer starts on a page inside it, or whose segments all lie in mapped memory, moves
-    /// no bounce copy. Refused with [`RegisterError::Device`] when the kernel will not pin
-    /// it (RLIMIT_MEMLOCK) or the IOVA space is used up.
-    unsafe fn register_memory(
-        &mut self,
-        ptr: *mut u8,
-        len_bytes: usize,
-    ) -> Result<MemoryRegion, RegisterError> {
-        let region = self.regions.add(ptr, len_bytes)?;
-        // SAFETY: the caller keeps the memory mapped until it is unregistered (which unmaps
-        // the window first) or the queue pair is dropped (whose fields, the windows among
-        // them, drop after its queues are deleted).
-        match unsafe { PoolWindow::map_memory(&self.ctrl.container, ptr, len_bytes, true) } {
-            Ok(window) => {
-                self.windows[region.index()] = Some(window);
-                Ok(region)
-            }
-            Err(e) => {
-                self.regions.undo(&region);
-                Err(RegisterError::Device(e.to_string()))
-            }
-        }
-    }
-
-    fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
-        self.regions.check_remove(&region)?;
-        if let Some(window) = self.windows[region.index()].take() {
-            if let Err((window, _)) = window.unmap() {
-                self.windows[region.index()] = Some(window);
-                return Err(UnregisterError::Device("VFIO_IOMMU_UNMAP_DMA failed"));
-            }
-        }
-        self.regions.remove(&region);
-        Ok(())
-    }
-
     fn reset(&mut self) -> Result<(), RecoveryError> {
         self.ctrl
             .reset()
@@ -741,38 +608,5 @@ impl Drop for VfioQueuePair {
             self.bounce.leak();
         }
         self.ctrl.qids.lock()[usize::from(self.qid) - 1] = false;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Segments laid end to end over bounce pages: each piece stays inside one page and one
-    /// segment, and together they cover every byte once, in order.
-    #[test]
-    fn bounce_pieces_follow_both_page_and_segment_boundaries() {
-        let mut a = [0u8; 100];
-        let mut b = [0u8; 4000];
-        let mut c = [0u8; 2000];
-        let segs = [
-            Segment::from_raw(a.as_mut_ptr(), a.len()),
-            Segment::from_raw(b.as_mut_ptr(), b.len()),
-            Segment::from_raw(c.as_mut_ptr(), c.len()),
-        ];
-        let mut pieces = Vec::new();
-        for_each_bounce_piece(&[5, 2], &segs, |offset, ptr, n| {
-            pieces.push((offset, ptr, n))
-        });
-        let p = PAGE_BYTES;
-        assert_eq!(
-            pieces,
-            [
-                (5 * p, a.as_mut_ptr(), 100),
-                (5 * p + 100, b.as_mut_ptr(), 3996),
-                (2 * p, b.as_mut_ptr().wrapping_add(3996), 4),
-                (2 * p + 4, c.as_mut_ptr(), 2000),
-            ]
-        );
     }
 }
