@@ -257,9 +257,7 @@ impl QueuePair for NullQueuePair {
     }
 
     fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
-        self.regions.check_remove(&region)?;
-        self.regions.remove(&region);
-        Ok(())
+        self.regions.unregister(&region)
     }
 }
 

@@ -244,10 +244,8 @@ impl RegionTable {
 
     /// Forgets a region [`RegionTable::add`] just took, when the device could not register it.
     pub fn undo(&mut self, region: &MemoryRegion) {
-        let entry = self.entries[region.index()].take();
-        debug_assert!(entry.is_some_and(|e| e.id == region.id && e.in_flight == 0));
-        self.occupied &= !(1 << region.index());
-        self.count -= 1;
+        // Just added, so no command can use it yet: removing it is always allowed.
+        self.remove(region);
     }
 
     /// Whether `region` may be unregistered now: known, and no command uses it.
@@ -259,6 +257,14 @@ impl RegionTable {
             Some(e) if e.id == region.id => Ok(()),
             _ => Err(UnregisterError::Unknown),
         }
+    }
+
+    /// Checks and removes `region` at once, for a device that holds nothing of a region
+    /// beside this table's entry.
+    pub fn unregister(&mut self, region: &MemoryRegion) -> Result<(), UnregisterError> {
+        self.check_remove(region)?;
+        self.remove(region);
+        Ok(())
     }
 
     /// Removes `region` after [`RegionTable::check_remove`] allowed it and the device let

@@ -669,7 +669,8 @@ fn too_many_connections_are_refused_and_the_rest_still_work() {
 fn sigterm_finishes_in_flight_writes_flushes_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.bin");
-    // Writes take 300 ms on this device: they are surely in flight when the signal lands.
+    // The export is configured with 300 ms writes: they are surely in flight when the
+    // signal lands.
     let spec = format!(
         "mem=emu:dram,backing=file:{},size=1M,write_us=300000,jitter=0",
         disk.display()
@@ -722,7 +723,8 @@ fn sighup_and_sigquit_stop_gracefully_like_sigterm() {
     for signal in [libc::SIGHUP, libc::SIGQUIT] {
         let dir = tempfile::tempdir().unwrap();
         let disk = dir.path().join("disk.bin");
-        // Writes take 300 ms on this device: it is surely in flight when the signal lands.
+        // The export is configured with 300 ms writes: this one is surely in flight when the
+        // signal lands.
         let spec = format!(
             "mem=emu:dram,backing=file:{},size=1M,write_us=300000,jitter=0",
             disk.display()

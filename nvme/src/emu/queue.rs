@@ -384,9 +384,7 @@ impl QueuePair for EmuQueuePair {
     }
 
     fn unregister_memory(&mut self, region: MemoryRegion) -> Result<(), UnregisterError> {
-        self.regions.check_remove(&region)?;
-        self.regions.remove(&region);
-        Ok(())
+        self.regions.unregister(&region)
     }
 
     /// See [`EmuQueuePair::abort_command`]: synchronous, so an aborted command's completion

@@ -4,7 +4,9 @@
 //! range) in a per-queue-pair list region and, while its command is outstanding, the bounce
 //! pages it took from the pool. The queues hold depth + 1 entries, so at most `depth`
 //! commands are ever outstanding and the submission queue can never overflow (NVMe queues
-//! are full at entries - 1).
+//! are full at entries - 1). Vectored PRP lists and registered regions are in
+//! `queue/regions.rs`; submission, reaping and catching up with a reset stay together
+//! because they share the slot table and the reset generation.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;

@@ -23,8 +23,8 @@
 //! [`LEVELS`] lengths in all, past which the reactor does not batch. A wide device that does
 //! not queue loses to batching in every pair, by far more than the budget; so does the
 //! longest batch on a queueing device while the machine's wake-ups overshoot badly, by less
-//! (docs/lab/ has the figures). Where a batch is harmless, a refusal needs bad luck: at
-//! most 15 % of trials if each pair is a coin flip. On a device whose means scatter from
+//! (docs/lab/ has the figures). Where a batch is harmless, a refusal needs bad luck: the
+//! chance that at least [`WORSE_PAIRS`] of [`PAIRS`] coin flips come up "worse". On a device whose means scatter from
 //! arm to arm by more than the budget, a cost smaller than the noise is not always seen.
 //! The length found holds for [`HOLD_NS`], through pauses in the load; then trials start
 //! again from the longest, since the device's load and state change. A trial that the load
