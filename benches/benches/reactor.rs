@@ -4,7 +4,6 @@
 //!
 //! `cargo bench -p hypoll-benches --bench reactor`
 
-use std::cell::Cell;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -15,43 +14,45 @@ use hypoll_reactor::{
     ReactorSet,
 };
 
-thread_local! {
-    /// I/Os still to submit, on the reactor thread running the workload.
-    static TO_SUBMIT: Cell<u64> = const { Cell::new(0) };
-    /// When the workload started, and where to report its elapsed time.
-    static STARTED_NS: Cell<u64> = const { Cell::new(0) };
-    static REPORT: Cell<Option<Sender<u64>>> = const { Cell::new(None) };
-    static PINGS_LEFT: Cell<u64> = const { Cell::new(0) };
+/// Each reactor's state: the run in progress.
+#[derive(Default)]
+struct Run {
+    /// I/Os still to submit.
+    to_submit: u64,
+    /// Pings still to send.
+    pings_left: u64,
+    /// When the run started, and where to report its elapsed time.
+    started_ns: u64,
+    report: Option<Sender<u64>>,
 }
 
 /// Completion callback of the I/O-rate workload: resubmits the same buffer until the budget
 /// is spent, then reports the elapsed time once the last I/O is in. Captures nothing, so the
 /// reactor boxes it without allocating.
-fn resubmit(r: &mut Reactor, done: IoDone) {
+fn resubmit(r: &mut Reactor<Run>, run: &mut Run, done: IoDone) {
     assert!(done.result.is_ok(), "null I/O failed: {:?}", done.result);
     let buf = done.buf.expect("a read returns its buffer");
-    let left = TO_SUBMIT.get();
-    if left > 0 {
-        TO_SUBMIT.set(left - 1);
+    if run.to_submit > 0 {
+        run.to_submit -= 1;
         let slba = (done.user * 8) % (1 << 20);
         r.read(DeviceId::FIRST, slba, 8, buf, resubmit)
             .expect("the slot just freed has room");
     } else if r.outstanding() == 0 {
-        let elapsed_ns = r.now_ns() - STARTED_NS.get();
-        if let Some(tx) = REPORT.take() {
+        let elapsed_ns = r.now_ns() - run.started_ns;
+        if let Some(tx) = run.report.take() {
             tx.send(elapsed_ns).expect("bench thread waits");
         }
     }
 }
 
 /// Runs `ios` 4 KiB reads on null at depth `qd` on the reactor; returns the elapsed time.
-fn run_ios(h: &ReactorHandle, ios: u64, qd: u64) -> Duration {
+fn run_ios(h: &ReactorHandle<Run>, ios: u64, qd: u64) -> Duration {
     let (tx, rx) = crossbeam_channel::bounded(1);
-    h.send(move |r| {
+    h.send(move |r, run| {
         let first = qd.min(ios);
-        TO_SUBMIT.set(ios - first);
-        REPORT.set(Some(tx));
-        STARTED_NS.set(monotonic_ns());
+        run.to_submit = ios - first;
+        run.report = Some(tx);
+        run.started_ns = monotonic_ns();
         for i in 0..first {
             r.read(DeviceId::FIRST, i * 8, 8, IoBuf::zeroed(4096), resubmit)
                 .expect("depth 128 queue");
@@ -70,7 +71,7 @@ fn io_rate(c: &mut Criterion) {
     };
     let set = ReactorSet::start(cfg, move |r| {
         r.attach(&device, 128)?;
-        Ok(())
+        Ok(Run::default())
     })
     .expect("reactor starts");
     let h = set.handles()[0].clone();
@@ -87,20 +88,19 @@ fn io_rate(c: &mut Criterion) {
 }
 
 /// One ping from reactor A to reactor B and back, repeated until the budget is spent.
-fn ping(a: &mut Reactor) {
-    let left = PINGS_LEFT.get();
-    if left == 0 {
-        let elapsed_ns = a.now_ns() - STARTED_NS.get();
-        if let Some(tx) = REPORT.take() {
+fn ping(a: &mut Reactor<Run>, run: &mut Run) {
+    if run.pings_left == 0 {
+        let elapsed_ns = a.now_ns() - run.started_ns;
+        if let Some(tx) = run.report.take() {
             tx.send(elapsed_ns).expect("bench thread waits");
         }
         return;
     }
-    PINGS_LEFT.set(left - 1);
+    run.pings_left -= 1;
     let handles = a.handles().clone();
     let back = handles[a.index()].clone();
     handles[1 - a.index()]
-        .send(move |_b| back.send(ping).expect("A's mailbox has room"))
+        .send(move |_b, _| back.send(ping).expect("A's mailbox has room"))
         .expect("B's mailbox has room");
 }
 
@@ -114,18 +114,18 @@ fn message_round_trip(c: &mut Criterion) {
         cores: Some(CoreList::new(cores[..2].to_vec())),
         ..ReactorConfig::default()
     };
-    let set = ReactorSet::start(cfg, |_| Ok(())).expect("reactors start");
+    let set = ReactorSet::start(cfg, |_| Ok(Run::default())).expect("reactors start");
     let a = set.handles()[0].clone();
     let mut group = c.benchmark_group("reactor messages");
     group.throughput(Throughput::Elements(1));
     group.bench_function("cross-reactor round trip", |b| {
         b.iter_custom(|iters| {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            a.send(move |a| {
-                PINGS_LEFT.set(iters);
-                REPORT.set(Some(tx));
-                STARTED_NS.set(monotonic_ns());
-                ping(a);
+            a.send(move |a, run| {
+                run.pings_left = iters;
+                run.report = Some(tx);
+                run.started_ns = monotonic_ns();
+                ping(a, run);
             })
             .expect("A accepts");
             Duration::from_nanos(rx.recv().expect("pings report"))

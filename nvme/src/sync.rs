@@ -234,27 +234,25 @@ impl<'q> SyncIo<'q> {
 #[cfg(test)]
 mod tests {
     //! Panic safety: a wait cut short by a panic must leak the buffer, not free it. A
-    //! watching allocator (this test binary only) records whether the one address a test
-    //! names is freed on the test's thread.
+    //! watching allocator (this test binary only) records whether the one address the test
+    //! names is freed. Other tests running at once cannot free that address while the
+    //! device holds it (it is live, or leaked), so process-wide flags suffice.
 
     use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
     use std::os::fd::BorrowedFd;
     use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use super::*;
     use crate::spec::NamespaceInfo;
 
-    thread_local! {
-        static WATCHED_ADDR: Cell<usize> = const { Cell::new(0) };
-        static WATCHED_FREED: Cell<bool> = const { Cell::new(false) };
-    }
+    static WATCHED_ADDR: AtomicUsize = AtomicUsize::new(0);
+    static WATCHED_FREED: AtomicBool = AtomicBool::new(false);
 
     struct WatchingAlloc;
 
     // SAFETY: forwards every call to the system allocator unchanged; it only compares the
-    // freed address with a thread-local value (const-initialised, so reading it never
-    // allocates).
+    // freed address with an atomic (which never allocates).
     unsafe impl GlobalAlloc for WatchingAlloc {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             // SAFETY: same contract as ours.
@@ -267,11 +265,9 @@ mod tests {
         }
 
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            let _ = WATCHED_ADDR.try_with(|addr| {
-                if addr.get() == ptr as usize {
-                    let _ = WATCHED_FREED.try_with(|freed| freed.set(true));
-                }
-            });
+            if WATCHED_ADDR.load(Ordering::Acquire) == ptr as usize {
+                WATCHED_FREED.store(true, Ordering::Release);
+            }
             // SAFETY: same contract as ours.
             unsafe { System.dealloc(ptr, layout) }
         }
@@ -294,8 +290,8 @@ mod tests {
 
     impl QueuePair for Scripted {
         unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
-            WATCHED_ADDR.with(|a| a.set(cmd.buf_ptr() as usize));
-            WATCHED_FREED.with(|f| f.set(false));
+            WATCHED_FREED.store(false, Ordering::Release);
+            WATCHED_ADDR.store(cmd.buf_ptr() as usize, Ordering::Release);
             self.pending = Some(tag);
             Ok(())
         }
@@ -355,7 +351,7 @@ mod tests {
             }));
             assert!(unwound.is_err(), "the scripted device panics");
             assert!(
-                !WATCHED_FREED.with(Cell::get),
+                !WATCHED_FREED.load(Ordering::Acquire),
                 "the buffer the device holds was freed by unwinding (write: {write})"
             );
         }
@@ -366,8 +362,11 @@ mod tests {
         };
         let mut io = SyncIo::new(&mut qp, Duration::from_secs(1));
         drop(io.read(0, 2).unwrap());
-        assert!(WATCHED_FREED.with(Cell::get), "the watcher sees frees");
+        assert!(
+            WATCHED_FREED.load(Ordering::Acquire),
+            "the watcher sees frees"
+        );
         io.write(0, &[1u8; 512]).unwrap();
-        assert!(WATCHED_FREED.with(Cell::get));
+        assert!(WATCHED_FREED.load(Ordering::Acquire));
     }
 }

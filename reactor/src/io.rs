@@ -233,6 +233,51 @@ impl IoRequest {
     }
 }
 
+impl IoRequest {
+    /// The request for `len_bytes` at byte `offset_bytes` of a device whose blocks are
+    /// `lba_bytes` long ([`Reactor::lba_bytes`](crate::Reactor::lba_bytes)): for front ends
+    /// whose clients count in bytes (NBD) or 512-byte sectors (virtio-blk). Refuses an
+    /// offset or a length that is not whole blocks, and a length over what one command
+    /// encodes, rather than rounding either.
+    pub fn from_bytes(
+        op: IoOp,
+        offset_bytes: u64,
+        len_bytes: u64,
+        lba_bytes: u32,
+    ) -> Result<IoRequest, AddressError> {
+        let lba = u64::from(lba_bytes);
+        if lba == 0 || !offset_bytes.is_multiple_of(lba) || !len_bytes.is_multiple_of(lba) {
+            return Err(AddressError::NotWholeBlocks {
+                offset_bytes,
+                len_bytes,
+                lba_bytes,
+            });
+        }
+        let nlb = u32::try_from(len_bytes / lba).map_err(|_| AddressError::TooLong {
+            len_bytes,
+            lba_bytes,
+        })?;
+        Ok(IoRequest::new(op, offset_bytes / lba, nlb))
+    }
+}
+
+/// Why [`IoRequest::from_bytes`] refused a byte range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddressError {
+    #[error(
+        "{len_bytes} bytes at byte {offset_bytes} is not whole blocks of {lba_bytes} bytes \
+         (the device's block size)"
+    )]
+    NotWholeBlocks {
+        offset_bytes: u64,
+        len_bytes: u64,
+        lba_bytes: u32,
+    },
+    #[error("{len_bytes} bytes is more blocks of {lba_bytes} bytes than one command counts")]
+    TooLong { len_bytes: u64, lba_bytes: u32 },
+}
+
 /// Why an I/O failed after it was accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -294,9 +339,12 @@ pub struct Rejected<F = IoCallback> {
     pub callback: F,
 }
 
-impl<F: FnOnce(&mut crate::Reactor, IoDone) + 'static> Rejected<F> {
+impl<F> Rejected<F> {
     /// The callback, boxed: to keep refusals of different callbacks in one queue.
-    pub fn boxed(self) -> Rejected<IoCallback> {
+    pub fn boxed<S>(self) -> Rejected<IoCallback<S>>
+    where
+        F: FnOnce(&mut crate::Reactor<S>, &mut S, IoDone) + 'static,
+    {
         Rejected {
             reason: self.reason,
             device: self.device,
@@ -360,10 +408,11 @@ impl<F> std::fmt::Display for Rejected<F> {
 
 impl<F> std::error::Error for Rejected<F> {}
 
-/// The callback an I/O runs on completion, on its reactor. A closure that captures nothing
-/// (or a plain `fn`) costs no allocation; one that captures state costs one small
-/// allocation per I/O: use [`IoRequest::user`] to carry a number without one.
-pub type IoCallback = Box<dyn FnOnce(&mut crate::Reactor, IoDone)>;
+/// The callback an I/O runs on completion, on its reactor, given the reactor and its state
+/// `S`. A closure that captures nothing (or a plain `fn`) costs no allocation; one that
+/// captures state costs one small allocation per I/O: keep what the callback needs in the
+/// reactor's state, and carry a number to find it by in [`IoRequest::user`].
+pub type IoCallback<S = ()> = Box<dyn FnOnce(&mut crate::Reactor<S>, &mut S, IoDone)>;
 
 #[cfg(test)]
 mod tests {
@@ -387,5 +436,21 @@ mod tests {
         assert!(RejectReason::Quarantined { abandoned: 3 }
             .to_string()
             .contains("all 3 queue slots"));
+    }
+
+    /// Bytes become blocks only when they are whole blocks; anything else is refused with
+    /// the figures, never rounded.
+    #[test]
+    fn byte_ranges_become_blocks_only_when_whole() {
+        let req = IoRequest::from_bytes(IoOp::Write, 8192, 4096, 512).unwrap();
+        assert_eq!((req.op, req.slba, req.nlb), (IoOp::Write, 16, 8));
+        let err = IoRequest::from_bytes(IoOp::Read, 4096, 1000, 512).unwrap_err();
+        assert!(matches!(err, AddressError::NotWholeBlocks { .. }), "{err}");
+        assert!(err.to_string().contains("1000 bytes at byte 4096"), "{err}");
+        let err = IoRequest::from_bytes(IoOp::Read, 100, 4096, 4096).unwrap_err();
+        assert!(matches!(err, AddressError::NotWholeBlocks { .. }));
+        assert!(IoRequest::from_bytes(IoOp::Read, 0, 4096, 0).is_err());
+        let err = IoRequest::from_bytes(IoOp::Read, 0, 512 << 32, 512).unwrap_err();
+        assert!(matches!(err, AddressError::TooLong { .. }));
     }
 }

@@ -15,7 +15,7 @@
 //!     reactor.attach(&device, 32)?;
 //!     Ok(())
 //! })?;
-//! set.handles()[0].send(|reactor| println!("hello from core {}", reactor.core()))?;
+//! set.handles()[0].send(|reactor, _state| println!("hello from core {}", reactor.core()))?;
 //! let report = set.shutdown();
 //! assert!(report.panics.is_empty());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -71,8 +71,8 @@ mod timer;
 
 pub use cores::{CoreError, CoreList};
 pub use io::{
-    AttachError, Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone, IoFailure, IoOp,
-    IoRequest, RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT,
+    AddressError, AttachError, Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone,
+    IoFailure, IoOp, IoRequest, RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT,
     DEFAULT_RESET_TIMEOUT,
 };
 pub use reactor::{

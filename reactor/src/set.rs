@@ -129,30 +129,70 @@ pub struct ReactorPanic {
 }
 
 /// What `shutdown` found.
-#[derive(Debug, Default)]
-pub struct ShutdownReport {
-    /// One per reactor that exited normally.
-    pub exits: Vec<ExitReport>,
+#[derive(Debug)]
+pub struct ShutdownReport<X = ()> {
+    /// One per reactor that exited normally, with what its exit hook returned.
+    pub exits: Vec<ExitReport<X>>,
     /// One per reactor that panicked.
     pub panics: Vec<ReactorPanic>,
 }
 
-/// Running reactors, one per core.
-pub struct ReactorSet {
-    handles: Arc<[ReactorHandle]>,
-    threads: Vec<(usize, JoinHandle<ExitReport>)>,
+// Not derived: a derived `Default` would ask `X: Default`.
+impl<X> Default for ShutdownReport<X> {
+    fn default() -> Self {
+        ShutdownReport {
+            exits: Vec::new(),
+            panics: Vec::new(),
+        }
+    }
 }
 
-impl ReactorSet {
+/// Running reactors, one per core, each with its state `S`; each hands back an `X` as it
+/// exits.
+pub struct ReactorSet<S = (), X = ()> {
+    handles: Arc<[ReactorHandle<S>]>,
+    /// `None` from a thread whose reactor never started.
+    threads: Vec<(usize, JoinHandle<Option<ExitReport<X>>>)>,
+}
+
+/// A reactor and its state, as its thread holds them: the reactor is dropped first, so its
+/// queue pairs are gone before any buffer the state owns (a panic unwinding the thread
+/// drops fields in this order).
+struct Running<S> {
+    reactor: Reactor<S>,
+    state: S,
+}
+
+impl<S: 'static> ReactorSet<S> {
     /// Starts one reactor per core of `cfg.cores` (checked against the allowed set), each
     /// pinned, named `hypoll-r<core>`, with 1 ns timer slack, and runs `init` on each before
-    /// its loop starts (attach devices, add pollers and timers there). Returns once every
-    /// reactor is running, or the first error (having stopped the others). An error `init`
-    /// returns comes back as [`StartError::Reactor`] with [`ReactorStartError::Init`].
+    /// its loop starts (attach devices, add pollers and timers there): what it returns is
+    /// the reactor's state, which every message, timer, poller and I/O callback on that
+    /// reactor is handed as `&mut S`. Returns once every reactor is running, or the first
+    /// error (having stopped the others). An error `init` returns comes back as
+    /// [`StartError::Reactor`] with [`ReactorStartError::Init`].
+    ///
+    /// The state is made on the reactor's thread and never leaves it, so it need not be
+    /// `Send`: `Rc`, `RefCell` and buffers the reactor's devices point into are all fine.
     pub fn start(
         cfg: ReactorConfig,
-        init: impl Fn(&mut Reactor) -> Result<(), InitError> + Send + Sync + 'static,
-    ) -> Result<ReactorSet, StartError> {
+        init: impl Fn(&mut Reactor<S>) -> Result<S, InitError> + Send + Sync + 'static,
+    ) -> Result<ReactorSet<S>, StartError> {
+        ReactorSet::start_with_exit(cfg, init, |_, _| ())
+    }
+}
+
+impl<S: 'static, X: Send + 'static> ReactorSet<S, X> {
+    /// [`ReactorSet::start`], with an exit hook: as each reactor stops, once its I/O has
+    /// drained (or failed) and its queue pairs are deleted, `exit` takes its state and
+    /// returns what [`ReactorSet::shutdown`] collects for that reactor
+    /// ([`ExitReport::output`]): a summary, a flushed index, the state itself if it is
+    /// `Send`. A reactor that panicked has no output; its state is dropped on its thread.
+    pub fn start_with_exit(
+        cfg: ReactorConfig,
+        init: impl Fn(&mut Reactor<S>) -> Result<S, InitError> + Send + Sync + 'static,
+        exit: impl Fn(&mut Reactor<S>, S) -> X + Send + Sync + 'static,
+    ) -> Result<ReactorSet<S, X>, StartError> {
         let allowed = CoreList::allowed()?;
         let cores = match cfg.cores {
             Some(cores) => {
@@ -182,8 +222,9 @@ impl ReactorSet {
             handles.push(handle);
             receivers.push(rx);
         }
-        let handles: Arc<[ReactorHandle]> = handles.into();
+        let handles: Arc<[ReactorHandle<S>]> = handles.into();
         let init = Arc::new(init);
+        let exit = Arc::new(exit);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cores.len());
         let mut set = ReactorSet {
             handles: handles.clone(),
@@ -193,6 +234,7 @@ impl ReactorSet {
             let core = handles[index].core();
             let handles = handles.clone();
             let init = init.clone();
+            let exit = exit.clone();
             let ready = ready_tx.clone();
             let policy_spec = cfg.policy.clone();
             let custom_policy = cfg.custom_policy.clone();
@@ -202,7 +244,7 @@ impl ReactorSet {
                 .spawn(move || {
                     // Freezes the thread's CPU time as it exits, panic or not.
                     let _freeze = FreezeCpuOnExit(handles[index].clone());
-                    let started = (|| -> Result<Reactor, ReactorStartError> {
+                    let started = (|| -> Result<Running<S>, ReactorStartError> {
                         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                             return Err(ReactorStartError::Pin);
                         }
@@ -221,27 +263,26 @@ impl ReactorSet {
                         // A panicking init is reported like a failing one, so `start` never
                         // waits on a thread that died.
                         let init = std::panic::AssertUnwindSafe(|| init(&mut reactor));
-                        std::panic::catch_unwind(init)
+                        let state = std::panic::catch_unwind(init)
                             .map_err(|p| ReactorStartError::Panicked {
                                 message: panic_message(p.as_ref()),
                             })?
                             .map_err(ReactorStartError::Init)?;
-                        Ok(reactor)
+                        Ok(Running { reactor, state })
                     })();
                     match started {
-                        Ok(reactor) => {
+                        Ok(mut running) => {
                             let _ = ready.send(Ok(core));
                             // Drop our sender: `start` must see the channel close if every
                             // other reactor is gone.
                             drop(ready);
-                            reactor.run()
+                            let report = running.reactor.run(&mut running.state);
+                            let output = exit(&mut running.reactor, running.state);
+                            Some(report.with_output(output))
                         }
                         Err(source) => {
                             let _ = ready.send(Err((core, source)));
-                            ExitReport {
-                                core,
-                                ..ExitReport::default()
-                            }
+                            None
                         }
                     }
                 });
@@ -283,9 +324,11 @@ impl ReactorSet {
         }
         Ok(set)
     }
+}
 
+impl<S, X> ReactorSet<S, X> {
     /// Handles to every reactor, in core order.
-    pub fn handles(&self) -> &Arc<[ReactorHandle]> {
+    pub fn handles(&self) -> &Arc<[ReactorHandle<S>]> {
         &self.handles
     }
 
@@ -301,18 +344,19 @@ impl ReactorSet {
     /// Stops every reactor and joins its thread: each runs what is queued, lets its
     /// outstanding I/O complete (up to its shutdown timeout) and fails the rest with a
     /// clear status. Panics are reported, never a hang.
-    pub fn shutdown(mut self) -> ShutdownReport {
+    pub fn shutdown(mut self) -> ShutdownReport<X> {
         self.stop_and_join()
     }
 
-    fn stop_and_join(&mut self) -> ShutdownReport {
+    fn stop_and_join(&mut self) -> ShutdownReport<X> {
         for handle in self.handles.iter() {
             handle.stop();
         }
         let mut report = ShutdownReport::default();
         for (core, thread) in self.threads.drain(..) {
             match thread.join() {
-                Ok(exit) => report.exits.push(exit),
+                Ok(Some(exit)) => report.exits.push(exit),
+                Ok(None) => {}
                 Err(payload) => report.panics.push(ReactorPanic {
                     core,
                     message: panic_message(payload.as_ref()),
@@ -323,7 +367,7 @@ impl ReactorSet {
     }
 }
 
-impl Drop for ReactorSet {
+impl<S, X> Drop for ReactorSet<S, X> {
     /// Dropping a set stops and joins its reactors, so no thread outlives it.
     fn drop(&mut self) {
         let _ = self.stop_and_join();
@@ -332,9 +376,9 @@ impl Drop for ReactorSet {
 
 /// Freezes a reactor's CPU time when its thread exits: a thread's CPU clock id can be reused
 /// by a later thread.
-struct FreezeCpuOnExit(ReactorHandle);
+struct FreezeCpuOnExit<S>(ReactorHandle<S>);
 
-impl Drop for FreezeCpuOnExit {
+impl<S> Drop for FreezeCpuOnExit<S> {
     fn drop(&mut self) {
         self.0.stats_cell().freeze_cpu();
     }

@@ -17,32 +17,46 @@ pub struct TimerId {
     generation: u64,
 }
 
-pub(crate) enum TimerFn {
-    Once(Box<dyn FnOnce(&mut Reactor)>),
-    Every(Box<dyn FnMut(&mut Reactor)>),
+type Once<S> = Box<dyn FnOnce(&mut Reactor<S>, &mut S)>;
+type Every<S> = Box<dyn FnMut(&mut Reactor<S>, &mut S)>;
+
+pub(crate) enum TimerFn<S> {
+    Once(Once<S>),
+    Every(Every<S>),
 }
 
-struct Entry {
+struct Entry<S> {
     generation: u64,
     deadline_ns: u64,
     period_ns: u64,
     /// Taken out while the callback runs.
-    callback: Option<TimerFn>,
+    callback: Option<TimerFn<S>>,
 }
 
 /// Timers of one reactor. The heap may hold stale entries for cancelled or re-armed timers;
 /// they are skipped by their generation when they surface.
-#[derive(Default)]
-pub(crate) struct Timers {
-    entries: Slab<Entry>,
+pub(crate) struct Timers<S> {
+    entries: Slab<Entry<S>>,
     heap: BinaryHeap<Reverse<(u64, usize, u64)>>,
     next_generation: u64,
     /// Heap entries of cancelled timers not yet popped.
     stale: usize,
 }
 
-impl Timers {
-    pub fn add(&mut self, deadline_ns: u64, period_ns: u64, callback: TimerFn) -> TimerId {
+// Not derived: a derived `Default` would ask `S: Default`.
+impl<S> Default for Timers<S> {
+    fn default() -> Self {
+        Timers {
+            entries: Slab::new(),
+            heap: BinaryHeap::new(),
+            next_generation: 0,
+            stale: 0,
+        }
+    }
+}
+
+impl<S> Timers<S> {
+    pub fn add(&mut self, deadline_ns: u64, period_ns: u64, callback: TimerFn<S>) -> TimerId {
         self.next_generation += 1;
         let generation = self.next_generation;
         let key = self.entries.insert(Entry {
@@ -107,7 +121,7 @@ impl Timers {
 
     /// Takes the next timer due at `now_ns`, leaving periodic ones in place to be re-armed
     /// by [`Timers::finish`].
-    pub fn pop_due(&mut self, now_ns: u64) -> Option<(TimerId, TimerFn)> {
+    pub fn pop_due(&mut self, now_ns: u64) -> Option<(TimerId, TimerFn<S>)> {
         loop {
             let &Reverse((deadline_ns, key, generation)) = self.heap.peek()?;
             if !self.is_live(key, generation, deadline_ns) {
@@ -130,7 +144,7 @@ impl Timers {
 
     /// Re-arms a periodic timer after its callback ran (unless it was cancelled meanwhile).
     /// Missed periods are skipped, not run in a burst.
-    pub fn finish(&mut self, id: TimerId, callback: TimerFn, now_ns: u64) {
+    pub fn finish(&mut self, id: TimerId, callback: TimerFn<S>, now_ns: u64) {
         if let Some(entry) = self.entries.get_mut(id.key) {
             if entry.generation == id.generation {
                 let mut next = entry.deadline_ns + entry.period_ns;
@@ -149,13 +163,13 @@ impl Timers {
 mod tests {
     use super::*;
 
-    fn once() -> TimerFn {
-        TimerFn::Once(Box::new(|_| {}))
+    fn once() -> TimerFn<()> {
+        TimerFn::Once(Box::new(|_, _| {}))
     }
 
     #[test]
     fn due_timers_come_out_in_deadline_order_and_cancelled_ones_never() {
-        let mut t = Timers::default();
+        let mut t = Timers::<()>::default();
         let c = t.add(30, 0, once());
         t.add(10, 0, once());
         t.add(20, 0, once());
@@ -171,7 +185,7 @@ mod tests {
 
     #[test]
     fn cancelling_many_timers_does_not_grow_the_heap() {
-        let mut t = Timers::default();
+        let mut t = Timers::<()>::default();
         t.add(1, 0, once());
         for i in 0..100_000u64 {
             let id = t.add(1_000_000 + i, 0, once());
@@ -186,8 +200,8 @@ mod tests {
 
     #[test]
     fn periodic_timers_skip_missed_periods() {
-        let mut t = Timers::default();
-        let id = t.add(10, 10, TimerFn::Every(Box::new(|_| {})));
+        let mut t = Timers::<()>::default();
+        let id = t.add(10, 10, TimerFn::Every(Box::new(|_, _| {})));
         let (due, f) = t.pop_due(55).unwrap();
         assert_eq!(due, id);
         t.finish(due, f, 55);

@@ -123,7 +123,7 @@ fn an_init_error_survives_into_the_start_error() {
     assert!(messages[2].contains(&format!("at most {DEVICES_MAX} devices")));
 
     // A panic in init is typed too.
-    let err = ReactorSet::start(one_core(), |_| panic!("init exploded"))
+    let err = ReactorSet::<()>::start(one_core(), |_| panic!("init exploded"))
         .err()
         .unwrap();
     assert!(

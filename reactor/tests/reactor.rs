@@ -60,7 +60,7 @@ fn messages_arrive_in_order_within_and_across_reactors() {
     for i in 0..5_000u64 {
         loop {
             let seen = seen.clone();
-            match handles[last].send(move |_| seen.lock().unwrap().push(i)) {
+            match handles[last].send(move |_, _| seen.lock().unwrap().push(i)) {
                 Ok(()) => break,
                 Err(SendError::Full) => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
@@ -74,12 +74,12 @@ fn messages_arrive_in_order_within_and_across_reactors() {
     let across = Arc::new(Mutex::new(Vec::new()));
     let sink = across.clone();
     handles[0]
-        .send(move |r| {
+        .send(move |r, _| {
             let target = r.handles()[r.handles().len() - 1].clone();
             for i in 0..500u64 {
                 let sink = sink.clone();
                 target
-                    .send(move |r| sink.lock().unwrap().push((r.index(), i)))
+                    .send(move |r, _| sink.lock().unwrap().push((r.index(), i)))
                     .expect("mailbox of 1024 holds 500");
             }
         })
@@ -104,13 +104,13 @@ fn a_full_mailbox_is_reported_not_grown() {
     let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
     let h = &set.handles()[0];
     let (block_tx, block_rx) = crossbeam_channel::bounded::<()>(0);
-    h.send(move |_| {
+    h.send(move |_, _| {
         let _ = block_rx.recv_timeout(Duration::from_secs(10));
     })
     .unwrap();
     // Once the reactor is stuck in that message, at most 4 more fit.
     std::thread::sleep(Duration::from_millis(50));
-    let results: Vec<_> = (0..10).map(|_| h.send(|_| {})).collect();
+    let results: Vec<_> = (0..10).map(|_| h.send(|_, _| {})).collect();
     assert!(results.iter().filter(|r| r.is_ok()).count() <= 5);
     assert!(results.contains(&Err(SendError::Full)));
     block_tx.send(()).unwrap();
@@ -126,11 +126,11 @@ fn timers_fire_on_time_even_on_a_parked_reactor() {
     let started = Arc::new(AtomicU64::new(0));
     let start_ns = started.clone();
     set.handles()[0]
-        .send(move |r| {
+        .send(move |r, _| {
             start_ns.store(r.now_ns(), Ordering::SeqCst);
             for delay_ms in [30u64, 10, 20] {
                 let sink = sink.clone();
-                r.after(Duration::from_millis(delay_ms), move |_| {
+                r.after(Duration::from_millis(delay_ms), move |_, _| {
                     sink.lock().unwrap().push((delay_ms, monotonic_ns()));
                 });
             }
@@ -156,8 +156,8 @@ fn timers_fire_on_time_even_on_a_parked_reactor() {
     let t = ticks.clone();
     let (id_tx, id_rx) = crossbeam_channel::bounded(1);
     set.handles()[0]
-        .send(move |r| {
-            let id = r.every(Duration::from_millis(2), move |_| {
+        .send(move |r, _| {
+            let id = r.every(Duration::from_millis(2), move |_, _| {
                 t.fetch_add(1, Ordering::SeqCst);
             });
             id_tx.send(id).unwrap();
@@ -167,7 +167,7 @@ fn timers_fire_on_time_even_on_a_parked_reactor() {
     std::thread::sleep(Duration::from_millis(100));
     let (done_tx, done_rx) = crossbeam_channel::bounded(1);
     set.handles()[0]
-        .send(move |r| done_tx.send(r.cancel_timer(id)).unwrap())
+        .send(move |r, _| done_tx.send(r.cancel_timer(id)).unwrap())
         .unwrap();
     assert!(done_rx.recv().unwrap(), "the periodic timer was live");
     let n = ticks.load(Ordering::SeqCst);
@@ -196,7 +196,7 @@ fn reactors_are_pinned_named_and_run_with_1ns_timer_slack() {
     let (tx, rx) = crossbeam_channel::unbounded();
     for h in set.handles().iter() {
         let tx = tx.clone();
-        h.send(move |r| tx.send((r.core(), thread_cores().unwrap())).unwrap())
+        h.send(move |r, _| tx.send((r.core(), thread_cores().unwrap())).unwrap())
             .unwrap();
     }
     for _ in 0..set.handles().len() {
@@ -231,11 +231,11 @@ fn start_errors_are_clear() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("warp-speed"), "{err}");
-    let err = ReactorSet::start(config(1, "classic"), |_| Err("no disk".into()))
+    let err = ReactorSet::<()>::start(config(1, "classic"), |_| Err("no disk".into()))
         .err()
         .unwrap();
     assert!(err.to_string().contains("no disk"), "{err}");
-    let err = ReactorSet::start(config(1, "classic"), |_| panic!("init exploded"))
+    let err = ReactorSet::<()>::start(config(1, "classic"), |_| panic!("init exploded"))
         .err()
         .unwrap();
     assert!(err.to_string().contains("init exploded"), "{err}");
@@ -292,7 +292,7 @@ fn a_parked_reactor_uses_under_1_percent_of_a_core() {
         );
         // And it still wakes for a message.
         let (tx, rx) = crossbeam_channel::bounded(1);
-        h.send(move |r| tx.send(r.core()).unwrap()).unwrap();
+        h.send(move |r, _| tx.send(r.core()).unwrap()).unwrap();
         rx.recv_timeout(Duration::from_secs(1))
             .expect("a parked reactor wakes for messages");
         assert!(set.shutdown().panics.is_empty());
@@ -325,7 +325,7 @@ fn drive(h: &ReactorHandle, count: u64, qd: u64, make: Make, check: Check) -> u6
         };
         let (req, buf) = make(i);
         let driver2 = driver.clone();
-        r.submit(DeviceId::FIRST, req.with_user(i), buf, move |r, done| {
+        r.submit(DeviceId::FIRST, req.with_user(i), buf, move |r, _, done| {
             let finished = {
                 let mut d = driver2.borrow_mut();
                 if !(d.check)(done.user, &done) {
@@ -342,7 +342,7 @@ fn drive(h: &ReactorHandle, count: u64, qd: u64, make: Make, check: Check) -> u6
         .expect("the queue has room for qd I/Os");
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
-    h.send(move |r| {
+    h.send(move |r, _| {
         let driver = Rc::new(RefCell::new(Driver {
             next: 0,
             done: 0,
@@ -643,7 +643,7 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let sink = outcomes.clone();
     set.handles()[0]
-        .send(move |r| {
+        .send(move |r, _| {
             for i in 0..10u64 {
                 let sink = sink.clone();
                 r.read(
@@ -651,7 +651,7 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
                     i * 8,
                     8,
                     IoBuf::zeroed(4096),
-                    move |_, done| {
+                    move |_, _, done| {
                         sink.lock()
                             .unwrap()
                             .push((done.user, done.result, done.buf.is_some()));
@@ -684,11 +684,17 @@ fn shutdown_drains_what_completes_and_fails_the_rest_with_a_clear_status() {
     })
     .unwrap();
     set.handles()[0]
-        .send(|r| {
+        .send(|r, _| {
             for i in 0..5u64 {
-                r.read(DeviceId::FIRST, i * 8, 8, IoBuf::zeroed(4096), |_, done| {
-                    assert!(done.result.is_ok());
-                })
+                r.read(
+                    DeviceId::FIRST,
+                    i * 8,
+                    8,
+                    IoBuf::zeroed(4096),
+                    |_, _, done| {
+                        assert!(done.result.is_ok());
+                    },
+                )
                 .unwrap();
             }
         })
@@ -713,7 +719,7 @@ fn submissions_are_refused_with_reasons_and_the_buffer_back() {
     .unwrap();
     let (tx, rx) = crossbeam_channel::bounded(1);
     set.handles()[0]
-        .send(move |r| {
+        .send(move |r, _| {
             let mut reasons = Vec::new();
             let mut note = |res: Result<(), Rejected>| {
                 let e = res.unwrap_err();
@@ -724,26 +730,26 @@ fn submissions_are_refused_with_reasons_and_the_buffer_back() {
                     DeviceId::FIRST,
                     IoRequest::new(IoOp::Read, 0, 8),
                     None,
-                    |_, _| {},
+                    |_, _, _| {},
                 )
                 .map_err(Rejected::boxed),
             );
             note(
-                r.flush(DeviceId::from_index(9), |_, _| {})
+                r.flush(DeviceId::from_index(9), |_, _, _| {})
                     .map_err(Rejected::boxed),
             );
             note(
-                r.read(DeviceId::FIRST, 0, 0, IoBuf::zeroed(4096), |_, _| {})
+                r.read(DeviceId::FIRST, 0, 0, IoBuf::zeroed(4096), |_, _, _| {})
                     .map_err(Rejected::boxed),
             );
             let mut room = vec![r.has_room(DeviceId::FIRST)];
-            r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
+            r.flush(DeviceId::FIRST, |_, _, _| {}).unwrap();
             room.push(r.has_room(DeviceId::FIRST));
-            r.flush(DeviceId::FIRST, |_, _| {}).unwrap();
+            r.flush(DeviceId::FIRST, |_, _, _| {}).unwrap();
             // Full: has_room says so before an I/O is built to be refused.
             room.push(r.has_room(DeviceId::FIRST));
             note(
-                r.read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _| {})
+                r.read(DeviceId::FIRST, 0, 8, IoBuf::zeroed(4096), |_, _, _| {})
                     .map_err(Rejected::boxed),
             );
             assert_eq!(room, [true, true, false]);
@@ -774,11 +780,11 @@ fn a_reactor_panic_is_reported_not_hung() {
     let _serial = serial();
     let set = ReactorSet::start(config(2, "classic"), |_| Ok(())).unwrap();
     let victim = set.handles()[0].clone();
-    victim.send(|_| panic!("disk on fire")).unwrap();
+    victim.send(|_, _| panic!("disk on fire")).unwrap();
     wait_for("the reactor to die", || {
         set.finished().contains(&victim.core())
     });
-    assert_eq!(victim.send(|_| {}), Err(SendError::Stopped));
+    assert_eq!(victim.send(|_, _| {}), Err(SendError::Stopped));
     let report = set.shutdown();
     assert_eq!(report.panics.len(), 1);
     assert_eq!(report.panics[0].core, victim.core());
@@ -798,13 +804,13 @@ fn write_zeroes_and_deallocate_reach_the_device() {
     let h = &set.handles()[0];
     assert_eq!(drive(h, 64, 8, write_block, succeeded), 0);
     let (tx, rx) = crossbeam_channel::bounded(2);
-    h.send(move |r| {
+    h.send(move |r, _| {
         let tx2 = tx.clone();
-        r.write_zeroes(DeviceId::FIRST, 0, 8 * 32, move |_, done| {
+        r.write_zeroes(DeviceId::FIRST, 0, 8 * 32, move |_, _, done| {
             tx.send(done.result).unwrap()
         })
         .unwrap();
-        r.deallocate(DeviceId::FIRST, 8 * 32, 8 * 32, move |_, done| {
+        r.deallocate(DeviceId::FIRST, 8 * 32, 8 * 32, move |_, _, done| {
             tx2.send(done.result).unwrap()
         })
         .unwrap();
@@ -834,7 +840,7 @@ struct Countdown {
 }
 
 impl hypoll_reactor::Poller for Countdown {
-    fn poll(&mut self, r: &mut Reactor) -> usize {
+    fn poll(&mut self, r: &mut Reactor, _: &mut ()) -> usize {
         let n = self.polls.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.limit {
             r.remove_poller(self.id.get().expect("id set after adding"));
@@ -854,7 +860,7 @@ fn pollers_run_every_turn_until_removed_even_from_inside_poll() {
     });
     let parks_before = set.handles()[0].stats().counters.parks;
     set.handles()[0]
-        .send(move |r| {
+        .send(move |r, _| {
             // Removed from outside before it ever runs.
             let never = r
                 .add_poller(Box::new(Countdown {
@@ -900,8 +906,8 @@ fn a_panic_in_an_io_callback_is_reported() {
     })
     .unwrap();
     let h = set.handles()[0].clone();
-    h.send(|r| {
-        r.flush(DeviceId::FIRST, |_, _| panic!("callback exploded"))
+    h.send(|r, _| {
+        r.flush(DeviceId::FIRST, |_, _, _| panic!("callback exploded"))
             .unwrap();
     })
     .unwrap();
@@ -921,7 +927,7 @@ fn refresh_now_ns_restamps_the_turn_after_a_wait() {
     let set = ReactorSet::start(config(1, "classic"), |_| Ok(())).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     set.handles()[0]
-        .send(move |r| {
+        .send(move |r, _| {
             let before_ns = r.now_ns();
             std::thread::sleep(Duration::from_millis(5));
             // Still the turn's timestamp until refreshed.
@@ -939,4 +945,88 @@ fn refresh_now_ns_restamps_the_turn_after_a_wait() {
     );
     assert_eq!(now_ns, fresh_ns);
     assert!(set.shutdown().panics.is_empty());
+}
+
+/// Each reactor's state is its own: messages, timers, pollers and I/O callbacks on a
+/// reactor are all handed `&mut` to the one its `init` made, and the exit hook's value for
+/// each reactor comes back from `shutdown`.
+#[test]
+fn each_reactor_has_its_own_state_handed_to_everything_and_returned_at_exit() {
+    struct Tally {
+        index: usize,
+        messages: u64,
+        timers: u64,
+        polls: u64,
+        ios: u64,
+    }
+    struct CountPolls;
+    impl hypoll_reactor::Poller<Tally> for CountPolls {
+        fn poll(&mut self, _r: &mut Reactor<Tally>, tally: &mut Tally) -> usize {
+            tally.polls += 1;
+            0
+        }
+    }
+    let cores = allowed_cores().unwrap();
+    let cores: Vec<usize> = cores.iter().copied().cycle().take(2).collect();
+    let cfg = ReactorConfig {
+        cores: Some(CoreList::new(cores)),
+        ..ReactorConfig::default()
+    };
+    let device = Device::open("null").unwrap();
+    let set = ReactorSet::start_with_exit(
+        cfg,
+        move |r: &mut Reactor<Tally>| {
+            r.attach(&device, 8)?;
+            r.add_poller(Box::new(CountPolls))?;
+            Ok(Tally {
+                index: r.index(),
+                messages: 0,
+                timers: 0,
+                polls: 0,
+                ios: 0,
+            })
+        },
+        |_, tally: Tally| tally,
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, h) in set.handles().iter().enumerate() {
+        // Reactor i gets i + 1 messages, each reading i + 1 blocks of 8.
+        for _ in 0..=i {
+            let tx = tx.clone();
+            h.send(move |r, tally| {
+                tally.messages += 1;
+                r.after(Duration::from_millis(1), move |r, tally| {
+                    tally.timers += 1;
+                    r.read(
+                        DeviceId::FIRST,
+                        0,
+                        8,
+                        IoBuf::zeroed(4096),
+                        move |_, tally, done| {
+                            assert!(done.result.is_ok());
+                            tally.ios += 1;
+                            tx.send(()).unwrap();
+                        },
+                    )
+                    .unwrap();
+                });
+            })
+            .unwrap();
+        }
+    }
+    for _ in 0..3 {
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    let report = set.shutdown();
+    assert!(report.panics.is_empty());
+    let mut tallies: Vec<&Tally> = report.exits.iter().map(|e| &e.output).collect();
+    tallies.sort_by_key(|t| t.index);
+    assert_eq!(tallies.len(), 2);
+    for (i, t) in tallies.iter().enumerate() {
+        assert_eq!(t.index, i, "each reactor's own state comes back");
+        let n = i as u64 + 1;
+        assert_eq!((t.messages, t.timers, t.ios), (n, n, n), "reactor {i}");
+        assert!(t.polls > 0, "its poller was handed its state");
+    }
 }

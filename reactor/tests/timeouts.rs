@@ -53,7 +53,7 @@ type Outcomes = Arc<Mutex<Vec<(Result<(), IoFailure>, bool, Duration)>>>;
 fn read_n(h: &ReactorHandle, n: u64) -> Vec<(Result<(), IoFailure>, bool, Duration)> {
     let outcomes: Outcomes = Arc::new(Mutex::new(Vec::new()));
     let sink = outcomes.clone();
-    h.send(move |r| {
+    h.send(move |r, _| {
         for i in 0..n {
             let sink = sink.clone();
             let t0 = Instant::now();
@@ -62,7 +62,7 @@ fn read_n(h: &ReactorHandle, n: u64) -> Vec<(Result<(), IoFailure>, bool, Durati
                 i * 8,
                 8,
                 IoBuf::zeroed(4096),
-                move |_, done| {
+                move |_, _, done| {
                     sink.lock()
                         .unwrap()
                         .push((done.result, done.buf.is_some(), t0.elapsed()));
@@ -95,7 +95,7 @@ fn eventually(h: &ReactorHandle, what: &str, cond: impl Fn(&hypoll_reactor::Coun
             h.stats()
         );
         // A message wakes a parked reactor, which publishes.
-        let _ = h.send(|_| {});
+        let _ = h.send(|_, _| {});
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -227,7 +227,7 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
     .unwrap();
     let h = &set.handles()[0];
     let (tx, rx) = crossbeam_channel::unbounded();
-    h.send(move |r| {
+    h.send(move |r, _| {
         let mut refused = Vec::new();
         for i in 0..7u64 {
             let tx = tx.clone();
@@ -235,7 +235,7 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
                 DeviceId::FIRST,
                 hypoll_reactor::IoRequest::new(hypoll_reactor::IoOp::Read, i * 8, 8).with_user(i),
                 Some(IoBuf::zeroed(4096)),
-                move |_, done| tx.send((done.user, done.result)).unwrap(),
+                move |_, _, done| tx.send((done.user, done.result)).unwrap(),
             );
             if let Err(e) = submitted {
                 refused.push((i, e.reason, e.buf.is_some()));
@@ -302,14 +302,14 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
     );
     let (tx, rx) = crossbeam_channel::bounded(1);
     let (answer_tx, answer_rx) = crossbeam_channel::bounded(1);
-    h.send(move |r| {
+    h.send(move |r, _| {
         let refused = r
             .read(
                 DeviceId::FIRST,
                 0,
                 8,
                 IoBuf::zeroed(4096),
-                move |_, done| answer_tx.send((done.user, done.result)).unwrap(),
+                move |_, _, done| answer_tx.send((done.user, done.result)).unwrap(),
             )
             .unwrap_err();
         tx.send((refused.reason, refused.buf.is_some())).unwrap();
@@ -321,7 +321,7 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
             user: 7,
             latency_ns: 0,
         };
-        (refused.callback)(r, done);
+        (refused.callback)(r, &mut (), done);
     })
     .unwrap();
     assert_eq!(
@@ -348,16 +348,16 @@ fn send_timeout_waits_for_room_in_a_full_mailbox_but_not_forever() {
     let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
     let h = &set.handles()[0];
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(0);
-    h.send(move |_| {
+    h.send(move |_, _| {
         let _ = release_rx.recv_timeout(Duration::from_secs(10));
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(50));
     // The reactor is stuck in that message: fill its mailbox.
-    while h.send(|_| {}).is_ok() {}
+    while h.send(|_, _| {}).is_ok() {}
     let t0 = Instant::now();
     assert_eq!(
-        h.send_timeout(|_| {}, Duration::from_millis(30)),
+        h.send_timeout(|_, _| {}, Duration::from_millis(30)),
         Err(hypoll_reactor::SendError::Full)
     );
     assert!(t0.elapsed() >= Duration::from_millis(30), "it waited");
@@ -367,7 +367,7 @@ fn send_timeout_waits_for_room_in_a_full_mailbox_but_not_forever() {
         release_tx.send(()).unwrap();
     });
     let (ran_tx, ran_rx) = crossbeam_channel::bounded(1);
-    h.send_timeout(move |_| ran_tx.send(()).unwrap(), Duration::from_secs(5))
+    h.send_timeout(move |_, _| ran_tx.send(()).unwrap(), Duration::from_secs(5))
         .unwrap();
     ran_rx.recv_timeout(Duration::from_secs(5)).unwrap();
     releaser.join().unwrap();

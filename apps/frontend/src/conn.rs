@@ -383,10 +383,10 @@ pub(crate) mod tests {
         fn has_backlog(&self) -> bool {
             false
         }
-        fn parse(_shard: &mut Shard<Self>, _r: &mut Reactor, _key: usize) -> usize {
+        fn parse(_shard: &mut Shard<Self>, _r: &mut Reactor<Shard<Self>>, _key: usize) -> usize {
             0
         }
-        fn retry_backlog(_shard: &mut Shard<Self>, _r: &mut Reactor) -> usize {
+        fn retry_backlog(_shard: &mut Shard<Self>, _r: &mut Reactor<Shard<Self>>) -> usize {
             0
         }
         fn close_note(_conn: &()) -> String {

@@ -35,10 +35,10 @@ pub struct Endpoint {
 impl Endpoint {
     /// Serves `GET /metrics` (and `/`) on `addr`, a few scrapes at a time, each within a
     /// deadline.
-    pub fn start(
+    pub fn start<S: 'static>(
         addr: SocketAddr,
         metrics: Arc<Metrics>,
-        reactors: Arc<[ReactorHandle]>,
+        reactors: Arc<[ReactorHandle<S>]>,
     ) -> std::io::Result<Endpoint> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
@@ -71,11 +71,11 @@ impl Drop for Endpoint {
 
 /// The endpoint thread's loop: accepts until `stop`, answers each scraper on a thread of
 /// its own while fewer than [`HTTP_SCRAPES_MAX`] run, and waits for them before it ends.
-fn serve(
+fn serve<S: 'static>(
     listener: &TcpListener,
     stop: &AtomicBool,
     metrics: &Arc<Metrics>,
-    reactors: &Arc<[ReactorHandle]>,
+    reactors: &Arc<[ReactorHandle<S>]>,
 ) {
     use std::os::fd::AsFd;
     let mut scrapes: Vec<JoinHandle<()>> = Vec::with_capacity(HTTP_SCRAPES_MAX);
@@ -135,10 +135,10 @@ fn left(deadline: Instant) -> std::io::Result<Duration> {
     }
 }
 
-fn answer(
+fn answer<S>(
     mut stream: TcpStream,
     metrics: &Metrics,
-    reactors: &[ReactorHandle],
+    reactors: &[ReactorHandle<S>],
 ) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_millis(HTTP_SCRAPE_MS_MAX);
     let mut head = Vec::new();

@@ -13,10 +13,9 @@
 //! - `service.rs`: [`Service::start`], in steps (bind, reactors, metrics endpoint,
 //!   listener); `stop.rs`: the graceful stop and its [`StopReport`].
 //! - `listen.rs`: [`ListenAddr`], the listening socket and the hand-off of accepted sockets.
-//! - `local.rs`: how code on a reactor finds its shard ([`with_shard`]), and the shard's
-//!   poller.
 //! - `shard.rs`: [`Protocol`] and [`Shard`]: a reactor's connections, adopted, progressed
-//!   and closed; `turn.rs`: one poller turn and its pacing; `coalesce.rs`: the adaptive
+//!   and closed, and the poller that drives them; the shard is its reactor's state (see
+//!   [`ShardReactor`]), so messages and completions are handed it; `turn.rs`: one poller turn and its pacing; `coalesce.rs`: the adaptive
 //!   gathering of requests under pipelined load.
 //! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
 //! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
@@ -32,7 +31,6 @@ mod endpoint;
 mod epoll;
 mod fdlimit;
 mod listen;
-mod local;
 pub mod metrics;
 mod protocol;
 mod service;
@@ -53,8 +51,10 @@ pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_P
 pub use endpoint::Endpoint;
 pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use listen::ListenAddr;
-pub use local::with_shard;
 pub use protocol::Protocol;
 pub use service::{Service, StartError};
 pub use shard::Shard;
+
+/// A reactor serving protocol `P`: its state is its shard of the service.
+pub type ShardReactor<P> = hypoll_reactor::Reactor<Shard<P>>;
 pub use stop::StopReport;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use hypoll_reactor::ReactorHandle;
 
-use crate::local::with_shard;
 use crate::protocol::Protocol;
+use crate::shard::Shard;
 use crate::stream::Stream;
 
 /// How often the listener checks whether it should stop.
@@ -257,7 +257,7 @@ pub(crate) fn accept_loop<P: Protocol>(
     stop: &AtomicBool,
     open: &AtomicUsize,
     connections_max: usize,
-    handles: &[ReactorHandle],
+    handles: &[ReactorHandle<Shard<P>>],
 ) {
     assert!(!handles.is_empty());
     let mut next = 0usize;
@@ -304,14 +304,7 @@ pub(crate) fn accept_loop<P: Protocol>(
         next = next.wrapping_add(1);
         let index = h.index();
         // A refused send drops the message, and the stream in it, here: closed.
-        let sent = h.send(move |r| {
-            if with_shard::<P, _>(|s| s.adopt(r, stream, peer)).is_none() {
-                tracing::error!(
-                    "reactor {index} has no {} state; connection dropped",
-                    P::NAME
-                );
-            }
-        });
+        let sent = h.send(move |r, shard| shard.adopt(r, stream, peer));
         if let Err(e) = sent {
             open.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!("connection dropped: reactor {index}: {e}");
@@ -387,7 +380,14 @@ mod tests {
             cores: Some(CoreList::new(vec![allowed_cores().unwrap()[0]])),
             ..ReactorConfig::default()
         };
-        let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
+        let metrics = crate::metrics::Metrics::new("test", "test");
+        let service = crate::ServiceConfig::new(ListenAddr::Tcp(addr));
+        let set = ReactorSet::start(cfg, move |r| {
+            let conns = metrics.conns(r.index());
+            let open = Arc::new(AtomicUsize::new(0));
+            Ok(crate::shard::build(r, Sender, &service, conns, open)?)
+        })
+        .unwrap();
         let (stop, open) = (AtomicBool::new(false), AtomicUsize::new(1));
         let log = Captured::default();
         let writer = log.clone();

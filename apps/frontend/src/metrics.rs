@@ -227,7 +227,7 @@ impl Metrics {
     }
 
     /// The text a scrape returns, with the reactors' own counters read now.
-    pub fn encode(&self, reactors: &[ReactorHandle]) -> String {
+    pub fn encode<S>(&self, reactors: &[ReactorHandle<S>]) -> String {
         for h in reactors {
             let labels = ReactorLabels {
                 reactor: h.index().to_string(),

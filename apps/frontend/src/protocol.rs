@@ -28,9 +28,9 @@ pub trait Protocol: Sized + 'static {
     fn has_backlog(&self) -> bool;
     /// Runs the protocol over connection `key`'s input while [`Shard::can_parse`] allows:
     /// consumes what it parsed, queues replies, starts requests. Returns the work done.
-    fn parse(shard: &mut Shard<Self>, r: &mut Reactor, key: usize) -> usize;
+    fn parse(shard: &mut Shard<Self>, r: &mut Reactor<Shard<Self>>, key: usize) -> usize;
     /// Submits what requests waiting for room at a device can now. Returns the work done.
-    fn retry_backlog(shard: &mut Shard<Self>, r: &mut Reactor) -> usize;
+    fn retry_backlog(shard: &mut Shard<Self>, r: &mut Reactor<Shard<Self>>) -> usize;
     /// What the connection's close line adds (e.g. requests refused and not logged); a
     /// non-empty note gets the close logged.
     fn close_note(conn: &Self::Conn) -> String;

@@ -16,7 +16,7 @@ use crate::fdlimit::{self, FdLimit, FDS_PER_REACTOR, FDS_SERVICE};
 use crate::listen::{accept_loop, ListenAddr, Listener};
 use crate::metrics::Metrics;
 use crate::protocol::Protocol;
-use crate::shard;
+use crate::shard::{self, Shard};
 use crate::ServiceConfig;
 
 /// Why a service did not start (after its configuration was checked).
@@ -44,7 +44,7 @@ pub enum StartError {
 /// A running service of protocol `P`. [`Service::stop`] stops it gracefully; dropping it
 /// stops it too.
 pub struct Service<P: Protocol> {
-    pub(crate) set: Option<ReactorSet>,
+    pub(crate) set: Option<ReactorSet<Shard<P>>>,
     pub(crate) listener: Option<JoinHandle<()>>,
     pub(crate) stop: Arc<AtomicBool>,
     local: ListenAddr,
@@ -64,7 +64,7 @@ impl<P: Protocol> Service<P> {
         cfg: &ServiceConfig,
         metrics: Arc<Metrics>,
         export_names: Vec<String>,
-        init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
+        init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
         check_fds(cfg);
         let listener = bind(&cfg.listen, cfg.unix_mode)?;
@@ -155,8 +155,8 @@ fn start_reactors<P: Protocol>(
     cfg: &ServiceConfig,
     metrics: Arc<Metrics>,
     open: Arc<AtomicUsize>,
-    init: impl Fn(&mut Reactor, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
-) -> Result<ReactorSet, StartError> {
+    init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
+) -> Result<ReactorSet<Shard<P>>, StartError> {
     let shard_cfg = cfg.clone();
     let set = ReactorSet::start(
         ReactorConfig {
@@ -173,18 +173,18 @@ fn start_reactors<P: Protocol>(
         move |reactor| {
             let proto = init(reactor, &metrics)?;
             let conn_metrics = metrics.conns(reactor.index());
-            shard::install(reactor, proto, &shard_cfg, conn_metrics, open.clone())?;
-            Ok(())
+            let shard = shard::build(reactor, proto, &shard_cfg, conn_metrics, open.clone())?;
+            Ok(shard)
         },
     )?;
     Ok(set)
 }
 
 /// Step 3: the Prometheus endpoint, where one was asked for.
-fn start_endpoint(
+fn start_endpoint<S: 'static>(
     addr: Option<SocketAddr>,
     metrics: Arc<Metrics>,
-    set: &ReactorSet,
+    set: &ReactorSet<S>,
 ) -> Result<Option<Endpoint>, StartError> {
     let Some(addr) = addr else {
         return Ok(None);
@@ -200,7 +200,7 @@ fn start_listener<P: Protocol>(
     stop: &Arc<AtomicBool>,
     open: &Arc<AtomicUsize>,
     connections_max: usize,
-    set: &ReactorSet,
+    set: &ReactorSet<Shard<P>>,
 ) -> Result<JoinHandle<()>, StartError> {
     let stop = stop.clone();
     let open = open.clone();

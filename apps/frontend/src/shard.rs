@@ -6,19 +6,18 @@
 //! What a protocol adds (its parser, its requests) comes in through [`Protocol`]; the turn
 //! that reads the sockets is in `turn.rs`.
 
-use std::cell::RefCell;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypoll_reactor::Reactor;
+use hypoll_reactor::{Poller, Reactor};
 use slab::Slab;
 
 use crate::bufcache::BufCache;
 use crate::conn::{Conn, READ_CHUNK_BYTES};
 use crate::epoll::{Epoll, Interest};
-use crate::local::{self, ShardPoller};
 use crate::metrics::ConnMetrics;
 use crate::protocol::Protocol;
 use crate::stream::Stream;
@@ -53,17 +52,18 @@ pub struct Shard<P: Protocol> {
     pub(crate) pace: Pace,
 }
 
-/// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller, the handshake
-/// sweep, and the thread-local through which messages and completions find it.
-pub(crate) fn install<P: Protocol>(
-    r: &mut Reactor,
+/// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller and the handshake
+/// sweep. The shard is the reactor's state (what `init` returns): every message, timer and
+/// I/O callback on that reactor is handed it.
+pub(crate) fn build<P: Protocol>(
+    r: &mut Reactor<Shard<P>>,
     proto: P,
     cfg: &ServiceConfig,
     metrics: ConnMetrics,
     open: Arc<AtomicUsize>,
-) -> Result<(), String> {
+) -> Result<Shard<P>, String> {
     let epoll = Rc::new(Epoll::new().map_err(|e| format!("creating epoll: {e}"))?);
-    let shard = Rc::new(RefCell::new(Shard {
+    let shard = Shard {
         index: r.index(),
         proto,
         conns: Slab::new(),
@@ -77,14 +77,29 @@ pub(crate) fn install<P: Protocol>(
         connection_bytes_max: cfg.connection_bytes_max,
         handshake_timeout_ns: u64::try_from(cfg.handshake_timeout.as_nanos()).unwrap_or(u64::MAX),
         pace: Pace::new(cfg.idle_spin_ns, cfg.coalesce_ns.min(COALESCE_NS_MAX)),
-    }));
-    local::install(shard.clone());
-    r.add_poller(Box::new(ShardPoller { epoll, shard }))
+    };
+    r.add_poller(Box::new(ShardPoller { epoll }))
         .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
-    r.every(HANDSHAKE_SWEEP_PERIOD, |r| {
-        local::with_shard::<P, _>(|s| s.expire_handshakes(r));
+    r.every(HANDSHAKE_SWEEP_PERIOD, |r, shard: &mut Shard<P>| {
+        shard.expire_handshakes(r)
     });
-    Ok(())
+    Ok(shard)
+}
+
+/// Polls the reactor's shard every turn; its wake fd is the shard's epoll set, so a parked
+/// reactor wakes when a client sends.
+struct ShardPoller {
+    epoll: Rc<Epoll>,
+}
+
+impl<P: Protocol> Poller<Shard<P>> for ShardPoller {
+    fn poll(&mut self, reactor: &mut Reactor<Shard<P>>, shard: &mut Shard<P>) -> usize {
+        shard.poll(reactor)
+    }
+
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.as_fd())
+    }
 }
 
 impl<P: Protocol> Shard<P> {
@@ -126,7 +141,7 @@ impl<P: Protocol> Shard<P> {
     }
 
     /// A new connection from the listener (counted open by it).
-    pub(crate) fn adopt(&mut self, r: &mut Reactor, stream: Stream, peer: String) {
+    pub(crate) fn adopt(&mut self, r: &mut Reactor<Shard<P>>, stream: Stream, peer: String) {
         if self.draining || self.conns.len() >= CONNECTIONS_PER_REACTOR_MAX {
             self.open_dec();
             self.log(
@@ -168,7 +183,7 @@ impl<P: Protocol> Shard<P> {
     }
 
     /// Closes connections that have not finished their handshake in time.
-    pub(crate) fn expire_handshakes(&mut self, r: &mut Reactor) {
+    pub(crate) fn expire_handshakes(&mut self, r: &mut Reactor<Shard<P>>) {
         let now_ns = r.now_ns();
         let late: Vec<usize> = self
             .conns
@@ -193,7 +208,7 @@ impl<P: Protocol> Shard<P> {
 
     /// Parses buffered input, sends replies, closes a finished connection, and watches the
     /// socket for what the connection waits for. Returns the work done.
-    pub(crate) fn progress(&mut self, r: &mut Reactor, key: usize) -> usize {
+    pub(crate) fn progress(&mut self, r: &mut Reactor<Shard<P>>, key: usize) -> usize {
         let Some(conn) = self.conns.get_mut(key) else {
             return 0;
         };

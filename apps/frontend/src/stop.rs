@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use hypoll_reactor::{DeviceId, IoDone, ReactorSet};
 
-use crate::local::with_shard;
 use crate::protocol::Protocol;
 use crate::service::Service;
+use crate::shard::Shard;
 use crate::{DRAIN_TIMEOUT, FLUSH_TIMEOUT};
 
 /// How often a stop looks whether every connection has closed.
@@ -58,11 +58,9 @@ impl<P: Protocol> Service<P> {
 
     /// Asks every reactor to stop reading requests and close connections as they finish;
     /// waits for them up to [`DRAIN_TIMEOUT`]. Returns the connections still open.
-    fn drain(&self, set: &ReactorSet) -> usize {
+    fn drain(&self, set: &ReactorSet<Shard<P>>) -> usize {
         for h in set.handles().iter() {
-            let _ = h.send(|_| {
-                with_shard::<P, _>(|s| s.drain());
-            });
+            let _ = h.send(|_, shard| shard.drain());
         }
         let deadline = Instant::now() + DRAIN_TIMEOUT;
         while self.open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -73,17 +71,17 @@ impl<P: Protocol> Service<P> {
 
     /// Flushes every export from the first reactor (a flush covers the whole device), and
     /// waits for the answers up to [`FLUSH_TIMEOUT`].
-    fn flush_exports(&self, set: &ReactorSet, report: &mut StopReport) {
+    fn flush_exports(&self, set: &ReactorSet<Shard<P>>, report: &mut StopReport) {
         let (tx, rx) = mpsc::channel();
         for (i, name) in self.export_names.iter().enumerate() {
             let tx = tx.clone();
             let name = name.clone();
             let asked_for = name.clone();
-            let sent = set.handles()[0].send(move |r| {
+            let sent = set.handles()[0].send(move |r, _| {
                 let dev = DeviceId::from_index(i as u16);
                 let name2 = name.clone();
                 let tx2 = tx.clone();
-                let submitted = r.flush(dev, move |_, done: IoDone| {
+                let submitted = r.flush(dev, move |_, _, done: IoDone| {
                     let _ = tx2.send(done.result.map_err(|e| format!("{name2}: flush: {e}")));
                 });
                 if let Err(e) = submitted {

@@ -1,7 +1,6 @@
 //! `hypoll bench`: runs one workload per policy on a fresh reactor set and device, and
 //! measures IOPS, CPU from the OS and latency, side by side.
 
-use std::cell::RefCell;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -144,8 +143,18 @@ enum Phase {
     Drain,
 }
 
-/// A reactor's workload state. It lives in a thread-local on the reactor thread, so the
-/// completion callback captures nothing and costs no allocation per I/O.
+/// Each reactor's state: the workload it runs, then the verify pass (`--verify`). The
+/// completion callbacks are handed it, so they capture nothing and cost no allocation per
+/// I/O.
+#[derive(Default)]
+struct Bench {
+    job: Option<Job>,
+    verify: Option<Verify>,
+}
+
+type BenchReactor = Reactor<Bench>;
+
+/// A reactor's workload.
 struct Job {
     phase: Phase,
     rw: Rw,
@@ -170,10 +179,6 @@ struct Job {
     overshoot_ns: u64,
     slept_ns: u64,
     report: Option<Sender<ReactorReport>>,
-}
-
-thread_local! {
-    static JOB: RefCell<Option<Job>> = const { RefCell::new(None) };
 }
 
 impl Job {
@@ -210,12 +215,10 @@ impl Job {
     }
 }
 
-fn submit_next(r: &mut Reactor, buf: IoBuf) {
-    let (op, slba, nlb) = JOB.with_borrow_mut(|job| {
-        let job = job.as_mut().expect("a job runs on this reactor");
-        let (op, slba) = job.next_io();
-        (op, slba, job.nlb)
-    });
+fn submit_next(r: &mut BenchReactor, s: &mut Bench, buf: IoBuf) {
+    let job = s.job.as_mut().expect("a job runs on this reactor");
+    let (op, slba) = job.next_io();
+    let nlb = job.nlb;
     if let Err(rejected) = r.submit(
         DeviceId::FIRST,
         IoRequest::new(op, slba, nlb),
@@ -227,35 +230,33 @@ fn submit_next(r: &mut Reactor, buf: IoBuf) {
 }
 
 /// Completion callback: count, record, and keep the queue full until the run ends.
-fn on_done(r: &mut Reactor, done: IoDone) {
-    let resubmit = JOB.with_borrow_mut(|job| {
-        let job = job.as_mut().expect("a job runs on this reactor");
-        if job.phase == Phase::Measure {
-            job.ios += 1;
-            if done.result.is_err() {
-                job.errors += 1;
-            } else {
-                job.latency.saturating_record(done.latency_ns.max(1));
-            }
+fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
+    let job = s.job.as_mut().expect("a job runs on this reactor");
+    if job.phase == Phase::Measure {
+        job.ios += 1;
+        if done.result.is_err() {
+            job.errors += 1;
+        } else {
+            job.latency.saturating_record(done.latency_ns.max(1));
         }
-        job.phase != Phase::Drain
-    });
+    }
+    let resubmit = job.phase != Phase::Drain;
     let buf = done.buf.expect("reads and writes return their buffer");
     if resubmit {
-        submit_next(r, buf);
+        submit_next(r, s, buf);
     } else if r.outstanding() == 0 {
-        finish(r);
+        finish(s);
     }
 }
 
-fn reactor_cpu_ns(r: &Reactor) -> u64 {
+fn reactor_cpu_ns(r: &BenchReactor) -> u64 {
     r.handles()[r.index()].cpu_ns().unwrap_or(0)
 }
 
-fn begin_measure(r: &mut Reactor) {
+fn begin_measure(r: &mut BenchReactor, s: &mut Bench) {
     let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
-    JOB.with_borrow_mut(|job| {
-        let job = job.as_mut().expect("job");
+    {
+        let job = s.job.as_mut().expect("job");
         job.phase = Phase::Measure;
         job.start_ns = now;
         job.cpu_start_ns = cpu;
@@ -263,13 +264,13 @@ fn begin_measure(r: &mut Reactor) {
         job.waits_start = c.interrupt_waits;
         job.overshoot_start = c.overshoot_ns;
         job.slept_start = c.slept_ns;
-    });
+    }
 }
 
-fn end_measure(r: &mut Reactor) {
+fn end_measure(r: &mut BenchReactor, s: &mut Bench) {
     let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
-    JOB.with_borrow_mut(|job| {
-        let job = job.as_mut().expect("job");
+    {
+        let job = s.job.as_mut().expect("job");
         job.phase = Phase::Drain;
         job.wall_ns = now - job.start_ns;
         job.cpu_ns = cpu.saturating_sub(job.cpu_start_ns);
@@ -277,15 +278,14 @@ fn end_measure(r: &mut Reactor) {
         job.waits = c.interrupt_waits - job.waits_start;
         job.overshoot_ns = c.overshoot_ns - job.overshoot_start;
         job.slept_ns = c.slept_ns - job.slept_start;
-    });
+    }
     if r.outstanding() == 0 {
-        finish(r);
+        finish(s);
     }
 }
 
-fn finish(_r: &mut Reactor) {
-    let job = JOB.with_borrow_mut(|job| job.take());
-    if let Some(mut job) = job {
+fn finish(s: &mut Bench) {
+    if let Some(mut job) = s.job.take() {
         if let Some(tx) = job.report.take() {
             let _ = tx.send(ReactorReport {
                 ios: job.ios,
@@ -318,7 +318,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     };
     let set = ReactorSet::start(cfg, move |r| {
         r.attach(&device, qd)?;
-        Ok(())
+        Ok(Bench::default())
     })
     .map_err(|e| format!("starting reactors for {policy}: {e}"))?;
     let lba = u64::from(ns.lba_size_bytes);
@@ -332,9 +332,9 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         let tx = tx.clone();
         let (rw, ramp, runtime, bs) = (work.rw, work.ramp, work.runtime, work.bs_bytes);
         let index = h.index() as u64;
-        h.send(move |r| {
-            JOB.with_borrow_mut(|job| {
-                *job = Some(Job {
+        h.send(move |r, s| {
+            {
+                s.job = Some(Job {
                     phase: Phase::Ramp,
                     rw,
                     nlb,
@@ -359,14 +359,14 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
                     overshoot_ns: 0,
                     slept_ns: 0,
                     report: Some(tx),
-                })
-            });
+                });
+            }
             r.after(ramp, begin_measure);
             r.after(ramp + runtime, end_measure);
             for _ in 0..qd {
                 let mut buf = IoBuf::pinned(bs as usize);
                 buf.fill(0x5a);
-                submit_next(r, buf);
+                submit_next(r, s, buf);
             }
         })
         .map_err(|e| format!("starting the workload: {e}"))?;
@@ -424,7 +424,7 @@ fn pattern(slba: u64, len: usize) -> IoBuf {
 /// Each reactor writes a pattern over (part of) its slice, then reads it back and compares.
 /// Returns the blocks that did not match (or failed).
 fn verify(
-    set: &ReactorSet,
+    set: &ReactorSet<Bench>,
     work: &Workload,
     nlb: u32,
     per_reactor_ios: u64,
@@ -434,16 +434,24 @@ fn verify(
     for h in set.handles().iter() {
         let tx = tx.clone();
         let base = h.index() as u64 * per_reactor_ios;
-        let ctx = VerifyCtx {
+        let verify = Verify {
             base,
             count,
             nlb,
             bs: work.bs_bytes as usize,
             qd: work.qd as u64,
             tx,
+            next: 0,
+            done: 0,
+            reading: false,
+            mismatches: 0,
+            ended: false,
         };
-        h.send(move |r| verify_on(r, ctx))
-            .map_err(|e| format!("starting verify: {e}"))?;
+        h.send(move |r, s| {
+            s.verify = Some(verify);
+            verify_phase(r, s);
+        })
+        .map_err(|e| format!("starting verify: {e}"))?;
     }
     drop(tx);
     let mut mismatches = 0;
@@ -455,18 +463,15 @@ fn verify(
     Ok(mismatches)
 }
 
-/// Where and how one reactor verifies.
-#[derive(Clone)]
-struct VerifyCtx {
+/// One reactor's verify pass: where (`count` I/Os of `nlb` blocks from I/O `base`), how
+/// deep, and how far it got.
+struct Verify {
     base: u64,
     count: u64,
     nlb: u32,
     bs: usize,
     qd: u64,
     tx: Sender<u64>,
-}
-
-struct VerifyPass {
     next: u64,
     done: u64,
     reading: bool,
@@ -475,74 +480,58 @@ struct VerifyPass {
     ended: bool,
 }
 
-/// Writes `count` I/Os' worth of pattern at `qd`, then reads them back at `qd`.
-fn verify_on(r: &mut Reactor, ctx: VerifyCtx) {
-    let pass = std::rc::Rc::new(RefCell::new(VerifyPass {
-        next: 0,
-        done: 0,
-        reading: false,
-        mismatches: 0,
-        ended: false,
-    }));
-    for _ in 0..ctx.qd.min(ctx.count) {
-        verify_issue(r, &pass, &ctx);
+/// Starts a phase (writing the pattern, then reading it back) at the pass's depth.
+fn verify_phase(r: &mut BenchReactor, s: &mut Bench) {
+    let v = s.verify.as_ref().expect("a verify pass runs");
+    for _ in 0..v.qd.min(v.count) {
+        verify_issue(r, s);
     }
 }
 
-fn verify_issue(r: &mut Reactor, pass: &std::rc::Rc<RefCell<VerifyPass>>, ctx: &VerifyCtx) {
-    let (i, reading) = {
-        let mut p = pass.borrow_mut();
-        if p.next == ctx.count {
-            return;
-        }
-        p.next += 1;
-        (p.next - 1, p.reading)
-    };
-    let slba = (ctx.base + i) * u64::from(ctx.nlb);
-    let (op, buf) = if reading {
-        (IoOp::Read, IoBuf::pinned(ctx.bs))
+fn verify_issue(r: &mut BenchReactor, s: &mut Bench) {
+    let v = s.verify.as_mut().expect("a verify pass runs");
+    if v.next == v.count {
+        return;
+    }
+    v.next += 1;
+    let slba = (v.base + v.next - 1) * u64::from(v.nlb);
+    let (op, buf) = if v.reading {
+        (IoOp::Read, IoBuf::pinned(v.bs))
     } else {
-        (IoOp::Write, pattern(slba, ctx.bs))
+        (IoOp::Write, pattern(slba, v.bs))
     };
-    let (pass2, ctx2) = (pass.clone(), ctx.clone());
-    let callback = move |r: &mut Reactor, done: IoDone| {
-        let phase_done = {
-            let mut p = pass2.borrow_mut();
-            if p.ended {
-                return;
-            }
-            let ok = done.result.is_ok()
-                && (!p.reading || done.buf.as_deref() == Some(&pattern(slba, ctx2.bs)[..]));
-            p.mismatches += u64::from(!ok);
-            p.done += 1;
-            p.done == ctx2.count
-        };
-        if !phase_done {
-            verify_issue(r, &pass2, &ctx2);
-        } else if pass2.borrow().reading {
-            let _ = ctx2.tx.send(pass2.borrow().mismatches);
-        } else {
-            {
-                let mut p = pass2.borrow_mut();
-                p.reading = true;
-                p.next = 0;
-                p.done = 0;
-            }
-            for _ in 0..ctx2.qd.min(ctx2.count) {
-                verify_issue(r, &pass2, &ctx2);
-            }
-        }
-    };
-    let req = IoRequest::new(op, slba, ctx.nlb);
-    if let Err(rejected) = r.submit(DeviceId::FIRST, req, Some(buf), callback) {
+    let req = IoRequest::new(op, slba, v.nlb).with_user(slba);
+    if let Err(rejected) = r.submit(DeviceId::FIRST, req, Some(buf), verify_done) {
         // Verify stays within the queue depth, so only a stopping reactor refuses: every
         // block not yet checked counts as failed, and the pass reports once.
-        let mut p = pass.borrow_mut();
-        if !p.ended {
-            p.ended = true;
-            let unchecked = ctx.count - p.done + if p.reading { 0 } else { ctx.count };
+        let v = s.verify.as_mut().expect("a verify pass runs");
+        if !v.ended {
+            v.ended = true;
+            let unchecked = v.count - v.done + if v.reading { 0 } else { v.count };
             eprintln!("hypoll: verify stopped: {rejected}");
-            let _ = ctx.tx.send(p.mismatches + unchecked);
+            let _ = v.tx.send(v.mismatches + unchecked);
         }
+    }
+}
+
+fn verify_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
+    let v = s.verify.as_mut().expect("a verify pass runs");
+    if v.ended {
+        return;
+    }
+    let slba = done.user;
+    let ok = done.result.is_ok()
+        && (!v.reading || done.buf.as_deref() == Some(&pattern(slba, v.bs)[..]));
+    v.mismatches += u64::from(!ok);
+    v.done += 1;
+    if v.done < v.count {
+        verify_issue(r, s);
+    } else if v.reading {
+        let _ = v.tx.send(v.mismatches);
+    } else {
+        v.reading = true;
+        v.next = 0;
+        v.done = 0;
+        verify_phase(r, s);
     }
 }

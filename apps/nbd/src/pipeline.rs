@@ -101,7 +101,7 @@ fn nbd_error_of(failure: &IoFailure) -> u32 {
 /// connection's input: splits it into device commands and submits what fits.
 pub(crate) fn start(
     shard: &mut Shard<Nbd>,
-    r: &mut Reactor,
+    r: &mut Reactor<Shard<Nbd>>,
     key: usize,
     export: usize,
     req: Request,
@@ -159,7 +159,7 @@ pub(crate) fn start(
 
 /// Submits the request's next device commands until all are submitted (true) or the
 /// queue pair is full (false).
-fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor, ck: usize, rk: usize) -> bool {
+fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usize) -> bool {
     let p = &mut shard.conns[ck].proto.inflight[rk];
     let ex = &shard.proto.exports[p.export];
     let lba = u64::from(ex.lba_bytes);
@@ -251,7 +251,11 @@ fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor, ck: usize, rk: usize) -> bool {
 
 /// Submits the requests waiting for room at export `export`'s queue pair, in order, until
 /// it is full again. Returns the requests fully submitted.
-pub(crate) fn retry_backlog(shard: &mut Shard<Nbd>, r: &mut Reactor, export: usize) -> usize {
+pub(crate) fn retry_backlog(
+    shard: &mut Shard<Nbd>,
+    r: &mut Reactor<Shard<Nbd>>,
+    export: usize,
+) -> usize {
     let mut work = 0;
     while let Some(&(ck, rk)) = shard.proto.exports[export].backlog.front() {
         if !pump(shard, r, ck, rk) {
@@ -265,14 +269,14 @@ pub(crate) fn retry_backlog(shard: &mut Shard<Nbd>, r: &mut Reactor, export: usi
 }
 
 /// Runs on the reactor when a device command of a request completes.
-fn piece_done(r: &mut Reactor, done: IoDone) {
+fn piece_done(r: &mut Reactor<Shard<Nbd>>, shard: &mut Shard<Nbd>, done: IoDone) {
     let (conn, req, piece) = unpack(done.user);
-    hypoll_frontend::with_shard::<Nbd, _>(|s| on_piece_done(s, r, conn, req, piece, done));
+    on_piece_done(shard, r, conn, req, piece, done);
 }
 
 fn on_piece_done(
     shard: &mut Shard<Nbd>,
-    r: &mut Reactor,
+    r: &mut Reactor<Shard<Nbd>>,
     ck: usize,
     rk: usize,
     piece: u32,
@@ -316,7 +320,7 @@ fn on_piece_done(
 }
 
 /// Once every command of a request is back: a flush for FUA, or the reply.
-fn maybe_finish(shard: &mut Shard<Nbd>, r: &mut Reactor, ck: usize, rk: usize) {
+fn maybe_finish(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usize) {
     loop {
         let p = &mut shard.conns[ck].proto.inflight[rk];
         let all_submitted = match p.stage {

@@ -59,7 +59,7 @@ impl Nbd {
     /// Attaches every export's device to reactor `r` (at `queue_depth`) and takes the
     /// reactor's metric handles for them.
     pub(crate) fn attach(
-        r: &mut Reactor,
+        r: &mut Reactor<Shard<Nbd>>,
         devices: &[Device],
         infos: &Arc<[ExportInfo]>,
         limits: Limits,
@@ -119,11 +119,11 @@ impl Protocol for Nbd {
         self.exports.iter().any(|e| !e.backlog.is_empty())
     }
 
-    fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor, key: usize) -> usize {
+    fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usize {
         parse(shard, r, key)
     }
 
-    fn retry_backlog(shard: &mut Shard<Nbd>, r: &mut Reactor) -> usize {
+    fn retry_backlog(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>) -> usize {
         let mut work = 0;
         for e in 0..shard.proto.exports.len() {
             work += pipeline::retry_backlog(shard, r, e);
@@ -152,7 +152,7 @@ impl NbdConn {
 }
 
 /// Runs the session over the buffered input while the connection may take requests.
-fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor, key: usize) -> usize {
+fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usize {
     let mut work = 0;
     let mut out = std::mem::take(&mut shard.proto.scratch);
     loop {

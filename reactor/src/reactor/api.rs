@@ -16,7 +16,7 @@ use crate::io::{AttachError, Device, DeviceId, DeviceOptions, WAIT_QUEUE_MAX};
 use crate::stats::Counters;
 use crate::timer::{TimerFn, TimerId};
 
-impl Reactor {
+impl<S> Reactor<S> {
     /// The core this reactor is pinned to.
     pub fn core(&self) -> usize {
         self.core
@@ -28,7 +28,7 @@ impl Reactor {
     }
 
     /// Handles to every reactor of the set, this one included, for cross-core messages.
-    pub fn handles(&self) -> &Arc<[ReactorHandle]> {
+    pub fn handles(&self) -> &Arc<[ReactorHandle<S>]> {
         &self.handles
     }
 
@@ -167,6 +167,11 @@ impl Reactor {
             .map(|d| d.qp.namespace())
     }
 
+    /// The block size of an attached device: the unit every I/O call addresses it in.
+    pub fn lba_bytes(&self, device: DeviceId) -> Option<u32> {
+        self.devices.get(device.0 as usize).map(|d| d.lba_bytes)
+    }
+
     /// Whether a submission to `device` now would not be refused for a full queue (it may
     /// still be refused for another reason, which `submit` reports: an unknown device, a
     /// queue pair whose every slot holds an abandoned command). Callers that hold work back
@@ -180,16 +185,25 @@ impl Reactor {
         })
     }
 
-    /// Runs `f` on this reactor after `delay`.
-    pub fn after(&mut self, delay: Duration, f: impl FnOnce(&mut Reactor) + 'static) -> TimerId {
+    /// Runs `f` on this reactor after `delay`, given the reactor and its state.
+    pub fn after(
+        &mut self,
+        delay: Duration,
+        f: impl FnOnce(&mut Reactor<S>, &mut S) + 'static,
+    ) -> TimerId {
         let deadline_ns = self
             .now_ns
             .saturating_add(u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX));
         self.timers.add(deadline_ns, 0, TimerFn::Once(Box::new(f)))
     }
 
-    /// Runs `f` on this reactor every `period` (missed periods are skipped, not bunched).
-    pub fn every(&mut self, period: Duration, f: impl FnMut(&mut Reactor) + 'static) -> TimerId {
+    /// Runs `f` on this reactor every `period` (missed periods are skipped, not bunched),
+    /// given the reactor and its state.
+    pub fn every(
+        &mut self,
+        period: Duration,
+        f: impl FnMut(&mut Reactor<S>, &mut S) + 'static,
+    ) -> TimerId {
         let period_ns = (period.as_nanos() as u64).max(1);
         self.timers.add(
             self.now_ns + period_ns,
@@ -204,7 +218,7 @@ impl Reactor {
     }
 
     /// Adds a poller, polled every loop turn; its wake fd (if any) wakes a parked reactor.
-    pub fn add_poller(&mut self, poller: Box<dyn Poller>) -> std::io::Result<PollerId> {
+    pub fn add_poller(&mut self, poller: Box<dyn Poller<S>>) -> std::io::Result<PollerId> {
         let id = PollerId(self.next_poller);
         self.next_poller += 1;
         if let Some(fd) = poller.wake_fd() {

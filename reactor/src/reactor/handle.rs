@@ -30,19 +30,35 @@ pub(crate) struct Wake {
     pub(super) stop: AtomicBool,
 }
 
-/// A handle to a reactor, usable from any thread.
-#[derive(Clone)]
-pub struct ReactorHandle {
+/// A handle to a reactor whose state is an `S`, usable from any thread.
+pub struct ReactorHandle<S = ()> {
     index: usize,
     pub(super) core: usize,
-    tx: Sender<Message>,
+    tx: Sender<Message<S>>,
     pub(super) wake: Arc<Wake>,
     pub(super) stats: Arc<SharedStats>,
 }
 
-impl ReactorHandle {
-    /// Queues `f` to run on the reactor. A full mailbox is an error, never a wait.
-    pub fn send(&self, f: impl FnOnce(&mut Reactor) + Send + 'static) -> Result<(), SendError> {
+// Not derived: a derived `Clone` would ask `S: Clone`, and the handle holds no `S`.
+impl<S> Clone for ReactorHandle<S> {
+    fn clone(&self) -> Self {
+        ReactorHandle {
+            index: self.index,
+            core: self.core,
+            tx: self.tx.clone(),
+            wake: self.wake.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+impl<S> ReactorHandle<S> {
+    /// Queues `f` to run on the reactor, given the reactor and its state. A full mailbox is
+    /// an error, never a wait.
+    pub fn send(
+        &self,
+        f: impl FnOnce(&mut Reactor<S>, &mut S) + Send + 'static,
+    ) -> Result<(), SendError> {
         if self.wake.stop.load(Ordering::Acquire) {
             return Err(SendError::Stopped);
         }
@@ -63,7 +79,7 @@ impl ReactorHandle {
     /// runs nothing else.
     pub fn send_timeout(
         &self,
-        f: impl FnOnce(&mut Reactor) + Send + 'static,
+        f: impl FnOnce(&mut Reactor<S>, &mut S) + Send + 'static,
         timeout: Duration,
     ) -> Result<(), SendError> {
         if self.wake.stop.load(Ordering::Acquire) {
@@ -124,11 +140,11 @@ impl ReactorHandle {
 }
 
 /// Creates the mailbox of one reactor: the handle and what the reactor keeps.
-pub(crate) fn mailbox(
+pub(crate) fn mailbox<S>(
     index: usize,
     core: usize,
     capacity: usize,
-) -> std::io::Result<(ReactorHandle, Receiver<Message>)> {
+) -> std::io::Result<(ReactorHandle<S>, Receiver<Message<S>>)> {
     let (tx, rx) = crossbeam_channel::bounded(capacity);
     let wake = Arc::new(Wake {
         eventfd: EventFd::new()?,

@@ -37,7 +37,7 @@ impl WakeState {
     }
 }
 
-impl Reactor {
+impl<S> Reactor<S> {
     /// Nothing had work this turn.
     pub(super) fn when_idle(&mut self) {
         // The turn began with no wait ahead of the next one; this is its only idle step.

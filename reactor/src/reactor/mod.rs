@@ -64,14 +64,14 @@ const _: () = assert!(DEVICES_MAX <= u64::BITS as usize);
 const _: () = assert!(DEVICES_MAX <= u16::MAX as usize + 1);
 const _: () = assert!(TOKEN_DEVICE_BASE + DEVICES_MAX as u64 <= TOKEN_POLLER_BASE);
 
-/// A closure run on a reactor.
-pub type Message = Box<dyn FnOnce(&mut Reactor) + Send>;
+/// A closure run on a reactor, given the reactor and its state.
+pub type Message<S = ()> = Box<dyn FnOnce(&mut Reactor<S>, &mut S) + Send>;
 
 /// Work a reactor polls every turn (a socket, a ring). Returns the work it did: 0 means it
 /// found nothing. Pollers that can say when they have work give a `wake_fd`, so a parked
 /// reactor wakes for them; one without an fd is polled only when the reactor is awake.
-pub trait Poller {
-    fn poll(&mut self, reactor: &mut Reactor) -> usize;
+pub trait Poller<S = ()> {
+    fn poll(&mut self, reactor: &mut Reactor<S>, state: &mut S) -> usize;
 
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         None
@@ -83,7 +83,7 @@ pub trait Poller {
 pub struct PollerId(u64);
 
 /// A device attached to this reactor: its queue pair and this reactor's statistics for it.
-struct Attached {
+struct Attached<S> {
     qp: Box<dyn QueuePair>,
     recorder: StatsRecorder,
     lba_bytes: u32,
@@ -93,7 +93,7 @@ struct Attached {
     abort_timeout_ns: u64,
     reset_timeout_ns: u64,
     /// I/Os accepted while the queue pair was full, oldest first, at most `wait_capacity`.
-    waiting: VecDeque<Waiter>,
+    waiting: VecDeque<Waiter<S>>,
     /// At most [`crate::io::WAIT_QUEUE_MAX`].
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
@@ -105,7 +105,7 @@ struct Attached {
 }
 
 /// The reactor's record of one outstanding I/O, in a slab keyed by the command's tag.
-struct IoSlot {
+struct IoSlot<S> {
     device: u16,
     bucket: Option<Bucket>,
     /// When it reached the queue pair (the device's latency counts from here).
@@ -120,7 +120,7 @@ struct IoSlot {
     user: u64,
     buf: Option<hypoll_nvme::IoBuf>,
     /// `None` once it ran (an abandoned I/O).
-    callback: Option<IoCallback>,
+    callback: Option<IoCallback<S>>,
     recovery: Recovery,
 }
 
@@ -150,9 +150,10 @@ impl Default for ReactorTuning {
     }
 }
 
-/// What a reactor reports when it exits.
+/// What a reactor reports when it exits, with what its exit hook returned (see
+/// [`ReactorSet::start_with_exit`](crate::ReactorSet::start_with_exit)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExitReport {
+pub struct ExitReport<X = ()> {
     pub core: usize,
     /// I/Os that completed while the reactor was stopping.
     pub drained_ios: u64,
@@ -160,27 +161,41 @@ pub struct ExitReport {
     /// [`IoFailure::Shutdown`](crate::io::IoFailure::Shutdown).
     pub failed_ios: u64,
     pub stats: ReactorStats,
+    /// What the exit hook made of the reactor's state.
+    pub output: X,
+}
+
+impl ExitReport {
+    pub(crate) fn with_output<X>(self, output: X) -> ExitReport<X> {
+        ExitReport {
+            core: self.core,
+            drained_ios: self.drained_ios,
+            failed_ios: self.failed_ios,
+            stats: self.stats,
+            output,
+        }
+    }
 }
 
 /// One reactor: owns its queue pairs, pollers, timers, policy and statistics. Lives on its
 /// own thread; other threads reach it through a [`ReactorHandle`].
-pub struct Reactor {
+pub struct Reactor<S = ()> {
     index: usize,
     core: usize,
     /// Dropped before everything else, whatever the order of the fields: see `Drop`.
-    devices: Vec<Attached>,
-    slots: Slab<IoSlot>,
+    devices: Vec<Attached<S>>,
+    slots: Slab<IoSlot<S>>,
     io_capacity: usize,
     order: VecDeque<(usize, u64)>,
     next_seq: u64,
     completions: Vec<(u16, Completion)>,
     policy: Box<dyn PollPolicy>,
-    mailbox: Receiver<Message>,
-    handles: Arc<[ReactorHandle]>,
-    timers: Timers,
+    mailbox: Receiver<Message<S>>,
+    handles: Arc<[ReactorHandle<S>]>,
+    timers: Timers<S>,
     timer_fd: TimerFd,
     timer_fd_armed_ns: Option<u64>,
-    pollers: Vec<(PollerId, Box<dyn Poller>)>,
+    pollers: Vec<(PollerId, Box<dyn Poller<S>>)>,
     poller_fds: Vec<(PollerId, RawFd)>,
     removed_pollers: Vec<PollerId>,
     next_poller: u64,
@@ -207,7 +222,7 @@ pub struct Reactor {
     to_abandon: Vec<usize>,
     /// Waiters past their timeout, with their device, collected during a recovery scan
     /// (preallocated).
-    expired: Vec<(usize, Waiter)>,
+    expired: Vec<(usize, Waiter<S>)>,
     /// When the next timeout or recovery step is due (ns); `u64::MAX`: none. Lowered by
     /// every submission on a device with a timeout, set by each recovery scan.
     recovery_due_ns: u64,
@@ -222,20 +237,20 @@ pub struct Reactor {
 /// slot, which no device saw, go with their devices. Only then do the slots go, with the
 /// buffers and callbacks of the I/Os still in flight (the callbacks do not run: no reactor
 /// is left to run them on).
-impl Drop for Reactor {
+impl<S> Drop for Reactor<S> {
     fn drop(&mut self) {
         self.devices.clear();
     }
 }
 
-impl Reactor {
+impl<S> Reactor<S> {
     pub(crate) fn new(
         index: usize,
-        mailbox: Receiver<Message>,
-        handles: Arc<[ReactorHandle]>,
+        mailbox: Receiver<Message<S>>,
+        handles: Arc<[ReactorHandle<S>]>,
         policy: Box<dyn PollPolicy>,
         tuning: ReactorTuning,
-    ) -> std::io::Result<Reactor> {
+    ) -> std::io::Result<Reactor<S>> {
         let me = &handles[index];
         let epoll = Epoll::new()?;
         epoll.add(me.wake.eventfd.as_fd(), TOKEN_MAILBOX)?;
@@ -290,7 +305,7 @@ impl Reactor {
         self.clock = clock;
     }
 
-    fn me(&self) -> &ReactorHandle {
+    fn me(&self) -> &ReactorHandle<S> {
         &self.handles[self.index]
     }
 

@@ -66,14 +66,14 @@ fn bit(d: usize) -> u64 {
     1u64 << d
 }
 
-impl Reactor {
+impl<S> Reactor<S> {
     /// Runs timeout recovery if a step is due (one comparison when none is). Returns the
     /// steps taken.
-    pub(super) fn check_timeouts(&mut self) -> usize {
+    pub(super) fn check_timeouts(&mut self, state: &mut S) -> usize {
         if self.now_ns < self.recovery_due_ns {
             return 0;
         }
-        self.recover()
+        self.recover(state)
     }
 
     /// When the next timeout recovery step of any device is due.
@@ -86,7 +86,7 @@ impl Reactor {
     /// theirs, resets a queue pair when an abort did not complete its I/O in time (or the
     /// device cannot abort), and abandons what a reset did not complete in time (or what
     /// timed out on a device that cannot reset). Sets when the next step is due.
-    fn recover(&mut self) -> usize {
+    fn recover(&mut self, state: &mut S) -> usize {
         // The scan's scratch lists are empty between scans (preallocated, never grown).
         debug_assert!(self.to_abandon.is_empty() && self.expired.is_empty());
         debug_assert!(self.abandoned_hold());
@@ -106,7 +106,7 @@ impl Reactor {
         debug_assert!(scan.next_due_ns >= scan.now_ns);
         self.recovery_due_ns = scan.next_due_ns;
         // Callbacks last: they may submit (which only lowers `recovery_due_ns`).
-        let steps = scan.steps + self.fail_expired() + self.abandon_collected();
+        let steps = scan.steps + self.fail_expired(state) + self.abandon_collected(state);
         debug_assert!(self.recovery_due_ns <= scan.next_due_ns);
         debug_assert!(self.to_abandon.is_empty() && self.expired.is_empty());
         debug_assert!(self.abandoned_hold());
@@ -298,22 +298,22 @@ impl Reactor {
 
     /// Runs the callbacks of the waiters `expire_waiters` took out, as timed out. Returns
     /// how many.
-    fn fail_expired(&mut self) -> usize {
+    fn fail_expired(&mut self, state: &mut S) -> usize {
         let mut expired = std::mem::take(&mut self.expired);
         let failed = expired.len();
         self.counters.io_timeouts += failed as u64;
         for (d, w) in expired.drain(..) {
-            self.fail_waiter(d, w, IoFailure::TimedOut);
+            self.fail_waiter(state, d, w, IoFailure::TimedOut);
         }
         self.expired = expired;
         failed
     }
 
     /// Abandons every I/O the scan collected. Returns how many.
-    fn abandon_collected(&mut self) -> usize {
+    fn abandon_collected(&mut self, state: &mut S) -> usize {
         let mut abandon = std::mem::take(&mut self.to_abandon);
         for &key in &abandon {
-            self.abandon(key);
+            self.abandon(state, key);
         }
         let abandoned = abandon.len();
         abandon.clear();
@@ -324,7 +324,7 @@ impl Reactor {
     /// Fails one I/O locally with `IoFailure::Abandoned`, keeping its slot (and buffer) in
     /// quarantine: the device may still use the buffer until it completes the command or
     /// the queue pair is deleted.
-    fn abandon(&mut self, key: usize) {
+    fn abandon(&mut self, state: &mut S, key: usize) {
         let slot = &mut self.slots[key];
         if slot.recovery == Recovery::Abandoned {
             return;
@@ -352,6 +352,6 @@ impl Reactor {
         self.counters.ios += 1;
         self.counters.io_errors += 1;
         debug_assert!(self.abandoned_hold());
-        callback(self, done);
+        callback(self, state, done);
     }
 }

@@ -12,10 +12,10 @@ use crate::io::{
 };
 
 /// An accepted I/O waiting for a free queue-pair slot.
-pub(super) struct Waiter {
+pub(super) struct Waiter<S> {
     pub(super) req: IoRequest,
     pub(super) buf: Option<hypoll_nvme::IoBuf>,
-    pub(super) callback: IoCallback,
+    pub(super) callback: IoCallback<S>,
     pub(super) accepted_ns: u64,
 }
 
@@ -26,28 +26,28 @@ type NotIssued<C> = (hypoll_nvme::SubmitError, Option<hypoll_nvme::IoBuf>, C);
 /// A callback as `Reactor::issue` takes it: a caller's closure is boxed only once its
 /// command is on the queue pair, so that a refusal hands the closure itself back; a waiter's
 /// was boxed when it began to wait.
-trait IntoCallback {
-    fn into_callback(self) -> IoCallback;
+trait IntoCallback<S> {
+    fn into_callback(self) -> IoCallback<S>;
 }
 
 /// A caller's closure, not boxed yet.
 struct Unboxed<F>(F);
 
-impl<F: FnOnce(&mut Reactor, IoDone) + 'static> IntoCallback for Unboxed<F> {
+impl<S, F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static> IntoCallback<S> for Unboxed<F> {
     #[inline(always)]
-    fn into_callback(self) -> IoCallback {
+    fn into_callback(self) -> IoCallback<S> {
         Box::new(self.0)
     }
 }
 
-impl IntoCallback for IoCallback {
+impl<S> IntoCallback<S> for IoCallback<S> {
     #[inline(always)]
-    fn into_callback(self) -> IoCallback {
+    fn into_callback(self) -> IoCallback<S> {
         self
     }
 }
 
-impl Reactor {
+impl<S> Reactor<S> {
     /// Submits one I/O. `buf` is required for reads and writes (at least `nlb` blocks) and
     /// must be `None` otherwise; it comes back in the completion. A refusal hands back
     /// everything given here, the callback included (it has not run): see [`Rejected`].
@@ -59,7 +59,7 @@ impl Reactor {
         callback: F,
     ) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
         self.submit_as(device, req, buf, Unboxed(callback))
             .map_err(|rejected| Rejected {
@@ -74,7 +74,10 @@ impl Reactor {
     /// Submits again an I/O refused earlier, as the refusal handed it back with its
     /// callback boxed ([`Rejected::boxed`], to queue refusals of different callbacks
     /// together): as `submit` would, without boxing the boxed callback again.
-    pub fn resubmit(&mut self, rejected: Rejected) -> Result<(), Rejected> {
+    pub fn resubmit(
+        &mut self,
+        rejected: Rejected<IoCallback<S>>,
+    ) -> Result<(), Rejected<IoCallback<S>>> {
         self.submit_as(
             rejected.device,
             rejected.req,
@@ -85,7 +88,7 @@ impl Reactor {
 
     /// `submit`, for a callback boxed or not.
     #[inline(always)]
-    fn submit_as<C: IntoCallback>(
+    fn submit_as<C: IntoCallback<S>>(
         &mut self,
         device: DeviceId,
         req: IoRequest,
@@ -186,7 +189,7 @@ impl Reactor {
         d: usize,
         req: IoRequest,
         buf: Option<hypoll_nvme::IoBuf>,
-        callback: IoCallback,
+        callback: IoCallback<S>,
     ) {
         let dev = &mut self.devices[d];
         debug_assert!(dev.waiting.len() < dev.wait_capacity);
@@ -232,7 +235,7 @@ impl Reactor {
     /// Puts an I/O on device `d`'s queue pair and records it in a slot. Inlined: it is the
     /// body of every submission.
     #[inline(always)]
-    fn issue<C: IntoCallback>(
+    fn issue<C: IntoCallback<S>>(
         &mut self,
         d: usize,
         req: IoRequest,
@@ -305,7 +308,7 @@ impl Reactor {
     /// Puts waiting I/Os on their queue pairs while there is room, oldest first. Returns
     /// how many it started (or failed: a queue pair that refuses one for another reason
     /// than being full fails it with `IoFailure::Refused`).
-    pub(super) fn start_waiters(&mut self) -> usize {
+    pub(super) fn start_waiters(&mut self, state: &mut S) -> usize {
         debug_assert!(self.wait_queues_hold());
         if self.waiters == 0 {
             return 0;
@@ -341,7 +344,7 @@ impl Reactor {
                             error = %e,
                             "the queue pair refused an I/O that waited for a slot"
                         );
-                        self.fail_waiter(d, waiter, IoFailure::Refused);
+                        self.fail_waiter(state, d, waiter, IoFailure::Refused);
                     }
                 }
             }
@@ -352,7 +355,13 @@ impl Reactor {
     }
 
     /// Runs the callback of an I/O that never reached its queue pair, buffer handed back.
-    pub(super) fn fail_waiter(&mut self, d: usize, w: Waiter, failure: IoFailure) {
+    pub(super) fn fail_waiter(
+        &mut self,
+        state: &mut S,
+        d: usize,
+        w: Waiter<S>,
+        failure: IoFailure,
+    ) {
         self.counters.ios += 1;
         self.counters.io_errors += 1;
         let done = IoDone {
@@ -362,11 +371,19 @@ impl Reactor {
             user: w.req.user,
             latency_ns: self.now_ns.saturating_sub(w.accepted_ns),
         };
-        (w.callback)(self, done);
+        (w.callback)(self, state, done);
     }
 
     // ---- convenience wrappers over `submit`; a refusal hands back what `submit`'s does ----
+    //
+    // One unit throughout: where and how much are in blocks of the device (its
+    // `NamespaceInfo::lba_size_bytes`, [`Reactor::lba_bytes`]). A buffer must hold at least
+    // `nlb` blocks; a request past the namespace, of zero blocks, or over the device's
+    // transfer limit is refused (`RejectReason::Submit`). Front ends that count in bytes or
+    // 512-byte sectors convert with [`IoRequest::from_bytes`], which refuses an offset or
+    // length that is not whole blocks.
 
+    /// Reads `nlb` blocks from block `slba` into `buf`.
     pub fn read<F>(
         &mut self,
         device: DeviceId,
@@ -376,7 +393,7 @@ impl Reactor {
         callback: F,
     ) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
         self.submit(
             device,
@@ -386,21 +403,18 @@ impl Reactor {
         )
     }
 
+    /// Writes `nlb` blocks from `buf` at block `slba`.
     pub fn write<F>(
         &mut self,
         device: DeviceId,
         slba: u64,
+        nlb: u32,
         buf: hypoll_nvme::IoBuf,
         callback: F,
     ) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
-        let lba = self
-            .devices
-            .get(device.0 as usize)
-            .map_or(1, |d| d.lba_bytes as usize);
-        let nlb = (buf.len() / lba) as u32;
         self.submit(
             device,
             IoRequest::new(IoOp::Write, slba, nlb),
@@ -411,7 +425,7 @@ impl Reactor {
 
     pub fn flush<F>(&mut self, device: DeviceId, callback: F) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
         self.submit(device, IoRequest::new(IoOp::Flush, 0, 0), None, callback)
     }
@@ -424,7 +438,7 @@ impl Reactor {
         callback: F,
     ) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
         self.submit(
             device,
@@ -442,7 +456,7 @@ impl Reactor {
         callback: F,
     ) -> Result<(), Rejected<F>>
     where
-        F: FnOnce(&mut Reactor, IoDone) + 'static,
+        F: FnOnce(&mut Reactor<S>, &mut S, IoDone) + 'static,
     {
         self.submit(
             device,

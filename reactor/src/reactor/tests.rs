@@ -39,16 +39,16 @@ type Answer = (&'static str, Result<(), IoFailure>);
 fn answering(
     tx: &mpsc::Sender<Answer>,
     tag: &'static str,
-) -> impl FnOnce(&mut Reactor, IoDone) + 'static {
+) -> impl FnOnce(&mut Reactor, &mut (), IoDone) + 'static {
     let tx = tx.clone();
-    move |_, done| tx.send((tag, done.result)).unwrap()
+    move |_, _, done| tx.send((tag, done.result)).unwrap()
 }
 
 /// Checks a refusal: its reason, and what it hands back (the device and request as given,
 /// the buffer if one was given); then runs its callback, as a caller that answers a refusal
 /// does, and checks that the callback answered.
 #[track_caller]
-fn check_refused<F: FnOnce(&mut Reactor, IoDone)>(
+fn check_refused<F: FnOnce(&mut Reactor, &mut (), IoDone)>(
     r: &mut Reactor,
     rx: &mpsc::Receiver<Answer>,
     submitted: Result<(), Rejected<F>>,
@@ -69,7 +69,7 @@ fn check_refused<F: FnOnce(&mut Reactor, IoDone)>(
         user: rejected.req.user,
         latency_ns: 0,
     };
-    (rejected.callback)(r, done);
+    (rejected.callback)(r, &mut (), done);
     assert_eq!(rx.try_recv(), Ok((tag, Err(IoFailure::Refused))));
 }
 
@@ -87,7 +87,7 @@ fn answers_until(
             return;
         }
         clock.advance_by(1_000_000);
-        r.sim_turn();
+        r.sim_turn(&mut ());
         answers.extend(rx.try_iter());
     }
     panic!("{n} answers expected, {} came: {answers:?}", answers.len());
@@ -313,8 +313,10 @@ fn a_reactor_dropped_with_io_in_flight_drops_its_queue_pairs_before_the_buffers(
     // An I/O in flight: its slot holds its buffer and its callback, which holds a `Logged`:
     // they go together.
     let in_flight = Logged(log.clone(), "slot");
-    r.read(dev, 0, 8, IoBuf::zeroed(4096), move |_, _| drop(in_flight))
-        .unwrap();
+    r.read(dev, 0, 8, IoBuf::zeroed(4096), move |_, _, _| {
+        drop(in_flight)
+    })
+    .unwrap();
     assert_eq!(r.outstanding(), 1);
     // Dropped without a shutdown, as a panic unwinding its thread drops it.
     drop(r);
@@ -337,8 +339,13 @@ fn the_oracle_policy_alone_is_told_the_emulated_deadline_and_sleeps_by_it() {
     ] {
         let mut r = reactor(&clock, policy);
         let dev = r.attach(device, 4).unwrap();
-        r.read(dev, 0, 8, IoBuf::zeroed(4096), |_, _| {}).unwrap();
-        assert_eq!(r.sim_turn(), 0, "nothing completes before the clock moves");
+        r.read(dev, 0, 8, IoBuf::zeroed(4096), |_, _, _| {})
+            .unwrap();
+        assert_eq!(
+            r.sim_turn(&mut ()),
+            0,
+            "nothing completes before the clock moves"
+        );
         // The oracle sleeps until the deadline it is told (a NAND read's, far enough ahead
         // to be worth a sleep); without one it spins, as classic does.
         r.when_idle();

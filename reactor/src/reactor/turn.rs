@@ -16,15 +16,15 @@ use crate::io::{DeviceId, IoDone, IoFailure};
 use crate::stats::STATS_PUBLISH_NS;
 use crate::timer::{TimerFn, Timers};
 
-impl Reactor {
+impl<S> Reactor<S> {
     /// Runs until stopped, then drains or fails outstanding I/O. Returns the exit report.
-    pub(crate) fn run(mut self) -> ExitReport {
+    pub(crate) fn run(&mut self, state: &mut S) -> ExitReport {
         let mut turn_start_ns = monotonic_ns();
         while !self.me().wake.stop.load(Ordering::Acquire) {
             self.now_ns = turn_start_ns;
             // What the last turn's wait (if any) makes of this one; none yet for the next.
             self.wake_this_turn = std::mem::take(&mut self.wake_next_turn);
-            let work = self.turn();
+            let work = self.turn(state);
             if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
                 self.publish();
             }
@@ -44,29 +44,29 @@ impl Reactor {
             }
             turn_start_ns = next_ns;
         }
-        self.shut_down()
+        self.shut_down(state)
     }
 
     /// One loop turn at the clock's current time, for a simulation that steps reactors by
     /// hand (it never spins, sleeps or parks). Returns the work done.
-    pub(crate) fn sim_turn(&mut self) -> usize {
+    pub(crate) fn sim_turn(&mut self, state: &mut S) -> usize {
         self.now_ns = self.clock.now_ns();
-        self.turn()
+        self.turn(state)
     }
 
     /// One loop turn: messages, timers, pollers, completions, timeouts. Returns the work
     /// done.
-    fn turn(&mut self) -> usize {
+    fn turn(&mut self, state: &mut S) -> usize {
         debug_assert!(self.in_flight_within_depths());
         debug_assert!(self.abandoned_hold());
         debug_assert!(self.wait_queues_hold());
         self.counters.polls += 1;
-        let mut work = self.run_messages(MESSAGE_BATCH);
-        work += self.run_timers();
-        work += self.run_pollers();
-        work += self.reap();
-        work += self.start_waiters();
-        work += self.check_timeouts();
+        let mut work = self.run_messages(state, MESSAGE_BATCH);
+        work += self.run_timers(state);
+        work += self.run_pollers(state);
+        work += self.reap(state);
+        work += self.start_waiters(state);
+        work += self.check_timeouts(state);
         for dev in &mut self.devices {
             dev.recorder.tick(self.now_ns);
         }
@@ -79,26 +79,26 @@ impl Reactor {
         work
     }
 
-    fn run_messages(&mut self, max: usize) -> usize {
+    fn run_messages(&mut self, state: &mut S, max: usize) -> usize {
         let mut ran = 0;
         while ran < max {
             let Ok(message) = self.mailbox.try_recv() else {
                 break;
             };
-            message(self);
+            message(self, state);
             ran += 1;
         }
         self.counters.messages += ran as u64;
         ran
     }
 
-    fn run_timers(&mut self) -> usize {
+    fn run_timers(&mut self, state: &mut S) -> usize {
         let mut ran = 0;
         while let Some((id, callback)) = self.timers.pop_due(self.now_ns) {
             match callback {
-                TimerFn::Once(f) => f(self),
+                TimerFn::Once(f) => f(self, state),
                 TimerFn::Every(mut f) => {
-                    f(self);
+                    f(self, state);
                     self.timers.finish(id, TimerFn::Every(f), self.now_ns);
                 }
             }
@@ -108,7 +108,7 @@ impl Reactor {
         ran
     }
 
-    fn run_pollers(&mut self) -> usize {
+    fn run_pollers(&mut self, state: &mut S) -> usize {
         if self.pollers.is_empty() {
             return 0;
         }
@@ -118,7 +118,7 @@ impl Reactor {
             if self.removed_pollers.contains(id) {
                 continue;
             }
-            let did = poller.poll(self);
+            let did = poller.poll(self, state);
             if did > 0 {
                 work += did;
                 // Submissions after this poller's work are stamped with a fresh time.
@@ -137,7 +137,7 @@ impl Reactor {
 
     /// Reaps every queue pair, then runs the callbacks: completions are collected first so a
     /// callback that submits or frees never re-enters a poll.
-    fn reap(&mut self) -> usize {
+    fn reap(&mut self, state: &mut S) -> usize {
         let mut reaped = 0;
         let completions = &mut self.completions;
         for (i, dev) in self.devices.iter_mut().enumerate() {
@@ -155,7 +155,7 @@ impl Reactor {
         self.now_ns = self.clock.now_ns();
         let mut batch = std::mem::take(&mut self.completions);
         for (dev, completion) in batch.drain(..) {
-            self.complete(dev, completion);
+            self.complete(state, dev, completion);
         }
         self.completions = batch;
         // The batch is done: every reaped I/O gave its slot back.
@@ -164,7 +164,7 @@ impl Reactor {
         reaped
     }
 
-    fn complete(&mut self, dev: u16, completion: Completion) {
+    fn complete(&mut self, state: &mut S, dev: u16, completion: Completion) {
         let slot = self
             .slots
             .try_remove(completion.tag as usize)
@@ -238,7 +238,7 @@ impl Reactor {
         let callback = slot
             .callback
             .expect("only abandoned I/Os have run their callback");
-        callback(self, done);
+        callback(self, state, done);
     }
 
     fn publish(&mut self) {
@@ -254,9 +254,9 @@ impl Reactor {
 
     /// Stops: runs what is queued, stops timers and pollers, lets outstanding I/O complete
     /// for up to the shutdown timeout, then deletes the queue pairs and fails the rest.
-    fn shut_down(mut self) -> ExitReport {
+    fn shut_down(&mut self, state: &mut S) -> ExitReport {
         self.stopping = true;
-        while self.run_messages(MESSAGE_BATCH) > 0 {}
+        while self.run_messages(state, MESSAGE_BATCH) > 0 {}
         self.pollers.clear();
         self.timers = Timers::default();
         // I/Os still waiting for a slot never reached a device: they fail now.
@@ -266,14 +266,14 @@ impl Reactor {
             while let Some(w) = self.devices[d].waiting.pop_front() {
                 self.waiters -= 1;
                 waiting_failed += 1;
-                self.fail_waiter(d, w, IoFailure::Shutdown);
+                self.fail_waiter(state, d, w, IoFailure::Shutdown);
             }
         }
         let ios_before = self.counters.ios;
         let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
         while self.live() > 0 && monotonic_ns() < deadline_ns {
             self.now_ns = monotonic_ns();
-            if self.reap() + self.check_timeouts() == 0 {
+            if self.reap(state) + self.check_timeouts(state) == 0 {
                 // Stopping is not latency-critical: poll every `SHUTDOWN_POLL` rather than spin.
                 std::thread::sleep(SHUTDOWN_POLL);
             }
@@ -282,7 +282,7 @@ impl Reactor {
         // Delete the queue pairs first: after this no device touches an I/O buffer.
         self.devices.clear();
         // Abandoned I/Os already ran their callbacks: their buffers leave quarantine here.
-        let failed: Vec<IoSlot> = self
+        let failed: Vec<IoSlot<S>> = self
             .slots
             .drain()
             .filter(|s| s.recovery != Recovery::Abandoned)
@@ -309,7 +309,7 @@ impl Reactor {
             };
             self.counters.ios += 1;
             self.counters.io_errors += 1;
-            callback(&mut self, done);
+            callback(self, state, done);
         }
         // Nothing is left for a device to touch, nor a callback to run.
         debug_assert!(self.slots.is_empty() && self.abandoned == 0 && self.waiters == 0);
@@ -319,6 +319,7 @@ impl Reactor {
             drained_ios,
             failed_ios,
             stats: self.me().stats(),
+            output: (),
         }
     }
 }

@@ -167,7 +167,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                 Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
             }
         } else {
-            reactors[i].sim_turn();
+            reactors[i].sim_turn(&mut ());
         }
         vclock.advance_by(rng.below(step_ns_max + 1));
         if let Some(e) = model.lock().errors.first() {

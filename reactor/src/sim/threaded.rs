@@ -173,7 +173,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
         let done = done_tx.clone();
         let rng = Rng(rng.next());
         let (left, qd) = (cfg.ios_per_reactor, depth.min(THREADED_QD_MAX));
-        h.send(move |r| {
+        h.send(move |r, _| {
             let driver = Rc::new(RefCell::new(Driver {
                 reactor: i,
                 rng,

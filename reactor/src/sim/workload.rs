@@ -110,7 +110,7 @@ pub(super) fn submit_random(
     let req = IoRequest::new(op, slba, nlb).with_user(op_index as u64);
     let cb_model = model.clone();
     let cb_clock = clock.clone();
-    let submitted = r.submit(device, req, buf, move |r, done| {
+    let submitted = r.submit(device, req, buf, move |r, _, done| {
         on_done(&cb_model, &cb_clock, done);
         if let Some(then) = then {
             then(r);
