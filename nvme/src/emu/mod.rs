@@ -28,12 +28,14 @@
 //! before anything else when it changed. Queue pairs blocked on an armed interrupt are woken.
 //!
 //! Layout: `config` (the device string's keys and profiles), `latency` (the latency model),
-//! `store` (where the namespace's data lives), `queue` (a queue pair as the host drives it),
-//! `engine` (what the controller does with each command), `recovery` (aborts and resets).
+//! `store` (where the namespace's data lives), `file` (the file backing and the rules it is
+//! opened under), `queue` (a queue pair as the host drives it), `engine` (what the
+//! controller does with each command), `recovery` (aborts and resets).
 //! This file holds the controller and what its queue pairs share with it.
 
 pub mod config;
 mod engine;
+pub mod file;
 pub mod latency;
 mod queue;
 mod recovery;
