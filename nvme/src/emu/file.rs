@@ -1,5 +1,5 @@
 //! The emulated namespace kept in a file (`backing=file:PATH`): opening it under rules that
-//! refuse whatever the operator did not ask for, and zeroing ranges of it.
+//! refuse whatever the operator did not ask for, and zeroing ranges of it with `fallocate`.
 //!
 //! Opening never changes a file that already exists: a symbolic link (as the last component
 //! of the path) is refused rather than followed, so a link planted at the path cannot hand
@@ -10,9 +10,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
+
+use crate::sys;
 
 /// Mode of a file the emulator creates, before the umask: the data a client writes is
 /// nobody else's to read.
@@ -146,8 +149,26 @@ impl FileStore {
         })
     }
 
-    /// Zeroes `len_bytes` at `offset` by writing zeroes.
-    pub(super) fn zero(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+    /// Zeroes `len_bytes` at `offset`. Deallocating punches a hole, giving the space back;
+    /// otherwise the range reads as zeroes and stays allocated. Either way the file system
+    /// does it in its metadata, without zeroes through the page cache that a later
+    /// `fdatasync` would have to write; where it cannot, zeroes are written.
+    pub(super) fn zero(&self, offset: u64, len_bytes: u64, deallocate: bool) -> io::Result<()> {
+        let mode = if deallocate {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        match sys::fallocate(self.file.as_fd(), mode, offset, len_bytes) {
+            Ok(()) => return Ok(()),
+            // The file system lacks the mode (tmpfs has no ZERO_RANGE; some have neither).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
+                ) => {}
+            Err(e) => return Err(e),
+        }
         static ZEROES: [u8; 64 << 10] = [0; 64 << 10];
         let mut done = 0;
         while done < len_bytes {

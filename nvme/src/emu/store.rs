@@ -58,7 +58,7 @@ impl Store {
                 m.zero(offset, len_bytes, deallocate);
                 Ok(())
             }
-            Store::File(f) => f.zero(offset, len_bytes),
+            Store::File(f) => f.zero(offset, len_bytes, deallocate),
         }
     }
 

@@ -117,7 +117,7 @@ fn a_larger_file_serves_its_first_size_bytes_and_keeps_the_rest() {
     let mut head = vec![0u8; 4096];
     store.file.read_exact_at(&mut head, 0).unwrap();
     assert_eq!(head[..], data[..4096], "the prefix is the file's own data");
-    store.zero(0, MIB).unwrap();
+    store.zero(0, MIB, false).unwrap();
     drop(store);
     assert_eq!(
         len_of(&path),
@@ -169,4 +169,38 @@ fn anything_but_a_regular_file_is_refused() {
         "{err}"
     );
     assert!(err.to_string().contains("/dev/null"), "{err}");
+}
+
+/// Blocks of 512 bytes the file holds on disk.
+fn allocated_blocks(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks()
+}
+
+#[test]
+fn deallocating_gives_the_space_back_and_zeroing_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.img");
+    let store = FileStore::open(&path, 4 * MIB).unwrap();
+    store
+        .file
+        .write_all_at(&vec![0xa5; 4 * MIB as usize], 0)
+        .unwrap();
+    store.file.sync_data().unwrap();
+    let full = allocated_blocks(&path);
+    assert!(
+        full >= 4 * MIB / 512,
+        "written data is allocated ({full} blocks)"
+    );
+
+    store.zero(0, 2 * MIB, false).unwrap();
+    store.zero(2 * MIB, 2 * MIB, true).unwrap();
+    store.file.sync_data().unwrap();
+    let back = std::fs::read(&path).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "both ranges read as zeroes");
+    let after = allocated_blocks(&path);
+    assert!(
+        after <= full - 2 * MIB / 512 && after >= 2 * MIB / 512,
+        "the deallocated half is given back, the zeroed half kept: {full} -> {after} blocks"
+    );
 }
