@@ -1,6 +1,7 @@
 //! The operating-system calls the devices need: the monotonic clock, timerfd (the emulated
-//! controller's interrupt line) and eventfd (the null device's). This is one of the few
-//! modules with `unsafe`; each call is a plain FFI call on values this module owns.
+//! controller's interrupt line), eventfd (the null device's) and fallocate (the emulated
+//! controller's file backing). This is one of the few modules with `unsafe`; each call is a
+//! plain FFI call on values this module owns or borrows for the call.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -129,6 +130,33 @@ impl EventFd {
 
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// `fallocate(2)` on `fd`: `mode` (`FALLOC_FL_*`) over `len_bytes` at `offset`.
+pub fn fallocate(
+    fd: BorrowedFd<'_>,
+    mode: libc::c_int,
+    offset: u64,
+    len_bytes: u64,
+) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (
+        libc::off_t::try_from(offset),
+        libc::off_t::try_from(len_bytes),
+    ) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    loop {
+        // SAFETY: plain syscall on a descriptor borrowed for the whole call; no memory is
+        // passed.
+        let rc = unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset, len) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! The emulated controller's side of a queue pair: it fetches each command when the host
 //! rings the submission doorbell, checks it, decides its fate (latency, error, loss) and
 //! its deadline on one of the queue pair's internal units, and when the host next polls
-//! after that deadline moves the data and posts the completion entry.
+//! after that deadline moves the data and posts the completion entry (a zeroing command
+//! in bounded steps over as many polls as it needs: see `zeroing`).
 
 use std::cmp::Reverse;
 
 use super::latency::LatencyClass;
+use super::zeroing::{zero_steps, ZEROED_BYTES_PER_POLL_MAX};
 use super::{EmuQueuePair, NSID};
 use crate::qpair::{Segment, SEGMENTS_MAX};
 use crate::spec::{
@@ -44,6 +46,8 @@ pub(super) struct DeviceSlot {
     pub(super) deadline_ns: u64,
     /// A write (or Write Zeroes) with Force Unit Access: durable before it completes.
     pub(super) fua: bool,
+    /// Bytes of a Write Zeroes or Deallocate zeroed so far: it completes at `len_bytes`.
+    pub(super) done_bytes: u64,
 }
 
 impl DeviceSlot {
@@ -57,27 +61,31 @@ impl DeviceSlot {
         segs: 0,
         deadline_ns: 0,
         fua: false,
+        done_bytes: 0,
     };
 }
 
 impl EmuQueuePair {
-    /// Posts every command that is due. A command already due at the last clock reading is
-    /// posted without reading the clock again; the clock is read whenever a command is still
-    /// pending after that, so everything due by that reading is posted, as if it had been
-    /// read first. On a zero-latency device this saves a clock read per poll.
+    /// Posts every command that is due, but for zeroing commands this poll's budget does
+    /// not finish. A command already due at the last clock reading is posted without
+    /// reading the clock again; the clock is read whenever a command is still pending after
+    /// that, so everything due by that reading is posted, as if it had been read first. On a
+    /// zero-latency device this saves a clock read per poll.
     #[inline]
     pub(super) fn post_due(&mut self) {
         let Some(&Reverse((earliest_ns, _))) = self.pending.peek() else {
             return;
         };
+        // One budget for the whole poll, however many times it advances.
+        let mut zero_budget_bytes = ZEROED_BYTES_PER_POLL_MAX;
         if earliest_ns <= self.last_clock_ns {
-            self.advance(self.last_clock_ns);
+            self.advance(self.last_clock_ns, &mut zero_budget_bytes);
             if self.pending.is_empty() {
                 return;
             }
         }
         let now_ns = self.read_clock_ns();
-        self.advance(now_ns);
+        self.advance(now_ns, &mut zero_budget_bytes);
     }
 
     /// The controller's reaction to a submission-queue tail doorbell write: fetch every new
@@ -111,6 +119,7 @@ impl EmuQueuePair {
             deadline_ns: now_ns,
             fua: matches!(opcode, Some(Opcode::Write | Opcode::WriteZeroes))
                 && sqe.cdw12 & CDW12_FUA != 0,
+            done_bytes: 0,
         };
         if sqe.flags & FLAGS_PSDT_SGL != 0 {
             let own_list = self.seg_lists[cid * SEGMENTS_MAX..].as_ptr();
@@ -236,35 +245,58 @@ impl EmuQueuePair {
         done_ns
     }
 
-    /// Posts every command whose deadline has passed. Returns how many it posted.
-    pub(super) fn advance(&mut self, now_ns: u64) -> usize {
+    /// Posts every command whose deadline has passed, but for zeroing commands that
+    /// `zero_budget_bytes` (this poll's, shared by its calls) does not finish: those stay
+    /// due, with their deadlines. Returns how many it posted.
+    pub(super) fn advance(&mut self, now_ns: u64, zero_budget_bytes: &mut u64) -> usize {
+        assert!(self.unfinished.is_empty());
         let mut posted = 0;
         while let Some(&Reverse((deadline_ns, cid))) = self.pending.peek() {
             if deadline_ns > now_ns {
                 break;
             }
             self.pending.pop();
-            let slot = &mut self.slots[cid as usize];
-            slot.state = SlotState::Free;
-            let slot = *slot;
-            let status = if slot.status.is_success() {
-                self.execute(usize::from(cid), &slot)
+            let c = usize::from(cid);
+            let status = if self.slots[c].status.is_success() {
+                match self.execute(c, zero_budget_bytes) {
+                    Some(status) => status,
+                    None => {
+                        // Within its capacity (depth): nothing is allocated.
+                        self.unfinished.push((deadline_ns, cid));
+                        continue;
+                    }
+                }
             } else {
-                slot.status
+                self.slots[c].status
             };
+            self.slots[c].state = SlotState::Free;
             self.post(cid, status);
             posted += 1;
+        }
+        // Back in the heap they came from (within its capacity), still due.
+        while let Some(entry) = self.unfinished.pop() {
+            self.pending.push(Reverse(entry));
         }
         posted
     }
 
     /// Moves the data of a successful command, and makes a FUA write durable before it
     /// completes (on a file backing: `sync_data`); an I/O error of a file backing becomes
-    /// Internal Error.
-    fn execute(&self, cid: usize, slot: &DeviceSlot) -> Status {
-        let store = &self.shared.store;
+    /// Internal Error. `None`: a zeroing command that `zero_budget_bytes` did not finish.
+    fn execute(&mut self, cid: usize, zero_budget_bytes: &mut u64) -> Option<Status> {
+        let slot = self.slots[cid];
         let opcode = slot.opcode.expect("validated");
-        let result = if slot.segs > 0 {
+        let result = if let Opcode::WriteZeroes | Opcode::DatasetManagement = opcode {
+            let deallocate = opcode == Opcode::DatasetManagement;
+            let progress = &mut self.slots[cid];
+            let stepped = zero_steps(&self.shared.store, progress, deallocate, zero_budget_bytes);
+            self.zeroed_bytes += progress.done_bytes - slot.done_bytes;
+            match stepped {
+                Ok(false) => return None,
+                Ok(true) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else if slot.segs > 0 {
             let segs = &self.seg_lists[cid * SEGMENTS_MAX..][..usize::from(slot.segs)];
             debug_assert_eq!(
                 segs.iter().map(|s| s.len_bytes() as u64).sum::<u64>(),
@@ -273,13 +305,14 @@ impl EmuQueuePair {
             );
             self.execute_vectored(opcode, slot.offset_bytes, segs)
         } else {
-            self.execute_one(opcode, slot)
+            self.execute_one(opcode, &slot)
         };
+        let store = &self.shared.store;
         let result = result.and_then(|()| if slot.fua { store.flush() } else { Ok(()) });
-        match result {
+        Some(match result {
             Ok(()) => Status::SUCCESS,
             Err(_) => Status::INTERNAL_ERROR,
-        }
+        })
     }
 
     /// Moves a vectored command's data segment by segment, each at its own byte offset in
@@ -330,8 +363,9 @@ impl EmuQueuePair {
                 let buf = unsafe { std::slice::from_raw_parts(slot.buf_ptr, len) };
                 store.write(slot.offset_bytes, buf)
             }
-            Opcode::WriteZeroes => store.zero(slot.offset_bytes, slot.len_bytes, false),
-            Opcode::DatasetManagement => store.zero(slot.offset_bytes, slot.len_bytes, true),
+            Opcode::WriteZeroes | Opcode::DatasetManagement => {
+                unreachable!("zeroing commands go through zero_steps")
+            }
             Opcode::Flush => store.flush(),
         }
     }

@@ -28,16 +28,20 @@
 //! before anything else when it changed. Queue pairs blocked on an armed interrupt are woken.
 //!
 //! Layout: `config` (the device string's keys and profiles), `latency` (the latency model),
-//! `store` (where the namespace's data lives), `queue` (a queue pair as the host drives it),
-//! `engine` (what the controller does with each command), `recovery` (aborts and resets).
+//! `store` (where the namespace's data lives), `file` (the file backing and the rules it is
+//! opened under), `queue` (a queue pair as the host drives it), `engine` (what the
+//! controller does with each command), `zeroing` (Write Zeroes and Deallocate in bounded
+//! steps), `recovery` (aborts and resets).
 //! This file holds the controller and what its queue pairs share with it.
 
 pub mod config;
 mod engine;
+pub mod file;
 pub mod latency;
 mod queue;
 mod recovery;
 pub mod store;
+mod zeroing;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +51,7 @@ use parking_lot::Mutex;
 pub use config::{Backing, EmuConfig};
 pub use queue::EmuQueuePair;
 use store::Store;
+pub use zeroing::ZEROED_BYTES_PER_POLL_MAX;
 
 use crate::clock::Clock;
 use crate::qpair::{Controller, QueuePair, QueuePairError, QUEUE_DEPTH_MAX};

@@ -62,6 +62,12 @@ pub struct EmuQueuePair {
     /// (deadline, cid) of every pending command, earliest first; capacity = depth, never
     /// grows.
     pub(super) pending: BinaryHeap<Reverse<(u64, u16)>>,
+    /// (deadline, cid) of the due zeroing commands a poll has not finished, set aside while
+    /// it posts the others (see `zeroing`); empty between polls. Capacity = depth, never
+    /// grows.
+    pub(super) unfinished: Vec<(u64, u16)>,
+    /// Bytes this queue pair's Write Zeroes and Deallocate commands have zeroed so far.
+    pub(super) zeroed_bytes: u64,
     /// When each of this queue pair's `parallel` internal units is next free (ns), earliest
     /// first; never grows. Per queue pair, so the submit path takes no lock, two reactors
     /// never bounce a cache line over it, and each queue pair's timing is deterministic
@@ -126,6 +132,8 @@ impl EmuQueuePair {
             dev_cq_phase: true,
             slots: vec![DeviceSlot::FREE; depth].into_boxed_slice(),
             pending: BinaryHeap::with_capacity(depth),
+            unfinished: Vec::with_capacity(depth),
+            zeroed_bytes: 0,
             units_free_at_ns,
             model,
             irq,
@@ -161,6 +169,13 @@ impl EmuQueuePair {
         let now_ns = self.shared.clock.now_ns();
         self.last_clock_ns = now_ns;
         now_ns
+    }
+
+    /// Bytes this queue pair's Write Zeroes and Deallocate commands have zeroed so far, in
+    /// steps of at most [`ZEROED_BYTES_PER_POLL_MAX`](super::ZEROED_BYTES_PER_POLL_MAX) a
+    /// poll.
+    pub fn zeroed_bytes(&self) -> u64 {
+        self.zeroed_bytes
     }
 
     /// This queue pair's id on the controller (1-based, as NVMe I/O queues are).

@@ -1,19 +1,18 @@
-//! Backing stores of the emulated namespace: memory (eager or sparse) or a file. Data really
-//! moves: what was written is what is read back.
+//! Backing stores of the emulated namespace: memory (eager or sparse) or a file (in
+//! `file`). Data really moves: what was written is what is read back.
 //!
 //! Memory stores are split into 1 MiB chunks, each behind its own lock, so reactors on
 //! different cores writing different regions do not contend (the locks model the device's
 //! internal parallelism and sit on the device's side of the queue pair, never the host's).
 
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
 use super::config::Backing;
+use super::file::FileStore;
 
 /// Bytes per memory chunk.
 pub const CHUNK_BYTES: u64 = 1 << 20;
@@ -59,7 +58,7 @@ impl Store {
                 m.zero(offset, len_bytes, deallocate);
                 Ok(())
             }
-            Store::File(f) => f.zero(offset, len_bytes),
+            Store::File(f) => f.zero(offset, len_bytes, deallocate),
         }
     }
 
@@ -165,41 +164,6 @@ impl MemoryStore {
     /// Chunks that hold memory (for tests of sparseness).
     pub fn allocated_chunks(&self) -> usize {
         self.chunks.iter().filter(|c| c.lock().is_some()).count()
-    }
-}
-
-pub struct FileStore {
-    file: File,
-    /// `sync_data` calls so far (flushes and FUA writes).
-    syncs: AtomicU64,
-}
-
-impl FileStore {
-    fn open(path: &Path, size_bytes: u64) -> io::Result<FileStore> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        if file.metadata()?.len() < size_bytes {
-            file.set_len(size_bytes)?;
-        }
-        Ok(FileStore {
-            file,
-            syncs: AtomicU64::new(0),
-        })
-    }
-
-    fn zero(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        static ZEROES: [u8; 64 << 10] = [0; 64 << 10];
-        let mut done = 0;
-        while done < len_bytes {
-            let n = (len_bytes - done).min(ZEROES.len() as u64) as usize;
-            self.file.write_all_at(&ZEROES[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
     }
 }
 

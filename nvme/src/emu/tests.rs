@@ -106,7 +106,8 @@ fn completion_entries_follow_the_spec_layout() {
     assert_eq!(qp.qid(), 2);
     submit_nodata(&mut qp, Command::write_zeroes(0, 8), 77).unwrap();
     clock.advance_to(qp.oracle_next_deadline_ns().unwrap());
-    qp.advance(clock.now_ns());
+    let mut zero_budget_bytes = ZEROED_BYTES_PER_POLL_MAX;
+    qp.advance(clock.now_ns(), &mut zero_budget_bytes);
     let cqe = qp.cq[0];
     assert_eq!(cqe.sq_id, 2);
     assert_eq!(cqe.sq_head, 1, "the controller consumed one entry");

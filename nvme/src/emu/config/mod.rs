@@ -29,7 +29,10 @@ pub enum Backing {
     /// Memory allocated per 1 MiB chunk on first write: a 64 GiB namespace costs nothing until
     /// written. Unwritten blocks read as zeroes.
     Sparse,
-    /// A regular file (created if missing, extended to the namespace size).
+    /// A regular file. A missing one is created (mode 0600) at the namespace size; an
+    /// existing one is used for its first `size_bytes` and never grown, so one smaller than
+    /// the namespace is refused. A symbolic link at the path, or anything but a regular
+    /// file, is refused (see [`super::file`]).
     File(PathBuf),
 }
 
