@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypoll_nvme::{
-    ConfigError, Controller, DeviceConfig, IoBuf, QueuePairError, Status, SubmitError,
+    ConfigError, Controller, DeviceConfig, IoBuf, MemoryRegion, QueuePairError, Status, SubmitError,
 };
 use hypoll_policy::{DeviceStats, StatsConfigError};
 
@@ -261,6 +261,62 @@ impl IoRequest {
     }
 }
 
+/// A byte range of a region registered with a device ([`Reactor::register_memory`]
+/// (crate::Reactor::register_memory)): one segment of a vectored I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionSlice {
+    region: MemoryRegion,
+    offset_bytes: usize,
+    len_bytes: usize,
+}
+
+impl RegionSlice {
+    /// `len_bytes` at `offset_bytes` into `region`; `None` if the range leaves the region or
+    /// is empty.
+    pub fn new(region: MemoryRegion, offset_bytes: usize, len_bytes: usize) -> Option<Self> {
+        let end = offset_bytes.checked_add(len_bytes)?;
+        (len_bytes > 0 && end <= region.len_bytes()).then_some(RegionSlice {
+            region,
+            offset_bytes,
+            len_bytes,
+        })
+    }
+
+    pub fn region(&self) -> MemoryRegion {
+        self.region
+    }
+
+    pub fn offset_bytes(&self) -> usize {
+        self.offset_bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.len_bytes
+    }
+
+    /// Never: an empty range is not a slice (see [`RegionSlice::new`]).
+    pub fn is_empty(&self) -> bool {
+        self.len_bytes == 0
+    }
+
+    /// The first byte, inside the region by construction.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.region.ptr().wrapping_add(self.offset_bytes)
+    }
+}
+
+/// Why registering or unregistering memory with an attached device failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegionUseError {
+    #[error("no such device on this reactor")]
+    UnknownDevice,
+    #[error(transparent)]
+    Register(#[from] hypoll_nvme::RegisterError),
+    #[error(transparent)]
+    Unregister(#[from] hypoll_nvme::UnregisterError),
+}
+
 /// Why [`IoRequest::from_bytes`] refused a byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -381,6 +437,13 @@ pub enum RejectReason {
     Buffer,
     #[error("the reactor is shutting down")]
     ShuttingDown,
+    /// A vectored I/O with no segments, or more than a command carries.
+    #[error("{count} segments: a vectored I/O takes 1 to {max}")]
+    Segments { count: usize, max: usize },
+    /// A vectored I/O's segment (by its position) is in a region not registered with
+    /// this device on this reactor (or since unregistered).
+    #[error("segment {segment} is not in a region registered with this device")]
+    Unregistered { segment: usize },
     /// Every slot of the queue pair holds an abandoned command (see
     /// [`IoFailure::Abandoned`]): the device stopped completing commands and could not be
     /// reset. Retrying helps only once it completes them (or after a restart).

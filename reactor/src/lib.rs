@@ -72,8 +72,8 @@ mod timer;
 pub use cores::{CoreError, CoreList};
 pub use io::{
     AddressError, AttachError, Device, DeviceError, DeviceId, DeviceOptions, IoCallback, IoDone,
-    IoFailure, IoOp, IoRequest, RejectReason, Rejected, DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT,
-    DEFAULT_RESET_TIMEOUT,
+    IoFailure, IoOp, IoRequest, RegionSlice, RegionUseError, RejectReason, Rejected,
+    DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_RESET_TIMEOUT,
 };
 pub use reactor::{
     ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning, SendError,
@@ -95,8 +95,9 @@ pub use timer::TimerId;
 // `hypoll_reactor::policy::build`).
 pub use hypoll_nvme as nvme;
 pub use hypoll_nvme::{
-    ConfigError, Controller, DeviceConfig, IoBuf, NamespaceInfo, Opcode, QueuePair, QueuePairError,
-    Status, SubmitError,
+    ConfigError, Controller, DeviceConfig, IoBuf, MemoryRegion, NamespaceInfo, Opcode, QueuePair,
+    QueuePairError, RegisterError, Status, SubmitError, UnregisterError, REGIONS_MAX,
+    REGION_ALIGN_BYTES, SEGMENTS_MAX,
 };
 pub use hypoll_policy as policy;
 pub use hypoll_policy::{

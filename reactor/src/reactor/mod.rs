@@ -7,6 +7,7 @@
 //! - `submit`: submitting an I/O, and the bounded wait queue of I/Os that found their queue
 //!   pair full;
 //! - `turn`: the loop, one turn of it (messages, timers, pollers, completions), and shutdown;
+//! - `region`: memory the application registers with a device, and vectored I/O into it;
 //! - `recovery`: timeouts, aborts, resets, and abandoning what a device never completes;
 //! - `idle`: what a turn without work does: ask the policy, sleep, wait for an interrupt, or
 //!   park; and the wake state that tells the policy how the last wait ended.
@@ -15,6 +16,7 @@ mod api;
 mod handle;
 mod idle;
 mod recovery;
+mod region;
 mod submit;
 #[cfg(test)]
 mod tests;
@@ -98,6 +100,9 @@ struct Attached<S> {
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
     abandoned: usize,
+    /// Regions registered with this queue pair (at most `hypoll_nvme::REGIONS_MAX`):
+    /// a vectored I/O's segments must lie in them.
+    regions: Vec<hypoll_nvme::MemoryRegion>,
     /// Whether the policy is told the emulated device's true next deadline
     /// (`PollContext::oracle_deadline_ns`): only for the `oracle` policy on an emulated
     /// queue pair, so no other device or policy pays to ask.
@@ -228,6 +233,10 @@ pub struct Reactor<S = ()> {
     recovery_due_ns: u64,
     /// I/Os waiting for a slot, on every device.
     waiters: usize,
+    /// A vectored I/O's segments as its command takes them, filled and emptied within one
+    /// submission (preallocated for `hypoll_nvme::SEGMENTS_MAX`).
+    read_segments: Vec<std::io::IoSliceMut<'static>>,
+    write_segments: Vec<std::io::IoSlice<'static>>,
 }
 
 /// Queue pairs go before the buffers they point into, whatever the order of the fields: a
@@ -293,6 +302,8 @@ impl<S> Reactor<S> {
             expired: Vec::new(),
             recovery_due_ns: u64::MAX,
             waiters: 0,
+            read_segments: Vec::with_capacity(hypoll_nvme::SEGMENTS_MAX),
+            write_segments: Vec::with_capacity(hypoll_nvme::SEGMENTS_MAX),
         })
     }
 

@@ -221,7 +221,7 @@ impl<S> Reactor<S> {
 
     /// Why a full queue pair refuses an I/O: back-pressure, or a device whose every slot
     /// holds an abandoned command (retrying will not help until it recovers).
-    fn full(&self, d: usize, depth: usize) -> RejectReason {
+    pub(super) fn full(&self, d: usize, depth: usize) -> RejectReason {
         let dev = &self.devices[d];
         if dev.abandoned > 0 && dev.abandoned >= dev.qp.depth() {
             RejectReason::Quarantined {
@@ -258,6 +258,24 @@ impl<S> Reactor<S> {
         if let Err(e) = submitted {
             return Err((e, buf, callback));
         }
+        self.record(d, req, buf, callback.into_callback(), accepted_ns, key);
+        Ok(())
+    }
+
+    /// Records an I/O its queue pair just took under tag `key` in that slot, with its
+    /// buffer (if it has one: a vectored I/O's memory is in registered regions) and its
+    /// callback. Inlined: it is part of every submission.
+    #[inline(always)]
+    pub(super) fn record(
+        &mut self,
+        d: usize,
+        req: IoRequest,
+        buf: Option<hypoll_nvme::IoBuf>,
+        callback: IoCallback<S>,
+        accepted_ns: u64,
+        key: usize,
+    ) {
+        let dev = &self.devices[d];
         let bucket = match req.op {
             IoOp::Read => Bucket::new(
                 Direction::Read,
@@ -281,7 +299,7 @@ impl<S> Reactor<S> {
             idle_polls_at_submit: self.counters.idle_polls,
             user: req.user,
             buf,
-            callback: Some(callback.into_callback()),
+            callback: Some(callback),
             recovery: Recovery::InTime,
         });
         debug_assert_eq!(inserted, key);
@@ -302,7 +320,6 @@ impl<S> Reactor<S> {
         }
         self.order.push_back((key, seq));
         debug_assert!(self.devices[d].qp.outstanding() <= self.devices[d].qp.depth());
-        Ok(())
     }
 
     /// Puts waiting I/Os on their queue pairs while there is room, oldest first. Returns

@@ -16,7 +16,7 @@ use crate::io::{
 
 /// An emulated controller on `clock`: its commands complete once the clock passes their
 /// deadline, and only then.
-fn emu(spec: &str, clock: &VirtualClock) -> EmuController {
+pub(super) fn emu(spec: &str, clock: &VirtualClock) -> EmuController {
     let Ok(DeviceConfig::Emu(cfg)) = spec.parse::<DeviceConfig>() else {
         panic!("{spec} is an emulated device");
     };
@@ -24,7 +24,7 @@ fn emu(spec: &str, clock: &VirtualClock) -> EmuController {
 }
 
 /// A reactor on `clock`, built by hand (no thread), under `policy`.
-fn reactor(clock: &VirtualClock, policy: &str) -> Reactor {
+pub(super) fn reactor(clock: &VirtualClock, policy: &str) -> Reactor {
     let (handle, rx) = mailbox(0, 0, 16).unwrap();
     let policy = hypoll_policy::build(policy).unwrap();
     let mut r = Reactor::new(0, rx, Arc::new([handle]), policy, ReactorTuning::default()).unwrap();

@@ -101,6 +101,22 @@ impl QueuePair for LimitedQp {
             Err(RecoveryError::Unsupported)
         }
     }
+
+    unsafe fn register_memory(
+        &mut self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<hypoll_nvme::MemoryRegion, hypoll_nvme::RegisterError> {
+        // SAFETY: forwarded unchanged: our caller keeps the contract for us.
+        unsafe { self.inner.register_memory(ptr, len_bytes) }
+    }
+
+    fn unregister_memory(
+        &mut self,
+        region: hypoll_nvme::MemoryRegion,
+    ) -> Result<(), hypoll_nvme::UnregisterError> {
+        self.inner.unregister_memory(region)
+    }
 }
 
 /// The controller as a device that can abort and reset as asked.
