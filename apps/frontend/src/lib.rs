@@ -20,6 +20,8 @@
 //! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
 //! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
 //! - `metrics.rs` and `endpoint.rs`: the Prometheus metrics and their HTTP endpoint.
+//! - `loglimit.rs`: the bound on how fast one source (the listener, a reactor's clients)
+//!   may log.
 //! - `epoll.rs`: the epoll set, the one system interface needed beyond std; `fdlimit.rs`:
 //!   the open-file limit, checked (and raised) against the connections allowed.
 
@@ -31,6 +33,7 @@ mod endpoint;
 mod epoll;
 mod fdlimit;
 mod listen;
+mod loglimit;
 pub mod metrics;
 mod protocol;
 mod service;
@@ -51,6 +54,7 @@ pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_P
 pub use endpoint::Endpoint;
 pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use listen::ListenAddr;
+pub use loglimit::{LOG_LINES_PER_WINDOW_MAX, LOG_WINDOW_MS};
 pub use protocol::Protocol;
 pub use service::{Service, StartError};
 pub use shard::Shard;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use hypoll_reactor::ReactorHandle;
 
+use crate::loglimit::{suppressed_note, LogLimit};
 use crate::protocol::Protocol;
 use crate::shard::Shard;
 use crate::stream::Stream;
@@ -30,6 +31,14 @@ const ACCEPT_BACKOFF_MS_MIN: u64 = 1;
 const ACCEPT_BACKOFF_MS_MAX: u64 = 100;
 
 const _: () = assert!(ACCEPT_BACKOFF_MS_MIN <= ACCEPT_BACKOFF_MS_MAX);
+
+/// How long a connection accepted at the limit waits for a slot before it is refused. The
+/// count of open connections falls only when a reactor has seen a close, a turn or so
+/// after the client hung up: without this grace, clients that connect as others leave
+/// are refused while the server is not full.
+const FULL_GRACE_MS: u64 = 100;
+/// How often the listener looks at the count during that grace.
+const FULL_CHECK_MS: u64 = 1;
 
 /// The pacing of `accept()` failures: each failure in a row pauses twice as long as the one
 /// before (from [`ACCEPT_BACKOFF_MS_MIN`] to [`ACCEPT_BACKOFF_MS_MAX`]), and only the first
@@ -262,6 +271,7 @@ pub(crate) fn accept_loop<P: Protocol>(
     assert!(!handles.is_empty());
     let mut next = 0usize;
     let mut backoff = AcceptBackoff::default();
+    let refusals = LogLimit::default();
     while !stop.load(Ordering::Acquire) {
         match hypoll_nvme::wait_readable(listener.fd(), ACCEPT_CHECK_MS) {
             Ok(true) => {}
@@ -290,13 +300,16 @@ pub(crate) fn accept_loop<P: Protocol>(
         if failures > 0 {
             tracing::warn!("accepting again after {failures} failed accepts");
         }
-        if open.load(Ordering::Acquire) >= connections_max {
+        if !wait_for_slot(open, connections_max, stop) {
             // The setting by its name: the front end that took it from its user (a flag,
             // a file) says how the user wrote it.
-            tracing::warn!(
-                setting = "connections_max",
-                "{peer}: refused: {connections_max} connections are open"
-            );
+            if let Some(suppressed) = refusals.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    setting = "connections_max",
+                    "{peer}: refused: {connections_max} connections are open{}",
+                    suppressed_note(suppressed)
+                );
+            }
             continue;
         }
         open.fetch_add(1, Ordering::AcqRel);
@@ -310,6 +323,20 @@ pub(crate) fn accept_loop<P: Protocol>(
             tracing::warn!("connection dropped: reactor {index}: {e}");
         }
     }
+}
+
+/// Whether fewer than `connections_max` connections are open, now or within
+/// [`FULL_GRACE_MS`] (or until `stop`).
+fn wait_for_slot(open: &AtomicUsize, connections_max: usize, stop: &AtomicBool) -> bool {
+    let mut waited_ms = 0;
+    while open.load(Ordering::Acquire) >= connections_max {
+        if waited_ms >= FULL_GRACE_MS || stop.load(Ordering::Acquire) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(FULL_CHECK_MS));
+        waited_ms += FULL_CHECK_MS;
+    }
+    true
 }
 
 #[cfg(test)]
@@ -368,10 +395,14 @@ mod tests {
         }
     }
 
-    /// A connection past the limit is closed, and the warning names the setting by its
-    /// field (`connections_max`), never a flag: the binary maps the one to the other.
-    #[test]
-    fn a_connection_past_the_limit_is_refused_with_a_warning_naming_the_setting() {
+    /// Runs the accept loop with `open` connections counted open of `connections_max`,
+    /// while `clients` connects to it; returns what was logged. The loop stops once
+    /// `clients` returns.
+    fn listen_while(
+        open: &Arc<AtomicUsize>,
+        connections_max: usize,
+        clients: impl FnOnce(SocketAddr) + Send,
+    ) -> String {
         let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 0o600).unwrap();
         let Ok(ListenAddr::Tcp(addr)) = listener.local_addr() else {
             panic!("a TCP listener");
@@ -382,43 +413,99 @@ mod tests {
         };
         let metrics = crate::metrics::Metrics::new("test", "test");
         let service = crate::ServiceConfig::new(ListenAddr::Tcp(addr));
+        let shards_open = open.clone();
         let set = ReactorSet::start(cfg, move |r| {
             let conns = metrics.conns(r.index());
-            let open = Arc::new(AtomicUsize::new(0));
+            let open = shards_open.clone();
             Ok(crate::shard::build(r, Sender, &service, conns, open)?)
         })
         .unwrap();
-        let (stop, open) = (AtomicBool::new(false), AtomicUsize::new(1));
+        let stop = AtomicBool::new(false);
         let log = Captured::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
-        let read = std::thread::scope(|s| {
-            let client = s.spawn(|| {
-                let read = (|| -> io::Result<usize> {
-                    let mut c = TcpStream::connect(addr)?;
-                    c.set_read_timeout(Some(Duration::from_secs(10)))?;
-                    c.read(&mut [0u8; 1])
-                })();
-                // Whatever happened, the accept loop ends.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                clients(addr);
                 stop.store(true, Ordering::Release);
-                read
             });
             tracing::subscriber::with_default(subscriber, || {
-                accept_loop::<Sender>(listener, &stop, &open, 1, set.handles());
+                accept_loop::<Sender>(listener, &stop, open, connections_max, set.handles());
             });
-            client.join().unwrap()
         });
-        assert_eq!(read.unwrap(), 0, "the connection is closed at once");
-        assert_eq!(open.load(Ordering::Acquire), 1, "and not counted");
+        assert!(set.shutdown().panics.is_empty());
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    /// Connects and waits for the server to close the connection; returns the bytes read.
+    fn connect_and_read(addr: SocketAddr) -> io::Result<usize> {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        c.read(&mut [0u8; 1])
+    }
+
+    /// A connection past the limit is closed, and the warning names the setting by its
+    /// field (`connections_max`), never a flag: the binary maps the one to the other.
+    #[test]
+    fn a_connection_past_the_limit_is_refused_with_a_warning_naming_the_setting() {
+        let open = Arc::new(AtomicUsize::new(1));
+        let text = listen_while(&open, 1, |addr| {
+            assert_eq!(connect_and_read(addr).unwrap(), 0, "closed at once");
+        });
+        assert_eq!(open.load(Ordering::Acquire), 1, "and not counted");
         assert!(text.contains("WARN"), "{text}");
         assert!(text.contains("refused: 1 connections are open"), "{text}");
         assert!(text.contains("setting=\"connections_max\""), "{text}");
         assert!(!text.contains("--"), "{text}");
-        assert!(set.shutdown().panics.is_empty());
+    }
+
+    /// A client that connects just as another leaves, before a reactor has seen the close
+    /// and counted it, is not refused: the listener waits a little for the slot.
+    #[test]
+    fn a_slot_freed_a_moment_later_takes_the_connection_instead_of_a_refusal() {
+        let open = Arc::new(AtomicUsize::new(1));
+        let text = listen_while(&open, 1, |addr| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(FULL_GRACE_MS / 5));
+                    open.fetch_sub(1, Ordering::AcqRel);
+                });
+                let c = TcpStream::connect(addr).unwrap();
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while open.load(Ordering::Acquire) != 1 && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(c);
+            });
+        });
+        assert!(!text.contains("refused"), "{text}");
+    }
+
+    /// A client connecting in a loop against a full server is refused each time, but the
+    /// log gets a bounded number of lines, not one per attempt.
+    #[test]
+    fn a_connect_loop_against_a_full_server_logs_a_bounded_number_of_lines() {
+        let open = Arc::new(AtomicUsize::new(1));
+        let mut attempts = 0;
+        let text = listen_while(&open, 1, |addr| {
+            let until = std::time::Instant::now() + Duration::from_millis(1_500);
+            while std::time::Instant::now() < until {
+                // Closed by the server, or still waiting in its backlog: either way, again.
+                if let Ok(c) = TcpStream::connect(addr) {
+                    drop(c);
+                }
+                attempts += 1;
+            }
+        });
+        let lines = text.matches("refused: 1 connections are open").count();
+        assert!(
+            lines <= 2 * crate::LOG_LINES_PER_WINDOW_MAX as usize,
+            "{lines} lines for {attempts} attempts"
+        );
     }
 
     /// Failures in a row pause longer and longer, up to the bound, and only the first of a

@@ -18,6 +18,7 @@ use slab::Slab;
 use crate::bufcache::BufCache;
 use crate::conn::{Conn, READ_CHUNK_BYTES};
 use crate::epoll::{Epoll, Interest};
+use crate::loglimit::{suppressed_note, LogLimit};
 use crate::metrics::ConnMetrics;
 use crate::protocol::Protocol;
 use crate::stream::Stream;
@@ -50,6 +51,9 @@ pub struct Shard<P: Protocol> {
     /// A connection still negotiating after this long is closed.
     handshake_timeout_ns: u64,
     pub(crate) pace: Pace,
+    /// This reactor's lines about its clients: a client looping through errors must not
+    /// flood the log.
+    log_limit: LogLimit,
 }
 
 /// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller and the handshake
@@ -77,6 +81,7 @@ pub(crate) fn build<P: Protocol>(
         connection_bytes_max: cfg.connection_bytes_max,
         handshake_timeout_ns: u64::try_from(cfg.handshake_timeout.as_nanos()).unwrap_or(u64::MAX),
         pace: Pace::new(cfg.idle_spin_ns, cfg.coalesce_ns.min(COALESCE_NS_MAX)),
+        log_limit: LogLimit::default(),
     };
     r.add_poller(Box::new(ShardPoller { epoll }))
         .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
@@ -103,9 +108,14 @@ impl<P: Protocol> Poller<Shard<P>> for ShardPoller {
 }
 
 impl<P: Protocol> Shard<P> {
-    /// Logs a line about a client (a `tracing` warning).
+    /// Logs a line about a client (a `tracing` warning), within this reactor's bound of
+    /// [`LOG_LINES_PER_WINDOW_MAX`](crate::LOG_LINES_PER_WINDOW_MAX) lines a second; the
+    /// next line logged says how many were not.
     pub fn log(&self, peer: &str, message: &str) {
-        tracing::warn!("reactor {}: {peer}: {message}", self.index);
+        if let Some(suppressed) = self.log_limit.admit(std::time::Instant::now()) {
+            let note = suppressed_note(suppressed);
+            tracing::warn!("reactor {}: {peer}: {message}{note}", self.index);
+        }
     }
 
     /// Whether connection `key` may take more requests now (it is open, within its bounds,
