@@ -11,8 +11,8 @@ use std::time::Duration;
 // hypoll-reactor is the only dependency an embedder needs: it re-exports `IoBuf` and the
 // rest of what embedding takes from the crates below it.
 use hypoll_reactor::{
-    CoreList, Device, DeviceId, IoBuf, IoCallback, IoDone, IoFailure, IoOp, IoRequest, Reactor,
-    ReactorConfig, ReactorSet, Rejected,
+    CoreList, Device, DeviceId, IoBuf, IoCallback, IoDone, IoOp, IoRequest, Reactor, ReactorConfig,
+    ReactorSet, Rejected,
 };
 
 /// Queue depth of each reactor's queue pair on the device.
@@ -118,14 +118,7 @@ fn on_refusal(
         return;
     }
     eprintln!("core {}: I/O refused: {}", r.core(), rejected.reason);
-    let done = IoDone {
-        device: rejected.device,
-        result: Err(IoFailure::Refused),
-        buf: rejected.buf,
-        user: rejected.req.user,
-        latency_ns: 0,
-    };
-    (rejected.callback)(r, v, done);
+    rejected.fail(r, v);
 }
 
 /// Submits refused I/Os again, oldest first, while the queue pair has room. Every refused

@@ -261,8 +261,9 @@ impl IoRequest {
     }
 }
 
-/// A byte range of a region registered with a device ([`Reactor::register_memory`]
-/// (crate::Reactor::register_memory)): one segment of a vectored I/O.
+/// A byte range of a region registered with a device
+/// ([`Reactor::register_memory`](crate::Reactor::register_memory)): one segment of a
+/// vectored I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionSlice {
     region: MemoryRegion,
@@ -389,7 +390,9 @@ pub struct IoDone {
 pub struct Rejected<F = IoCallback> {
     pub reason: RejectReason,
     pub device: DeviceId,
-    /// The request as submitted (`write` fills `nlb` in from the buffer's length).
+    /// The request as submitted. (A refused vectored I/O comes back with no buffer: submit
+    /// it again with [`Reactor::submit_vectored`](crate::Reactor::submit_vectored) and its
+    /// segments, not with `resubmit`.)
     pub req: IoRequest,
     pub buf: Option<IoBuf>,
     pub callback: F,
@@ -408,6 +411,25 @@ impl<F> Rejected<F> {
             buf: self.buf,
             callback: Box::new(self.callback),
         }
+    }
+}
+
+impl<F> Rejected<F> {
+    /// Answers the refused I/O through its own callback, as failed with
+    /// [`IoFailure::Refused`] and its buffer handed back: for a caller that does not retry,
+    /// so that whoever waits on the callback (a client's reply, a chain of I/Os) hears back.
+    pub fn fail<S>(self, reactor: &mut crate::Reactor<S>, state: &mut S)
+    where
+        F: FnOnce(&mut crate::Reactor<S>, &mut S, IoDone),
+    {
+        let done = IoDone {
+            device: self.device,
+            result: Err(IoFailure::Refused),
+            buf: self.buf,
+            user: self.req.user,
+            latency_ns: 0,
+        };
+        (self.callback)(reactor, state, done);
     }
 }
 

@@ -205,9 +205,9 @@ impl<S> Reactor<S> {
         period: Duration,
         f: impl FnMut(&mut Reactor<S>, &mut S) + 'static,
     ) -> TimerId {
-        let period_ns = (period.as_nanos() as u64).max(1);
+        let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
         self.timers.add(
-            self.now_ns + period_ns,
+            self.now_ns.saturating_add(period_ns),
             period_ns,
             TimerFn::Every(Box::new(f)),
         )

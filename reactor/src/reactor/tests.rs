@@ -45,8 +45,8 @@ fn answering(
 }
 
 /// Checks a refusal: its reason, and what it hands back (the device and request as given,
-/// the buffer if one was given); then runs its callback, as a caller that answers a refusal
-/// does, and checks that the callback answered.
+/// the buffer if one was given); then answers it through its callback (`Rejected::fail`), as
+/// a caller that does not retry does, and checks that the callback answered.
 #[track_caller]
 fn check_refused<F: FnOnce(&mut Reactor, &mut (), IoDone)>(
     r: &mut Reactor,
@@ -62,14 +62,7 @@ fn check_refused<F: FnOnce(&mut Reactor, &mut (), IoDone)>(
     assert_eq!(rejected.reason, reason, "{tag}");
     assert_eq!((rejected.device, rejected.req), (device, req), "{tag}");
     assert_eq!(rejected.buf.is_some(), has_buf, "{tag}");
-    let done = IoDone {
-        device: rejected.device,
-        result: Err(IoFailure::Refused),
-        buf: rejected.buf,
-        user: rejected.req.user,
-        latency_ns: 0,
-    };
-    (rejected.callback)(r, &mut (), done);
+    rejected.fail(r, &mut ());
     assert_eq!(rx.try_recv(), Ok((tag, Err(IoFailure::Refused))));
 }
 
