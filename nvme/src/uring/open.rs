@@ -57,7 +57,7 @@ pub enum UringOpenError {
     },
     #[error("io_uring is not available: {reason}")]
     Unavailable { reason: String },
-    #[error("{path}: polled I/O (iopoll={mode}) is not supported here: {detail}; it needs O_DIRECT on an NVMe namespace with poll queues (nvme.poll_queues=N); use iopoll=auto or iopoll=off")]
+    #[error("{path}: polled I/O (iopoll={mode}) is not supported here: {detail}; it needs O_DIRECT on a disk that polls (an NVMe namespace with poll queues: nvme.poll_queues=N), or on a file in a file system on one; use iopoll=auto to fall back to interrupts, or iopoll=off")]
     IopollUnsupported {
         path: String,
         mode: &'static str,
@@ -180,7 +180,7 @@ impl UringController {
             }
         };
         drop(probe);
-        let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes)?;
+        let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes, size_bytes)?;
         let (defer_taskrun, taskrun_note) = match (mode, cfg.taskrun) {
             (CompletionMode::Interrupt, TaskRun::Defer) => match deferred_ring(2) {
                 Ok(_) => (
