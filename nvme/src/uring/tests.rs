@@ -228,3 +228,40 @@ fn the_disk_under_a_file_says_whether_it_polls_partitions_through_their_disk() {
         "{no_disk}"
     );
 }
+
+/// A polled ring on a disk that cannot poll: the kernel refuses every read that reaches the
+/// disk with `EOPNOTSUPP`. The command completes with Invalid Command Opcode, and the queue
+/// pair counts the refusal (and logs the first, saying what to do), since the status cannot.
+#[test]
+fn a_polled_read_the_disk_refuses_is_counted_as_a_polled_refusal() {
+    const LBA: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    let data: Vec<u8> = (0..16 * LBA).map(|i| (i * 3 + 1) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let mut cfg = UringConfig::new(&path);
+    cfg.set("iopoll", "off").unwrap();
+    let ctrl = UringController::open(&cfg).unwrap();
+    let disk_polls = iopoll::device_polls(&ctrl.file).is_ok();
+    let mut qp = UringQueuePair::new(
+        ctrl.file.clone(),
+        ctrl.ns,
+        CompletionMode::Poll,
+        false,
+        8,
+        true,
+    )
+    .unwrap();
+    let read = SyncIo::new(&mut qp, Duration::from_secs(10)).read(3, 1);
+    if disk_polls {
+        assert_eq!(&read.unwrap()[..], &data[3 * LBA..4 * LBA]);
+        assert_eq!(qp.polled_refusals, 0);
+    } else {
+        assert_eq!(
+            read.unwrap_err(),
+            crate::sync::IoError::Status(Status::INVALID_OPCODE)
+        );
+        assert_eq!(qp.polled_refusals, 1);
+    }
+}
