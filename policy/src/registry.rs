@@ -59,7 +59,8 @@ static POLICIES: [PolicyInfo; 9] = [
     PolicyInfo {
         name: Interrupt::NAME,
         syntax: "interrupt",
-        description: "always block on the device's interrupt fd (IRQ-driven completion)",
+        description: "always block on the device's interrupt fd (IRQ-driven completion); \
+                      without one, sleep to the bucket's mean once, then spin",
         build: |args| {
             no_arguments(Interrupt::NAME, args)?;
             Ok(Box::new(Interrupt))

@@ -25,6 +25,10 @@ pub struct Counters {
     pub sleeps: u64,
     /// Blocks on device interrupts for a policy's `WaitInterrupt`.
     pub interrupt_waits: u64,
+    /// A policy's `WaitInterrupt` carried out as one spin, because a device with I/O
+    /// outstanding has no interrupt line to wait on (polled completions, virtual time): a
+    /// policy that keeps asking is defeated, and the first is logged.
+    pub interrupt_waits_spun: u64,
     /// Parks with nothing outstanding.
     pub parks: u64,
     /// Messages run.
@@ -102,6 +106,9 @@ impl ReactorStats {
                 idle_polls: a.idle_polls.saturating_sub(b.idle_polls),
                 sleeps: a.sleeps.saturating_sub(b.sleeps),
                 interrupt_waits: a.interrupt_waits.saturating_sub(b.interrupt_waits),
+                interrupt_waits_spun: a
+                    .interrupt_waits_spun
+                    .saturating_sub(b.interrupt_waits_spun),
                 parks: a.parks.saturating_sub(b.parks),
                 messages: a.messages.saturating_sub(b.messages),
                 timers: a.timers.saturating_sub(b.timers),

@@ -32,13 +32,15 @@
 //! one `io_uring_enter`, as SPDK rings a doorbell once per batch.
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
-//! checking its size, probing io_uring and IOPOLL), `queue` (the queue pair: its rings,
-//! submission, reaping, aborts), `command` (an NVMe command as an io_uring operation, an
-//! io_uring result as an NVMe status), `ring` (ring set-up and `io_uring_enter`), `sys`
-//! (the raw system calls the io-uring crate does not wrap). This file holds the controller.
+//! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
+//! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
+//! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
+//! set-up and `io_uring_enter`), `sys` (the raw system calls the io-uring crate does not
+//! wrap). This file holds the controller.
 
 mod command;
 mod config;
+mod iopoll;
 mod open;
 mod queue;
 mod ring;

@@ -70,6 +70,9 @@ pub struct UringQueuePair {
     /// allocate after a punch-hole (see [`Zeroing`]).
     retry_zeroes: Vec<u32>,
     zero_range_unsupported: bool,
+    /// Reads and writes a polled ring refused (`EOPNOTSUPP`: the disk cannot poll); the
+    /// first is logged, as the NVMe status alone cannot say why.
+    pub(super) polled_refusals: u64,
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
     /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
@@ -190,6 +193,7 @@ impl UringQueuePair {
             local: VecDeque::with_capacity(depth),
             retry_zeroes: Vec::with_capacity(depth),
             zero_range_unsupported: false,
+            polled_refusals: 0,
             event_fd,
             defer_taskrun,
             fixed_region,
@@ -360,11 +364,29 @@ impl UringQueuePair {
         if !self.regions.is_empty() {
             self.regions.release(slot as usize);
         }
+        if result == -libc::EOPNOTSUPP && !flight.side && self.mode != CompletionMode::Interrupt {
+            self.polled_refusal(&flight);
+        }
         out(Completion {
             tag: flight.tag,
             status: status_of(result, &flight),
         });
         1
+    }
+
+    /// Counts a read or write the kernel refused to poll, and says why once: it completes
+    /// with Invalid Command Opcode, which names no cause.
+    fn polled_refusal(&mut self, flight: &InFlight) {
+        self.polled_refusals += 1;
+        if self.polled_refusals == 1 {
+            tracing::error!(
+                offset_bytes = flight.offset_bytes,
+                "the kernel refused a polled {:?} (EOPNOTSUPP): the disk under this file \
+                 cannot poll, so it and every like it complete with Invalid Command Opcode; \
+                 open the device with iopoll=auto or iopoll=off",
+                flight.opcode
+            );
+        }
     }
 
     /// Commands and aborts in the kernel on either ring.

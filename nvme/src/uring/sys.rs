@@ -1,6 +1,7 @@
 //! The few raw system calls the io_uring device needs that the io-uring crate does not wrap:
-//! creating a ring with `IORING_SETUP_HYBRID_IOPOLL` (Linux 6.13), and the block-device
-//! ioctls that give a device's size and logical block size. Everything `unsafe` in the
+//! creating a ring with `IORING_SETUP_HYBRID_IOPOLL` (Linux 6.13), the block-device
+//! ioctls that give a device's size and logical block size, and finding a file's first
+//! data. Everything `unsafe` in the
 //! `uring` device lives here.
 
 use std::fs::File;
@@ -135,4 +136,20 @@ pub fn block_device_lba_bytes(file: &File) -> io::Result<u32> {
         return Err(io::Error::last_os_error());
     }
     u32::try_from(lba_bytes).map_err(|_| io::Error::other("BLKSSZGET returned a negative size"))
+}
+
+/// Offset of the first byte of `file` that holds data (`lseek(SEEK_DATA)`), or `None` when
+/// it is all holes. A block device is all data.
+pub fn data_offset_bytes(file: &File) -> io::Result<Option<u64>> {
+    // SAFETY: lseek on a descriptor we hold open moves its file position and touches no
+    // memory; io_uring reads and writes give their own offsets and never use the position.
+    let ret = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_DATA) };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(ret as u64))
 }

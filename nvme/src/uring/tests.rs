@@ -2,6 +2,7 @@
 //! side ring, the mapping of io_uring results to NVMe statuses. The device as a user
 //! opens it is tested in `nvme/tests/uring.rs`.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::command::{status_of, InFlight, Zeroing};
@@ -152,4 +153,115 @@ fn io_uring_results_map_to_nvme_statuses() {
         ..read
     };
     assert_eq!(status_of(0, &flush), Status::SUCCESS);
+}
+
+/// A file just made with `truncate` is all holes, and an O_DIRECT read of a hole is answered
+/// with zeroes by the file system without reaching the disk, so a probe that reads one learns
+/// nothing about polled I/O. Opening such a file must still choose a mode in which data
+/// written through the queue pair reads back: interrupts, unless the disk under the file
+/// says it can poll.
+#[test]
+fn a_sparse_file_opens_in_a_mode_whose_reads_of_written_blocks_succeed() {
+    const LBA: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(64 * LBA as u64)
+        .unwrap();
+    let ctrl = UringController::open(&UringConfig::new(&path)).unwrap();
+    if ctrl.mode() != CompletionMode::Interrupt {
+        let file = std::fs::File::open(&path).unwrap();
+        assert!(iopoll::device_polls(&file).is_ok(), "{}", ctrl.describe());
+    }
+    let mut qp = ctrl.queue_pair(8).unwrap();
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    let pattern: Vec<u8> = (0..LBA).map(|i| (i * 5 + 1) as u8).collect();
+    io.write(7, &pattern).unwrap();
+    let read = io.read(7, 1);
+    let described = ctrl.describe();
+    assert_eq!(&read.expect(&described)[..], &pattern[..], "{described}");
+}
+
+/// Whether a disk polls is read from its request queue in sysfs, which a partition does not
+/// have (its disk's serves it), and a file system on no disk (tmpfs, overlayfs) has no entry
+/// at all. A copy of sysfs's shape stands in for the machine's.
+#[test]
+fn the_disk_under_a_file_says_whether_it_polls_partitions_through_their_disk() {
+    use std::os::unix::fs::symlink;
+    let root = tempfile::tempdir().unwrap();
+    let devices = root.path().join("devices");
+    for (disk, io_poll) in [("nvme0n1", "1\n"), ("vda", "0\n")] {
+        std::fs::create_dir_all(devices.join(disk).join("queue")).unwrap();
+        std::fs::write(devices.join(disk).join("queue/io_poll"), io_poll).unwrap();
+    }
+    std::fs::create_dir_all(devices.join("nvme0n1/nvme0n1p1")).unwrap();
+    std::fs::write(devices.join("nvme0n1/nvme0n1p1/partition"), "1\n").unwrap();
+    std::fs::create_dir_all(devices.join("loop0")).unwrap();
+    let by_number = root.path().join("dev/block");
+    std::fs::create_dir_all(&by_number).unwrap();
+    for (number, target) in [
+        ("259:0", "nvme0n1"),
+        ("259:1", "nvme0n1/nvme0n1p1"),
+        ("254:0", "vda"),
+        ("7:0", "loop0"),
+    ] {
+        symlink(
+            Path::new("../../devices").join(target),
+            by_number.join(number),
+        )
+        .unwrap();
+    }
+    let polls = |major, minor| iopoll::queue_polls_at(&by_number, major, minor);
+    assert_eq!(polls(259, 0), Ok("nvme0n1 (259:0) polls".into()));
+    assert_eq!(polls(259, 1), Ok("nvme0n1 (259:1) polls".into()));
+    let no_queues = polls(254, 0).unwrap_err();
+    assert!(
+        no_queues.contains("vda (254:0) has no poll queues"),
+        "{no_queues}"
+    );
+    let silent = polls(7, 0).unwrap_err();
+    assert!(silent.contains("does not say whether it polls"), "{silent}");
+    let no_disk = polls(0, 45).unwrap_err();
+    assert!(
+        no_disk.contains("no block device holds the file") && no_disk.contains("tmpfs"),
+        "{no_disk}"
+    );
+}
+
+/// A polled ring on a disk that cannot poll: the kernel refuses every read that reaches the
+/// disk with `EOPNOTSUPP`. The command completes with Invalid Command Opcode, and the queue
+/// pair counts the refusal (and logs the first, saying what to do), since the status cannot.
+#[test]
+fn a_polled_read_the_disk_refuses_is_counted_as_a_polled_refusal() {
+    const LBA: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    let data: Vec<u8> = (0..16 * LBA).map(|i| (i * 3 + 1) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let mut cfg = UringConfig::new(&path);
+    cfg.set("iopoll", "off").unwrap();
+    let ctrl = UringController::open(&cfg).unwrap();
+    let disk_polls = iopoll::device_polls(&ctrl.file).is_ok();
+    let mut qp = UringQueuePair::new(
+        ctrl.file.clone(),
+        ctrl.ns,
+        CompletionMode::Poll,
+        false,
+        8,
+        true,
+    )
+    .unwrap();
+    let read = SyncIo::new(&mut qp, Duration::from_secs(10)).read(3, 1);
+    if disk_polls {
+        assert_eq!(&read.unwrap()[..], &data[3 * LBA..4 * LBA]);
+        assert_eq!(qp.polled_refusals, 0);
+    } else {
+        assert_eq!(
+            read.unwrap_err(),
+            crate::sync::IoError::Status(Status::INVALID_OPCODE)
+        );
+        assert_eq!(qp.polled_refusals, 1);
+    }
 }

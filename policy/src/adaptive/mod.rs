@@ -27,7 +27,8 @@
 //! For the oldest outstanding I/O, which has been in flight for `e`, once per I/O:
 //!
 //! 1. **Interrupt** when the median remaining time is more than 33 median overshoots (asked
-//!    again once the I/O outlives its bucket's p90).
+//!    again once the I/O outlives its bucket's p90), on a device that has one; without, the
+//!    I/O goes on to step 3 and sleeps.
 //! 2. **Load.** With several I/Os outstanding on a device whose mean latency is mostly
 //!    queueing (the published mean minus the service-time floor exceeds the floor), sleep
 //!    through three quarters of the queueing time: queued commands keep the device busy,
@@ -294,7 +295,9 @@ impl Adaptive {
         }
         let elapsed_ns = ctx.now_ns.saturating_sub(submit_ns);
         let calibrated = self.calibration.calibrated();
-        if calibrated && self.long_wait(bucket, elapsed_ns) {
+        // Without an interrupt line a wait would be a spin: a long wait is planned as a
+        // sleep instead (step 3).
+        if calibrated && ctx.interrupts && self.long_wait(bucket, elapsed_ns) {
             return Decision::WaitInterrupt;
         }
         // One sleep per I/O; once settled on spinning, it spins without recomputing. A spin

@@ -745,6 +745,20 @@ fn long_waits_block_on_the_interrupt() {
 }
 
 #[test]
+fn long_waits_without_an_interrupt_line_sleep_instead() {
+    let mut p = Adaptive::default();
+    for i in 0..ADAPTIVE_RESERVOIR as u64 {
+        observe(&mut p, 1_000_000 + i * 1_000, false); // ~1.1 ms
+    }
+    calibrate(&mut p, 5_000, 7_000);
+    // The same ~1.1 ms to go, on a device that cannot interrupt: a wait would be a spin.
+    match decide_on(&mut p, 0, 1_000, 1, false) {
+        Decision::Sleep(d) => assert!(d.as_nanos() > 500_000, "{d:?}"),
+        other => panic!("expected a long sleep, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_saturated_device_is_slept_through_in_batches() {
     let mut p = Adaptive::default();
     // Service 9 us seen once, then a 48 us mean under load: 39 us of queueing. The

@@ -101,10 +101,32 @@ impl<S> Reactor<S> {
                     self.park(true, None);
                     self.woke_by_interrupt();
                 } else {
-                    // A device without an interrupt line (virtual time): poll instead.
+                    // Nothing could end a wait (a device has no interrupt line): poll
+                    // instead, and say so.
+                    self.wait_spun();
                     std::hint::spin_loop();
                 }
             }
+        }
+    }
+
+    /// Counts a `WaitInterrupt` carried out as a spin, and logs the first of this reactor's:
+    /// a policy [`PollContext::interrupts`] told there is no interrupt should not ask.
+    fn wait_spun(&mut self) {
+        self.counters.interrupt_waits_spun += 1;
+        if self.counters.interrupt_waits_spun == 1 {
+            let device = self
+                .devices
+                .iter()
+                .position(|d| !d.has_irq && d.qp.outstanding() > 0);
+            tracing::warn!(
+                core = self.core,
+                policy = self.policy.name(),
+                device,
+                "the policy asked to wait for an interrupt, but a device with I/O outstanding \
+                 has none (polled completions, or virtual time): the reactor spins instead, and \
+                 counts each such wait as interrupt_waits_spun"
+            );
         }
     }
 
@@ -303,3 +325,6 @@ impl<S> Reactor<S> {
         self.wake_next_turn = WakeState::AfterInterrupt;
     }
 }
+
+#[cfg(test)]
+mod tests;
