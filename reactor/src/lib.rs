@@ -1,27 +1,39 @@
 //! hypoll-reactor: per-core reactors, the heart of hypoll.
 //!
 //! A [`ReactorSet`] starts one pinned thread per core. Each [`Reactor`] owns its queue pairs
-//! (one per attached device), its pollers, timers and poll policy; other threads reach it
-//! with closures sent through a bounded mailbox ([`ReactorHandle::send`]). Every loop turn
-//! runs messages, timers, pollers and completions; when none had work, the reactor asks its
-//! policy (spin, sleep then spin, or wait for the interrupt) if I/O is outstanding, or spins
-//! briefly and then parks in epoll if nothing is.
+//! (one per attached device), its pollers, timers and poll policy, and the application's
+//! state for that core (an `S` its `init` returns, handed as `&mut S` to every message,
+//! timer, poller and I/O callback on it); other threads reach it with closures sent through
+//! a bounded mailbox ([`ReactorHandle::send`]). Every loop turn runs messages, timers,
+//! pollers and completions; when none had work, the reactor asks its policy (spin, sleep
+//! then spin, or wait for the interrupt) if I/O is outstanding, or spins briefly and then
+//! parks in epoll if nothing is.
 //!
 //! ```no_run
 //! use hypoll_reactor::{Device, ReactorConfig, ReactorSet};
 //!
+//! /// Each reactor's own state.
+//! struct Counter {
+//!     hellos: u64,
+//! }
+//!
 //! let device = Device::open("emu:optane")?;
 //! let set = ReactorSet::start(ReactorConfig::default(), move |reactor| {
 //!     reactor.attach(&device, 32)?;
-//!     Ok(())
+//!     Ok(Counter { hellos: 0 })
 //! })?;
-//! set.handles()[0].send(|reactor, _state| println!("hello from core {}", reactor.core()))?;
+//! set.handles()[0].send(|reactor, counter| {
+//!     counter.hellos += 1;
+//!     println!("hello {} from core {}", counter.hellos, reactor.core());
+//! })?;
 //! let report = set.shutdown();
 //! assert!(report.panics.is_empty());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! See `examples/embed.rs` for a whole storage-server skeleton.
+//! The guide for embedders is `docs/reactor.md`.
+//! See `examples/embed.rs` for a whole storage-server skeleton, and `examples/logstore/`
+//! for a log store with group commit over registered memory.
 //!
 //! This crate is the one an embedder depends on: it re-exports what embedding takes from
 //! the crates below it, the devices and buffers ([`DeviceConfig`], [`Controller`],
