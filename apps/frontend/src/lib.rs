@@ -20,6 +20,9 @@
 //!   gathering of requests under pipelined load.
 //! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
 //! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
+//! - `tls.rs`: [`TlsConfig`], the TLS settings and their certificates, loaded at start;
+//!   `tlsio.rs`: a connection's TLS session, driven without blocking by its reads and
+//!   writes.
 //! - `metrics.rs` and `endpoint.rs`: the Prometheus metrics and their HTTP endpoint.
 //! - `epoll.rs`: the epoll set, the one system interface needed beyond std; `fdlimit.rs`:
 //!   the open-file limit, checked (and raised) against the connections allowed.
@@ -39,6 +42,8 @@ mod service;
 mod shard;
 mod stop;
 mod stream;
+mod tls;
+mod tlsio;
 mod turn;
 
 pub use bufcache::BufCache;
@@ -49,7 +54,9 @@ pub use config::{
     IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, REQUESTS_INFLIGHT_MAX, UNIX_MODE_DEFAULT,
     UNIX_MODE_MAX,
 };
-pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL};
+pub use conn::{
+    Conn, StartTlsError, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL,
+};
 pub use endpoint::Endpoint;
 pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use listen::ListenAddr;
@@ -58,3 +65,5 @@ pub use protocol::Protocol;
 pub use service::{Service, StartError};
 pub use shard::Shard;
 pub use stop::StopReport;
+pub use tls::{TlsConfig, TlsError, TlsMode, CA_CERT_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
+pub use tlsio::{TLS_BUFFER_BYTES_MAX, TLS_SEND_BYTES_MAX};
