@@ -19,12 +19,47 @@ const _: () = assert!(crate::session::REQUEST_BYTES_MAX_DEFAULT <= *REQUEST_BYTE
 const _: () =
     assert!(*REQUEST_BYTES_MAX_RANGE.start() <= crate::session::REQUEST_BYTES_MAX_DEFAULT);
 
+/// Items of an export's spec that are the export's own, not its device's: either makes the
+/// export read-only (`disk=uring:/img,ro`).
+pub const READ_ONLY_ITEMS: [&str; 2] = ["ro", "readonly"];
+
+/// An export's spec, split into its device's string and the export's own settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// What `Device::open` takes.
+    pub device: String,
+    /// Clients may read, never write, trim or zero.
+    pub read_only: bool,
+}
+
+impl ExportSpec {
+    /// Takes the export's own items ([`READ_ONLY_ITEMS`]) out of `spec`, wherever they
+    /// stand after the device's kind; the rest is the device's.
+    pub fn parse(spec: &str) -> ExportSpec {
+        let mut items = spec.split(',');
+        let mut device = items.next().unwrap_or_default().to_string();
+        let mut read_only = false;
+        for item in items {
+            if READ_ONLY_ITEMS.contains(&item.trim()) {
+                read_only = true;
+            } else {
+                device.push(',');
+                device.push_str(item);
+            }
+        }
+        ExportSpec { device, read_only }
+    }
+}
+
 /// How to run a server: its exports and NBD's own limits, beside the settings every front
 /// end shares.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// (name, device string), in order; the first is the default export.
+    /// (name, spec), in order; the first is the default export. A spec is a device string,
+    /// with the export's own items among its own ([`ExportSpec`]).
     pub exports: Vec<(String, String)>,
+    /// Every export is read-only, whatever its spec says.
+    pub read_only: bool,
     pub request_bytes_max: u32,
     pub queue_depth: usize,
     /// Where to listen, the reactors, and the bounds on what clients may hold.
@@ -35,6 +70,7 @@ impl ServerConfig {
     pub fn new(exports: Vec<(String, String)>, listen: ListenAddr) -> ServerConfig {
         ServerConfig {
             exports,
+            read_only: false,
             request_bytes_max: crate::session::REQUEST_BYTES_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
             service: ServiceConfig::new(listen),
@@ -52,6 +88,10 @@ impl ServerConfig {
             return Err(ServeError::RequestBytes(r));
         }
         self.service.check()?;
+        self.service
+            .tls
+            .check()
+            .map_err(|e| ServeError::Start(StartError::Tls(e)))?;
         Ok(())
     }
 
@@ -93,6 +133,7 @@ impl ServeError {
             ServeError::NoExports => Some("exports"),
             ServeError::RequestBytes(_) => Some("request_bytes_max"),
             ServeError::Service(e) => Some(e.setting()),
+            ServeError::Start(e) => e.setting(),
             _ => None,
         }
     }

@@ -17,14 +17,18 @@ use crate::proto;
 use crate::session::{ExportInfo, Limits};
 use crate::shard::Nbd;
 
-pub use crate::config::{ServeError, ServerConfig, REQUEST_BYTES_ALIGN, REQUEST_BYTES_MAX_RANGE};
+pub use crate::config::{
+    ExportSpec, ServeError, ServerConfig, READ_ONLY_ITEMS, REQUEST_BYTES_ALIGN,
+    REQUEST_BYTES_MAX_RANGE,
+};
 pub use hypoll_frontend::{
     ListenAddr, ServiceConfig, ServiceConfigError, StopReport, COALESCE_NS_DEFAULT,
     COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
     CONNECTION_BYTES_MAX_RANGE, DRAIN_TIMEOUT, FLUSH_TIMEOUT, HANDSHAKE_TIMEOUT_DEFAULT,
     IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, READ_BYTES_PER_POLL, REQUESTS_INFLIGHT_MAX,
-    UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
+    TLS_BUFFER_BYTES_MAX, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
 };
+pub use hypoll_frontend::{TlsConfig, TlsError, TlsMode};
 
 /// A running server. [`Server::stop`] stops it gracefully; dropping it stops it too.
 pub struct Server {
@@ -35,7 +39,7 @@ pub struct Server {
 }
 
 /// Builds what clients see of an export from its device.
-fn export_info(name: &str, device: &Device) -> ExportInfo {
+fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
     let ns = device.ctrl.namespace();
     ExportInfo {
         name: name.to_string(),
@@ -47,8 +51,15 @@ fn export_info(name: &str, device: &Device) -> ExportInfo {
         // Dataset Management and Write Zeroes (optional in NVMe: a `vfio` controller says in
         // ONCS). FUA is a write followed by a flush. A flush is device-wide (an NVMe flush
         // covers the namespace), so a flush on one connection covers writes completed on
-        // all: MULTI_CONN holds.
-        flags: proto::TFLAG_HAS_FLAGS
+        // all: MULTI_CONN holds. A read-only export offers flush (harmless, and clients
+        // that flush before they close need not be told no) but nothing that writes.
+        flags: if read_only {
+            proto::TFLAG_HAS_FLAGS
+                | proto::TFLAG_READ_ONLY
+                | proto::TFLAG_SEND_FLUSH
+                | proto::TFLAG_CAN_MULTI_CONN
+        } else {
+            proto::TFLAG_HAS_FLAGS
             | proto::TFLAG_SEND_FLUSH
             | proto::TFLAG_SEND_FUA
             | if device.ctrl.supports(Opcode::DatasetManagement) {
@@ -61,15 +72,18 @@ fn export_info(name: &str, device: &Device) -> ExportInfo {
             } else {
                 0
             }
-            | proto::TFLAG_CAN_MULTI_CONN,
+            | proto::TFLAG_CAN_MULTI_CONN
+        },
         block_bytes: ns.lba_size_bytes,
         preferred_bytes: ns.lba_size_bytes.max(4096),
     }
 }
 
-/// Opens each export's device, in order, refusing bad and duplicate names.
+/// Opens each export's device, in order, refusing bad and duplicate names; every export
+/// is read-only where `read_only` says so.
 fn open_exports(
     exports: &[(String, String)],
+    read_only: bool,
 ) -> Result<(Vec<Device>, Vec<ExportInfo>), ServeError> {
     let mut devices = Vec::new();
     let mut infos: Vec<ExportInfo> = Vec::new();
@@ -80,11 +94,12 @@ fn open_exports(
         if infos.iter().any(|i| &i.name == name) {
             return Err(ServeError::DuplicateExport(name.clone()));
         }
-        let device = Device::open(spec).map_err(|source| ServeError::Device {
+        let spec = ExportSpec::parse(spec);
+        let device = Device::open(&spec.device).map_err(|source| ServeError::Device {
             name: name.clone(),
             source,
         })?;
-        infos.push(export_info(name, &device));
+        infos.push(export_info(name, &device, read_only || spec.read_only));
         devices.push(device);
     }
     assert_eq!(devices.len(), exports.len());
@@ -96,7 +111,7 @@ impl Server {
     /// endpoint. Returns once clients can connect.
     pub fn start(cfg: ServerConfig) -> Result<Server, ServeError> {
         cfg.check()?;
-        let (devices, infos) = open_exports(&cfg.exports)?;
+        let (devices, infos) = open_exports(&cfg.exports, cfg.read_only)?;
         let described = devices.iter().map(|d| d.ctrl.describe()).collect();
         let infos: Arc<[ExportInfo]> = infos.into();
         let limits = Limits {
@@ -105,6 +120,7 @@ impl Server {
         };
         let names = infos.iter().map(|i| i.name.clone()).collect();
         let queue_depth = cfg.queue_depth;
+        let tls = cfg.service.tls.mode;
         let shard_infos = infos.clone();
         let service = Service::start(
             &cfg.service,
@@ -116,6 +132,7 @@ impl Server {
                     &devices,
                     &shard_infos,
                     limits,
+                    tls,
                     queue_depth,
                     metrics,
                 )?)
@@ -173,7 +190,7 @@ mod tests {
     #[test]
     fn exports_advertise_what_every_device_does() {
         let device = Device::open("emu:dram,size=64M,lba=4096").unwrap();
-        let info = export_info("mem", &device);
+        let info = export_info("mem", &device, false);
         assert_eq!(info.size_bytes, 64 << 20);
         assert_eq!(info.description, "mem", "the name, never the device string");
         assert_eq!((info.block_bytes, info.preferred_bytes), (4096, 4096));
@@ -216,7 +233,7 @@ mod tests {
     fn trim_and_write_zeroes_are_advertised_only_where_the_device_has_them() {
         let inner = Device::open("null").unwrap().ctrl;
         let device = Device::new(Arc::new(NoOptionalCommands(inner)));
-        let info = export_info("bare", &device);
+        let info = export_info("bare", &device, false);
         assert_eq!(info.flags & proto::TFLAG_SEND_TRIM, 0);
         assert_eq!(info.flags & proto::TFLAG_SEND_WRITE_ZEROES, 0);
         assert_ne!(info.flags & proto::TFLAG_SEND_FLUSH, 0);

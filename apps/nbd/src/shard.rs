@@ -14,7 +14,7 @@ use slab::Slab;
 use crate::metrics::{io_per_op, IoMetrics, Metrics};
 use crate::pipeline::{self, Pending};
 use crate::proto;
-use crate::session::{Close, ExportInfo, Limits, Op, Session, Step};
+use crate::session::{Close, ExportInfo, Limits, Op, Session, Step, TlsMode};
 
 /// Refused requests logged per connection; the rest are counted in the close line.
 const REFUSALS_LOGGED_MAX: u32 = 4;
@@ -43,6 +43,7 @@ pub(crate) struct Nbd {
     pub(crate) exports: Vec<ShardExport>,
     infos: Arc<[ExportInfo]>,
     limits: Limits,
+    tls: TlsMode,
     /// The session's output for one step, reused.
     scratch: Vec<u8>,
 }
@@ -63,6 +64,7 @@ impl Nbd {
         devices: &[Device],
         infos: &Arc<[ExportInfo]>,
         limits: Limits,
+        tls: TlsMode,
         queue_depth: usize,
         metrics: &Metrics,
     ) -> Result<Nbd, AttachError> {
@@ -86,6 +88,7 @@ impl Nbd {
             exports,
             infos: infos.clone(),
             limits,
+            tls,
             scratch: Vec::new(),
         })
     }
@@ -97,7 +100,7 @@ impl Protocol for Nbd {
 
     fn connect(&mut self, greeting: &mut Vec<u8>) -> NbdConn {
         NbdConn {
-            session: Session::new(self.infos.clone(), self.limits, greeting),
+            session: Session::with_tls(self.infos.clone(), self.limits, self.tls, greeting),
             inflight: Slab::new(),
             refusals: 0,
         }
@@ -171,6 +174,17 @@ fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor, key: usize) -> usize {
             Step::Negotiating => {}
             Step::Ready { export } => {
                 shard.proto.exports[export].connections.inc();
+            }
+            Step::StartTls => {
+                // What follows the request is checked by `start_tls`: none may be left.
+                conn.consume(used);
+                if let Err(e) = shard.start_tls(key) {
+                    let conn = &mut shard.conns[key];
+                    conn.failed = true;
+                    conn.closing = Some(format!("STARTTLS: {e}"));
+                }
+                work += 1;
+                continue;
             }
             Step::Request(req) => {
                 shard.count_request();

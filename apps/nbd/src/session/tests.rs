@@ -350,3 +350,6 @@ fn commands_not_advertised_are_refused_and_oversized_writes_close() {
     let (_, step) = s.step(&bad, &mut out);
     assert!(matches!(step, Step::Close(Close::Protocol(_))));
 }
+
+/// TLS negotiation and read-only exports.
+mod access;
