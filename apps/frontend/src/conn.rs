@@ -108,7 +108,7 @@ pub struct Conn<P: Protocol> {
     pub(crate) adopted_ns: u64,
     /// The TLS session, once the protocol started one: every byte read or written after
     /// that goes through it.
-    tls: Option<Box<Tls>>,
+    pub(crate) tls: Option<Box<Tls>>,
     /// Replies at the front of `out` queued before TLS started (the reply that accepts it,
     /// last): they go out in plaintext, and TLS takes the socket after them.
     plain_msgs: usize,

@@ -123,3 +123,180 @@ impl Tls {
         self.session.is_handshaking()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::path::Path;
+    use std::process::Command;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    use crate::bufcache::BufCache;
+    use crate::conn::tests::Sender;
+    use crate::conn::Conn;
+    use crate::epoll::Interest;
+    use crate::stream::Stream;
+
+    fn openssl(dir: &Path, args: &[&str]) {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl runs (scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A CA (`ca.pem`) and a certificate it signed for `localhost`, made with openssl.
+    fn server_config(dir: &Path) -> std::sync::Arc<rustls::ServerConfig> {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=ca",
+                "-keyout",
+                "ca-key.pem",
+                "-out",
+                "ca.pem",
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "key.pem",
+                "-out",
+                "req.pem",
+            ],
+        );
+        std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost\n").unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                "req.pem",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-out",
+                "cert.pem",
+                "-extfile",
+                "ext",
+            ],
+        );
+        let certs = CertificateDer::pem_file_iter(dir.join("cert.pem"))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(dir.join("key.pem")).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        std::sync::Arc::new(config)
+    }
+
+    fn client_config(dir: &Path) -> std::sync::Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        std::sync::Arc::new(config)
+    }
+
+    fn socket_readable(s: std::os::fd::BorrowedFd<'_>) -> bool {
+        let mut fd = libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on a descriptor the caller's socket keeps open; no wait.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 }
+    }
+
+    /// When a read stops at the input buffer's bound, decrypted input can stay in the TLS
+    /// session with the socket empty: no readiness event would ever announce it, so the
+    /// connection must say it waits (the shard reads it on its next turn).
+    #[test]
+    fn decrypted_input_left_behind_a_full_buffer_is_reported_and_read_later() {
+        let dir = std::env::temp_dir().join(format!("hypoll-tlsio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let interest = Interest {
+            read: true,
+            write: false,
+        };
+        let mut conn: Conn<Sender> = Conn::new(Stream::Unix(ours), "peer".into(), (), interest, 0);
+        conn.start_tls(Some(&server_config(&dir))).unwrap();
+        let name = "localhost".try_into().unwrap();
+        let client = rustls::ClientConnection::new(client_config(&dir), name).unwrap();
+        let mut client = rustls::StreamOwned::new(client, theirs);
+        let mut bufs = BufCache::default();
+        // The handshake, both sides turned by hand.
+        client.sock.set_nonblocking(true).unwrap();
+        for _ in 0..100 {
+            let _ = client.conn.complete_io(&mut client.sock);
+            conn.read_in(8 << 10);
+            conn.write_out(&mut bufs).unwrap();
+            if !client.conn.is_handshaking() && !conn.tls.as_ref().unwrap().is_handshaking() {
+                break;
+            }
+        }
+        assert!(!client.conn.is_handshaking(), "handshake done");
+        client.sock.set_nonblocking(false).unwrap();
+
+        // One record of 12 KiB; the connection's buffer holds 8 KiB of it.
+        let sent: Vec<u8> = (0..12 << 10).map(|i| (i % 251) as u8).collect();
+        client.write_all(&sent).unwrap();
+        client.flush().unwrap();
+        assert_eq!(conn.read_in(8 << 10), 8 << 10);
+        assert!(
+            !socket_readable(conn.stream.fd()),
+            "all its ciphertext was read"
+        );
+        assert!(conn.tls_input_waiting(), "4 KiB wait in the session");
+        let mut got = conn.input().to_vec();
+        conn.consume(got.len());
+        conn.read_in(8 << 10);
+        got.extend_from_slice(conn.input());
+        assert_eq!(got, sent);
+        assert!(!conn.tls_input_waiting());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -41,7 +41,7 @@ pub struct Server {
 /// Builds what clients see of an export from its device.
 fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
     let ns = device.ctrl.namespace();
-    ExportInfo {
+    let mut info = ExportInfo {
         name: name.to_string(),
         // The device string can name paths and modes on the server's machine: clients see
         // the name only.
@@ -51,15 +51,8 @@ fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
         // Dataset Management and Write Zeroes (optional in NVMe: a `vfio` controller says in
         // ONCS). FUA is a write followed by a flush. A flush is device-wide (an NVMe flush
         // covers the namespace), so a flush on one connection covers writes completed on
-        // all: MULTI_CONN holds. A read-only export offers flush (harmless, and clients
-        // that flush before they close need not be told no) but nothing that writes.
-        flags: if read_only {
-            proto::TFLAG_HAS_FLAGS
-                | proto::TFLAG_READ_ONLY
-                | proto::TFLAG_SEND_FLUSH
-                | proto::TFLAG_CAN_MULTI_CONN
-        } else {
-            proto::TFLAG_HAS_FLAGS
+        // all: MULTI_CONN holds.
+        flags: proto::TFLAG_HAS_FLAGS
             | proto::TFLAG_SEND_FLUSH
             | proto::TFLAG_SEND_FUA
             | if device.ctrl.supports(Opcode::DatasetManagement) {
@@ -72,11 +65,18 @@ fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
             } else {
                 0
             }
-            | proto::TFLAG_CAN_MULTI_CONN
-        },
+            | proto::TFLAG_CAN_MULTI_CONN,
         block_bytes: ns.lba_size_bytes,
         preferred_bytes: ns.lba_size_bytes.max(4096),
+    };
+    if read_only {
+        // Flush stays offered (harmless, and clients that flush before they close need not
+        // be told no); nothing that writes is.
+        info.flags &=
+            !(proto::TFLAG_SEND_FUA | proto::TFLAG_SEND_TRIM | proto::TFLAG_SEND_WRITE_ZEROES);
+        info.flags |= proto::TFLAG_READ_ONLY;
     }
+    info
 }
 
 /// Opens each export's device, in order, refusing bad and duplicate names; every export
@@ -205,6 +205,39 @@ mod tests {
             assert_ne!(info.flags & flag, 0, "{flag:#x}");
         }
         assert_eq!(info.flags & proto::TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn a_read_only_export_says_so_and_offers_flush_but_nothing_that_writes() {
+        let device = Device::open("emu:dram,size=64M").unwrap();
+        let flags = export_info("ro", &device, true).flags;
+        assert_ne!(flags & proto::TFLAG_READ_ONLY, 0);
+        assert_ne!(flags & proto::TFLAG_SEND_FLUSH, 0);
+        for writes in [
+            proto::TFLAG_SEND_FUA,
+            proto::TFLAG_SEND_TRIM,
+            proto::TFLAG_SEND_WRITE_ZEROES,
+        ] {
+            assert_eq!(flags & writes, 0, "{writes:#x}");
+        }
+    }
+
+    #[test]
+    fn an_exports_own_items_are_taken_out_of_its_device_string() {
+        let spec = ExportSpec::parse("emu:dram,ro,size=4M");
+        assert_eq!(
+            (spec.device.as_str(), spec.read_only),
+            ("emu:dram,size=4M", true)
+        );
+        let spec = ExportSpec::parse("uring:/img, readonly");
+        assert_eq!((spec.device.as_str(), spec.read_only), ("uring:/img", true));
+        let spec = ExportSpec::parse("emu:dram,size=4M");
+        assert_eq!(
+            (spec.device.as_str(), spec.read_only),
+            ("emu:dram,size=4M", false)
+        );
+        // The device's kind is never taken for an item.
+        assert_eq!(ExportSpec::parse("ro").device, "ro");
     }
 
     /// A controller with neither Dataset Management nor Write Zeroes, as a `vfio` one

@@ -322,7 +322,8 @@ impl Session {
         {
             if option == OPT_EXPORT_NAME {
                 // This option has no error reply: closing is the only answer.
-                return self.protocol_error(total, "EXPORT_NAME before TLS, which is required".into());
+                return self
+                    .protocol_error(total, "EXPORT_NAME before TLS, which is required".into());
             }
             // Nothing is answered before TLS, not even which exports exist.
             let msg = format!("TLS is required before option {}", option_name(option));

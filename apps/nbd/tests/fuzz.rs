@@ -198,7 +198,11 @@ struct Transcript {
 }
 
 fn tls_mode() -> impl Strategy<Value = TlsMode> {
-    prop_oneof![Just(TlsMode::Off), Just(TlsMode::On), Just(TlsMode::Require)]
+    prop_oneof![
+        Just(TlsMode::Off),
+        Just(TlsMode::On),
+        Just(TlsMode::Require)
+    ]
 }
 
 /// [`drive_with`] without TLS.
@@ -290,7 +294,10 @@ fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[Expor
                 assert!(r.length <= limits().request_bytes_max);
             }
             if e.flags & TFLAG_READ_ONLY != 0 {
-                assert!(matches!(r.op, Op::Read | Op::Flush), "{r:?} on a read-only export");
+                assert!(
+                    matches!(r.op, Op::Read | Op::Flush),
+                    "{r:?} on a read-only export"
+                );
             }
             if r.op == Op::Write {
                 assert_eq!(r.payload.len(), r.length as usize);
@@ -304,10 +311,13 @@ fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[Expor
         Step::Refused { error, .. } => {
             assert!([EINVAL, ENOSPC, EPERM].contains(error));
             let e = &exports[export.expect("refusals only in transmission")];
-            assert_eq!(*error == EPERM, e.flags & TFLAG_READ_ONLY != 0 && {
-                let kind = u16::from_be_bytes([bytes[6], bytes[7]]);
-                [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES].contains(&kind)
-            });
+            assert_eq!(
+                *error == EPERM,
+                e.flags & TFLAG_READ_ONLY != 0 && {
+                    let kind = u16::from_be_bytes([bytes[6], bytes[7]]);
+                    [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES].contains(&kind)
+                }
+            );
         }
         Step::Close(Close::Protocol(why)) => assert!(!why.contains('\n'), "one log line"),
         _ => {}
@@ -497,7 +507,10 @@ fn the_tls_and_read_only_seeds_reach_their_intended_ends() {
     let t = drive_with(&s, &[s.len()], TlsMode::Require);
     let events = steps(&t);
     let start = events.iter().position(|s| *s == Step::StartTls).unwrap();
-    assert_eq!(start, 6, "flags, four refusals, STARTTLS with data, then STARTTLS");
+    assert_eq!(
+        start, 6,
+        "flags, four refusals, STARTTLS with data, then STARTTLS"
+    );
     assert_eq!(events[start + 3], Step::Ready { export: 1 });
 
     // Every write to the read-only export refused with EPERM, the read and flush served.

@@ -48,7 +48,10 @@ fn under_require_only_starttls_and_abort_are_answered_before_tls() {
     let (steps, _) = run(&mut s, &input, &mut out);
     assert_eq!(steps.last(), Some(&Step::Ready { export: 0 }));
     let replies = option_replies(&out);
-    assert!(replies.iter().all(|r| r.1 != REP_ERR_TLS_REQD), "never after TLS");
+    assert!(
+        replies.iter().all(|r| r.1 != REP_ERR_TLS_REQD),
+        "never after TLS"
+    );
     let again = replies.iter().find(|r| r.0 == OPT_STARTTLS).unwrap();
     assert_eq!(again.1, REP_ERR_INVALID, "TLS cannot start twice");
 }
@@ -156,7 +159,11 @@ fn a_read_only_export_refuses_writes_trims_and_zeroes_with_eperm_and_serves_the_
     input.extend(request(CMD_FLUSH, 0, 6, 0, 0));
     out.clear();
     let (steps, used) = run(&mut s, &input, &mut out);
-    assert_eq!(used, input.len(), "each write's payload is consumed with it");
+    assert_eq!(
+        used,
+        input.len(),
+        "each write's payload is consumed with it"
+    );
     let refused: Vec<(u64, u32)> = steps
         .iter()
         .filter_map(|s| match s {
