@@ -188,7 +188,7 @@ impl<P: Protocol> Conn<P> {
     /// Whether the connection's TLS session holds decrypted input the socket will not
     /// announce again.
     pub(crate) fn tls_input_waiting(&mut self) -> bool {
-        self.tls.as_mut().is_some_and(|t| t.has_plaintext())
+        self.tls.as_mut().is_some_and(|t| t.has_input())
     }
 
     /// Whether the connection speaks TLS (or will, once its plaintext replies are out).

@@ -4,10 +4,14 @@
 //! a socket that would block returns `WouldBlock` to the connection, whose epoll interest
 //! brings it back.
 //!
+//! Ciphertext is read from the socket in large reads into a staging buffer and handed to
+//! rustls from there (rustls itself reads 4 KiB at a time), and a short read tells that the
+//! socket is empty, so a turn costs no read that only says EAGAIN.
+//!
 //! What a session holds beyond the connection's own buffers is bounded by
-//! [`TLS_BUFFER_BYTES_MAX`] (rustls's own limits and the send limit set here), so it is
-//! documented beside `--max-connection-bytes` rather than counted in it: the smallest byte
-//! bound would not hold it.
+//! [`TLS_BUFFER_BYTES_MAX`] (rustls's own limits, the send limit set here and the staging
+//! buffer), so it is documented beside `--max-connection-bytes` rather than counted in it:
+//! the smallest byte bound would not hold it.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::sync::Arc;
@@ -15,17 +19,20 @@ use std::sync::Arc;
 use crate::stream::Stream;
 
 /// Ciphertext queued for the socket that rustls holds before it takes no more plaintext:
-/// the socket's turn empties it, so a larger one saves no system calls.
-pub const TLS_SEND_BYTES_MAX: usize = 64 << 10;
+/// room for a batch of replies (32 reads of 4 KiB and their headers), so one `writev`
+/// carries the batch; at a quarter of this, a batch took two or three.
+pub const TLS_SEND_BYTES_MAX: usize = 256 << 10;
 /// Received plaintext rustls holds (its fixed limit: it reads no more ciphertext past it).
 const TLS_RECEIVED_PLAINTEXT_BYTES_MAX: usize = 16 << 10;
 /// Ciphertext rustls holds while it joins one handshake message (its fixed limit; a record
 /// outside a handshake needs far less).
 const TLS_DEFRAME_BYTES_MAX: usize = 64 << 10;
+/// Ciphertext taken from the socket per read, before rustls takes it: two full records.
+const TLS_STAGE_BYTES: usize = 32 << 10;
 /// Most bytes one connection's TLS session holds in its buffers, beyond
 /// `--max-connection-bytes`.
 pub const TLS_BUFFER_BYTES_MAX: usize =
-    TLS_SEND_BYTES_MAX + TLS_RECEIVED_PLAINTEXT_BYTES_MAX + TLS_DEFRAME_BYTES_MAX;
+    TLS_SEND_BYTES_MAX + TLS_RECEIVED_PLAINTEXT_BYTES_MAX + TLS_DEFRAME_BYTES_MAX + TLS_STAGE_BYTES;
 /// Ciphertext one read takes from the socket before it hands control back, when what it
 /// decrypts yields no plaintext (handshake records, empty records), so a client cannot
 /// keep a reactor in one connection's read.
@@ -34,13 +41,26 @@ const CIPHERTEXT_BYTES_PER_READ_MAX: usize = 1 << 20;
 /// A connection's TLS session.
 pub(crate) struct Tls {
     session: rustls::ServerConnection,
+    /// Ciphertext read from the socket: `stage[stage_start..stage_end]` is not yet rustls's.
+    stage: Box<[u8]>,
+    stage_start: usize,
+    stage_end: usize,
+    /// The last socket read came back short: the socket is empty until epoll says
+    /// otherwise, so the next read that finds nothing staged returns `WouldBlock` at once.
+    socket_drained: bool,
 }
 
 impl Tls {
     pub(crate) fn new(config: Arc<rustls::ServerConfig>) -> Result<Tls, rustls::Error> {
         let mut session = rustls::ServerConnection::new(config)?;
         session.set_buffer_limit(Some(TLS_SEND_BYTES_MAX));
-        Ok(Tls { session })
+        Ok(Tls {
+            session,
+            stage: vec![0u8; TLS_STAGE_BYTES].into_boxed_slice(),
+            stage_start: 0,
+            stage_end: 0,
+            socket_drained: false,
+        })
     }
 
     /// Reads plaintext into `buf`, decrypting what the socket has until some is ready.
@@ -57,16 +77,33 @@ impl Tls {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
-            if ciphertext_bytes >= CIPHERTEXT_BYTES_PER_READ_MAX {
-                // Level-triggered epoll brings the connection back for the rest.
-                return Err(io::ErrorKind::WouldBlock.into());
+            if self.stage_start == self.stage_end {
+                if std::mem::take(&mut self.socket_drained)
+                    || ciphertext_bytes >= CIPHERTEXT_BYTES_PER_READ_MAX
+                {
+                    // Level-triggered epoll brings the connection back for the rest.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let n = match sock.read(&mut self.stage) {
+                    Ok(0) => return Ok(0),
+                    Ok(n) => n,
+                    Err(e) => return Err(e),
+                };
+                self.socket_drained = n < self.stage.len();
+                (self.stage_start, self.stage_end) = (0, n);
+                ciphertext_bytes += n;
             }
-            let n = match self.session.read_tls(sock) {
-                Ok(0) => return Ok(0),
-                Ok(n) => n,
-                Err(e) => return Err(e),
-            };
-            ciphertext_bytes += n;
+            let mut staged = &self.stage[self.stage_start..self.stage_end];
+            let taken = self.session.read_tls(&mut staged)?;
+            if taken == 0 {
+                // rustls takes every record it is given unless it has failed: stop, never
+                // spin on input it will not take.
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the TLS session takes no more input",
+                ));
+            }
+            self.stage_start += taken;
             if let Err(e) = self.session.process_new_packets() {
                 // rustls queued an alert saying why: one attempt to send it, so the client
                 // reports the cause (a certificate refused) rather than a reset.
@@ -76,12 +113,14 @@ impl Tls {
         }
     }
 
-    /// Whether decrypted plaintext waits in the session: the socket may be empty, so no
-    /// readiness event would come for it.
-    pub(crate) fn has_plaintext(&mut self) -> bool {
-        self.session
-            .process_new_packets()
-            .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
+    /// Whether input waits in the session, decrypted or staged: the socket may be empty,
+    /// so no readiness event would come for it.
+    pub(crate) fn has_input(&mut self) -> bool {
+        self.stage_start < self.stage_end
+            || self
+                .session
+                .process_new_packets()
+                .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
     }
 
     /// Whether ciphertext (handshake messages, records, alerts) waits for the socket.
