@@ -196,6 +196,13 @@ impl<P: Protocol> Conn<P> {
         self.tls.is_some()
     }
 
+    /// The certificate the client showed, once the TLS handshake is over (verified against
+    /// the CA: a client whose certificate fails never gets this far).
+    pub fn peer_certificate(&self) -> Option<&rustls::pki_types::CertificateDer<'static>> {
+        let tls = self.tls.as_ref()?;
+        tls.peer_certificate()
+    }
+
     /// Queues TLS's closing alert, for the last write before the socket closes.
     pub(crate) fn close_tls(&mut self) {
         if let Some(tls) = self.tls.as_mut() {

@@ -65,5 +65,8 @@ pub use protocol::Protocol;
 pub use service::{Service, StartError};
 pub use shard::Shard;
 pub use stop::StopReport;
-pub use tls::{TlsConfig, TlsError, TlsMode, CA_CERT_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
+pub use tls::{
+    certificate_names, client_name_ok, TlsConfig, TlsError, TlsMode, CA_CERT_FILE,
+    SERVER_CERT_FILE, SERVER_KEY_FILE,
+};
 pub use tlsio::{TLS_BUFFER_BYTES_MAX, TLS_SEND_BYTES_MAX};

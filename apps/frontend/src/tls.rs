@@ -14,7 +14,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
@@ -151,6 +151,24 @@ impl TlsConfig {
             .map_err(TlsError::BadServerCert)?;
         Ok(Some(Arc::new(config)))
     }
+}
+
+/// Whether `name` can name a client: a DNS name, as a certificate's subject alternative
+/// names hold them.
+pub fn client_name_ok(name: &str) -> bool {
+    matches!(ServerName::try_from(name), Ok(ServerName::DnsName(_)))
+}
+
+/// Whether a client's certificate, already verified against the CA, names `name` among its
+/// subject alternative names (DNS names; a wildcard name there covers the names it
+/// matches, as it would for a server). The subject's common name is not read: certificates
+/// put names in subject alternative names.
+pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(name @ ServerName::DnsName(_)) = ServerName::try_from(name) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(cert)
+        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

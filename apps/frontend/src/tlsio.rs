@@ -161,6 +161,14 @@ impl Tls {
     pub(crate) fn is_handshaking(&self) -> bool {
         self.session.is_handshaking()
     }
+
+    /// The client's own certificate, once the handshake is over.
+    pub(crate) fn peer_certificate(&self) -> Option<&rustls::pki_types::CertificateDer<'static>> {
+        if self.session.is_handshaking() {
+            return None;
+        }
+        self.session.peer_certificates()?.first()
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use tracing_subscriber::registry::LookupSpan;
 pub struct ServeArgs {
     /// An export: NAME=DEVICE_SPEC (mem=emu:dram,size=4G; disk=emu:dram,backing=file:/path,
     /// size=8G); `ro` (or `readonly`) among the spec's items makes it read-only
-    /// (disk=uring:/img,ro). Repeat for several; the first is the default export.
+    /// (disk=uring:/img,ro), and `clients=NAME+NAME` serves it only to clients whose
+    /// certificate names one of them (with --tls-verify-peer). Repeat for several; the first
+    /// is the default export.
     #[arg(long = "export", value_name = "NAME=SPEC", required = true, value_parser = parse_export)]
     exports: Vec<(String, String)>,
     /// Every export read-only: clients are told so, and writes, trims and write zeroes are

@@ -2,7 +2,8 @@
 //! (openssl): real clients (nbdinfo, nbdcopy, qemu-io, qemu-img; `scripts/test` installs
 //! them) read and write over TLS with a client certificate; a client without one, with one
 //! from another CA, or without TLS is refused; bytes sent in plaintext after STARTTLS are
-//! never taken as if they came under TLS.
+//! never taken as if they came under TLS; an export restricted to named clients serves
+//! them alone.
 
 mod support;
 
@@ -430,4 +431,47 @@ fn bad_tls_settings_stop_the_server_naming_the_flag() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn an_export_restricted_to_named_clients_serves_them_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::make(dir.path());
+    let s = serve_tls(
+        &certs,
+        &[
+            "--export",
+            "secret=emu:dram,size=16M,clients=alice.test+carol.test",
+        ],
+    );
+    // Alice's certificate names alice.test: she sees it, reads and writes it.
+    let list = run_ok("nbdinfo", &["--list", &nbds_uri(&s, "", &certs.client)]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("export=\"secret\""), "{text}");
+    run_ok(
+        "qemu-io",
+        &[
+            "--object",
+            &qemu_creds(&certs.client, true),
+            "--image-opts",
+            &qemu_image(&s, "secret"),
+            "-c",
+            "write -P 0x5e 0 64k",
+            "-c",
+            "read -P 0x5e 0 64k",
+        ],
+    );
+    // Bob's, signed by the same CA, does not: the export is neither listed nor opened, and
+    // the others still serve him.
+    let list = run_ok("nbdinfo", &["--list", &nbds_uri(&s, "", &certs.bob)]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        !text.contains("secret") && text.contains("export=\"mem\""),
+        "{text}"
+    );
+    // (libnbd 1.14 reports NBD_REP_ERR_POLICY as "Operation not supported", without the
+    // server's message.)
+    let refused = run_fails("nbdinfo", &[&nbds_uri(&s, "secret", &certs.bob)]);
+    assert!(refused.contains("opt_go"), "{refused}");
+    run_ok("nbdinfo", &["--size", &nbds_uri(&s, "mem", &certs.bob)]);
 }

@@ -15,12 +15,13 @@ use hypoll_reactor::Device;
 use crate::metrics::nbd_metrics;
 use crate::proto;
 use crate::session::{ExportInfo, Limits};
-use crate::shard::Nbd;
+use crate::shard::{Access, Nbd};
 
 pub use crate::config::{
-    ExportSpec, ServeError, ServerConfig, READ_ONLY_ITEMS, REQUEST_BYTES_ALIGN,
+    ExportSpec, ServeError, ServerConfig, CLIENTS_KEY, READ_ONLY_ITEMS, REQUEST_BYTES_ALIGN,
     REQUEST_BYTES_MAX_RANGE,
 };
+use hypoll_frontend::client_name_ok;
 pub use hypoll_frontend::{
     ListenAddr, ServiceConfig, ServiceConfigError, StopReport, COALESCE_NS_DEFAULT,
     COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
@@ -68,6 +69,7 @@ fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
             | proto::TFLAG_CAN_MULTI_CONN,
         block_bytes: ns.lba_size_bytes,
         preferred_bytes: ns.lba_size_bytes.max(4096),
+        restricted: false,
     };
     if read_only {
         // Flush stays offered (harmless, and clients that flush before they close need not
@@ -79,14 +81,25 @@ fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
     info
 }
 
+/// What each export's spec says beyond its device, in export order.
+struct Exports {
+    devices: Vec<Device>,
+    infos: Vec<ExportInfo>,
+    /// The clients each export is restricted to, if it is.
+    clients: Vec<Option<Vec<String>>>,
+}
+
 /// Opens each export's device, in order, refusing bad and duplicate names; every export
-/// is read-only where `read_only` says so.
+/// is read-only where `read_only` says so; an export restricted to named clients needs
+/// client certificates verified (`verify_peer`).
 fn open_exports(
     exports: &[(String, String)],
     read_only: bool,
-) -> Result<(Vec<Device>, Vec<ExportInfo>), ServeError> {
+    verify_peer: bool,
+) -> Result<Exports, ServeError> {
     let mut devices = Vec::new();
     let mut infos: Vec<ExportInfo> = Vec::new();
+    let mut clients = Vec::new();
     for (name, spec) in exports {
         if !ServerConfig::export_name_ok(name) {
             return Err(ServeError::BadExportName(name.clone()));
@@ -95,15 +108,34 @@ fn open_exports(
             return Err(ServeError::DuplicateExport(name.clone()));
         }
         let spec = ExportSpec::parse(spec);
+        if let Some(names) = &spec.clients {
+            if let Some(bad) = names.iter().find(|n| !client_name_ok(n)) {
+                return Err(ServeError::BadClientName {
+                    export: name.clone(),
+                    name: bad.clone(),
+                });
+            }
+            if !verify_peer {
+                return Err(ServeError::ClientsWithoutVerify(name.clone()));
+            }
+        }
         let device = Device::open(&spec.device).map_err(|source| ServeError::Device {
             name: name.clone(),
             source,
         })?;
-        infos.push(export_info(name, &device, read_only || spec.read_only));
+        let mut info = export_info(name, &device, read_only || spec.read_only);
+        info.restricted = spec.clients.is_some();
+        infos.push(info);
         devices.push(device);
+        clients.push(spec.clients);
     }
     assert_eq!(devices.len(), exports.len());
-    Ok((devices, infos))
+    assert_eq!(clients.len(), exports.len());
+    Ok(Exports {
+        devices,
+        infos,
+        clients,
+    })
 }
 
 impl Server {
@@ -111,7 +143,13 @@ impl Server {
     /// endpoint. Returns once clients can connect.
     pub fn start(cfg: ServerConfig) -> Result<Server, ServeError> {
         cfg.check()?;
-        let (devices, infos) = open_exports(&cfg.exports, cfg.read_only)?;
+        let tls = &cfg.service.tls;
+        let verify_peer = tls.verify_peer && tls.mode != TlsMode::Off;
+        let Exports {
+            devices,
+            infos,
+            clients,
+        } = open_exports(&cfg.exports, cfg.read_only, verify_peer)?;
         let described = devices.iter().map(|d| d.ctrl.describe()).collect();
         let infos: Arc<[ExportInfo]> = infos.into();
         let limits = Limits {
@@ -120,7 +158,10 @@ impl Server {
         };
         let names = infos.iter().map(|i| i.name.clone()).collect();
         let queue_depth = cfg.queue_depth;
-        let tls = cfg.service.tls.mode;
+        let access = Access {
+            tls: cfg.service.tls.mode,
+            clients: clients.into(),
+        };
         let shard_infos = infos.clone();
         let service = Service::start(
             &cfg.service,
@@ -132,7 +173,7 @@ impl Server {
                     &devices,
                     &shard_infos,
                     limits,
-                    tls,
+                    access.clone(),
                     queue_depth,
                     metrics,
                 )?)
@@ -238,6 +279,29 @@ mod tests {
         );
         // The device's kind is never taken for an item.
         assert_eq!(ExportSpec::parse("ro").device, "ro");
+        let spec = ExportSpec::parse("null,clients=a.test+b.test,ro");
+        assert_eq!(spec.device, "null");
+        assert_eq!(spec.clients, Some(vec!["a.test".into(), "b.test".into()]));
+        assert_eq!(ExportSpec::parse("null").clients, None);
+    }
+
+    /// Without verified client certificates nobody could be named: refused at start, as is
+    /// a name no certificate can hold.
+    #[test]
+    fn an_export_restricted_to_named_clients_needs_verified_certificates_and_good_names() {
+        let listen: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let one = |spec: &str| vec![("s".to_string(), spec.to_string())];
+        let cfg = ServerConfig::new(one("null,clients=alice.test"), listen.clone());
+        assert!(matches!(
+            Server::start(cfg),
+            Err(ServeError::ClientsWithoutVerify(_))
+        ));
+        let cfg = ServerConfig::new(one("null,clients=alice.test+not a name"), listen);
+        let e = Server::start(cfg).err().unwrap();
+        assert!(
+            matches!(&e, ServeError::BadClientName { name, .. } if name == "not a name"),
+            "{e}"
+        );
     }
 
     /// A controller with neither Dataset Management nor Write Zeroes, as a `vfio` one

@@ -33,6 +33,9 @@ pub struct ExportInfo {
     pub block_bytes: u32,
     /// Preferred request size.
     pub preferred_bytes: u32,
+    /// Only clients the caller names may use it ([`Session::allow`]); it is hidden from
+    /// the others.
+    pub restricted: bool,
 }
 
 /// Limits a session enforces.
@@ -157,6 +160,9 @@ pub struct Session {
     tls: TlsMode,
     /// The client's request for TLS was accepted: everything since came under it.
     tls_started: bool,
+    /// Which exports this client may use, by index: the unrestricted ones until the caller
+    /// says otherwise.
+    allowed: Vec<bool>,
 }
 
 fn be_u16(b: &[u8]) -> u16 {
@@ -199,6 +205,7 @@ impl Session {
         out.extend_from_slice(&NBD_MAGIC.to_be_bytes());
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        let allowed = exports.iter().map(|e| !e.restricted).collect();
         Session {
             exports,
             limits,
@@ -207,6 +214,16 @@ impl Session {
             options_seen: 0,
             tls,
             tls_started: false,
+            allowed,
+        }
+    }
+
+    /// Lets this client use the restricted exports whose index `allow` says yes to (once
+    /// the caller knows who the client is: its certificate, after TLS). An unrestricted
+    /// export stays open whatever `allow` says.
+    pub fn allow(&mut self, allow: impl Fn(usize) -> bool) {
+        for (i, e) in self.exports.iter().enumerate() {
+            self.allowed[i] = !e.restricted || allow(i);
         }
     }
 
@@ -268,6 +285,15 @@ impl Session {
         self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
         self.phase = Phase::Options;
         (4, Step::Negotiating)
+    }
+
+    /// The export `name` names, if this client may use it; `Err(())` when it exists but
+    /// is restricted to other clients.
+    fn find_allowed(&self, name: &[u8]) -> Result<Option<usize>, ()> {
+        match self.find_export(name) {
+            Some(i) if !self.allowed[i] => Err(()),
+            found => Ok(found),
+        }
     }
 
     fn find_export(&self, name: &[u8]) -> Option<usize> {
@@ -332,7 +358,7 @@ impl Session {
         }
         match option {
             OPT_EXPORT_NAME => {
-                let Some(export) = self.find_export(data) else {
+                let Ok(Some(export)) = self.find_allowed(data) else {
                     // This option has no error reply: closing is the only answer.
                     return self.protocol_error(
                         total,
@@ -360,7 +386,9 @@ impl Session {
                     option_reply(out, option, REP_ERR_INVALID, b"LIST takes no data");
                     return (total, Step::Negotiating);
                 }
-                for e in self.exports.iter() {
+                // Exports restricted to other clients are not listed.
+                let listed = self.exports.iter().zip(&self.allowed);
+                for (e, _) in listed.filter(|(_, allowed)| **allowed) {
                     let mut d = Vec::with_capacity(4 + e.name.len() + e.description.len());
                     d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                     d.extend_from_slice(e.name.as_bytes());
@@ -423,10 +451,21 @@ impl Session {
         if rest.len() != 2 + 2 * requests {
             return invalid(out, "the information request count does not fit the option");
         }
-        let Some(export) = self.find_export(name) else {
-            let msg = format!("no export named {:?}", String::from_utf8_lossy(name));
-            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
-            return (total, Step::Negotiating);
+        let export = match self.find_allowed(name) {
+            Ok(Some(export)) => export,
+            Ok(None) => {
+                let msg = format!("no export named {:?}", String::from_utf8_lossy(name));
+                option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+                return (total, Step::Negotiating);
+            }
+            Err(()) => {
+                let msg = format!(
+                    "export {:?} is not open to this client",
+                    String::from_utf8_lossy(name)
+                );
+                option_reply(out, option, REP_ERR_POLICY, msg.as_bytes());
+                return (total, Step::Negotiating);
+            }
         };
         let e = &self.exports[export];
         let mut sent = [false; 4];

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use hypoll_frontend::{Protocol, Shard};
+use hypoll_frontend::{certificate_names, Protocol, Shard};
 use hypoll_reactor::{AttachError, Device, DeviceId, Reactor};
 use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
@@ -38,12 +38,20 @@ pub(crate) struct ShardExport {
     pub(crate) backlog: VecDeque<(usize, usize)>,
 }
 
+/// Who may use what: whether clients may or must start TLS, and the clients each export is
+/// restricted to, if it is (by the names in their certificates).
+#[derive(Clone)]
+pub(crate) struct Access {
+    pub(crate) tls: TlsMode,
+    pub(crate) clients: Arc<[Option<Vec<String>>]>,
+}
+
 /// NBD's state on one reactor.
 pub(crate) struct Nbd {
     pub(crate) exports: Vec<ShardExport>,
     infos: Arc<[ExportInfo]>,
     limits: Limits,
-    tls: TlsMode,
+    access: Access,
     /// The session's output for one step, reused.
     scratch: Vec<u8>,
 }
@@ -54,6 +62,8 @@ pub(crate) struct NbdConn {
     /// Requests in flight, keyed as in their device commands' `user` word.
     pub(crate) inflight: Slab<Pending>,
     refusals: u32,
+    /// The session was told which restricted exports the client's certificate opens.
+    access_checked: bool,
 }
 
 impl Nbd {
@@ -64,7 +74,7 @@ impl Nbd {
         devices: &[Device],
         infos: &Arc<[ExportInfo]>,
         limits: Limits,
-        tls: TlsMode,
+        access: Access,
         queue_depth: usize,
         metrics: &Metrics,
     ) -> Result<Nbd, AttachError> {
@@ -88,7 +98,7 @@ impl Nbd {
             exports,
             infos: infos.clone(),
             limits,
-            tls,
+            access,
             scratch: Vec::new(),
         })
     }
@@ -100,9 +110,10 @@ impl Protocol for Nbd {
 
     fn connect(&mut self, greeting: &mut Vec<u8>) -> NbdConn {
         NbdConn {
-            session: Session::with_tls(self.infos.clone(), self.limits, self.tls, greeting),
+            session: Session::with_tls(self.infos.clone(), self.limits, self.access.tls, greeting),
             inflight: Slab::new(),
             refusals: 0,
+            access_checked: false,
         }
     }
 
@@ -164,6 +175,22 @@ fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor, key: usize) -> usize {
         }
         out.clear();
         let conn = &mut shard.conns[key];
+        if !conn.proto.access_checked {
+            if let Some(cert) = conn.peer_certificate() {
+                // After TLS, before any option under it: the client's certificate is
+                // known, and verified.
+                let named: Vec<bool> = (shard.proto.access.clients.iter())
+                    .map(|names| {
+                        names
+                            .iter()
+                            .flatten()
+                            .any(|name| certificate_names(cert, name))
+                    })
+                    .collect();
+                conn.proto.session.allow(|i| named[i]);
+                conn.proto.access_checked = true;
+            }
+        }
         let (input, state) = conn.input_and_state();
         let (used, step) = state.session.step(input, &mut out);
         if !out.is_empty() {

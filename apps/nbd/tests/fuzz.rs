@@ -5,7 +5,8 @@
 //! comes whole or in pieces, and must only ever hand out requests that are in range,
 //! aligned and within the limits, and well-formed replies. When TLS is required, nothing but
 //! a refusal, STARTTLS's acceptance or ABORT's is answered before TLS starts, and no request
-//! is taken; a read-only export never hands out a write.
+//! is taken; a read-only export never hands out a write; an export restricted to named
+//! clients is never chosen by a client not named.
 //!
 //! The suite runs `HYPOLL_FUZZ_CASES` cases per property (default 2000). A long run:
 //!
@@ -77,6 +78,7 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: all,
             block_bytes: 512,
             preferred_bytes: 4096,
+            restricted: false,
         },
         ExportInfo {
             name: "ro".into(),
@@ -85,6 +87,16 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: TFLAG_HAS_FLAGS | TFLAG_READ_ONLY | TFLAG_SEND_FLUSH,
             block_bytes: 512,
             preferred_bytes: 4096,
+            restricted: false,
+        },
+        ExportInfo {
+            name: "secret".into(),
+            description: String::new(),
+            size_bytes: 1 << 20,
+            flags: all,
+            block_bytes: 512,
+            preferred_bytes: 4096,
+            restricted: true,
         },
         ExportInfo {
             name: "big".into(),
@@ -93,6 +105,7 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: TFLAG_HAS_FLAGS,
             block_bytes: 4096,
             preferred_bytes: 4096,
+            restricted: false,
         },
     ]
     .into()
@@ -306,7 +319,10 @@ fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[Expor
                 assert!(r.payload.is_empty());
             }
         }
-        Step::Ready { export } => assert!(*export < exports.len()),
+        Step::Ready { export } => {
+            assert!(*export < exports.len());
+            assert!(!exports[*export].restricted, "a restricted export chosen");
+        }
         Step::StartTls => assert_eq!(bytes.len(), OPTION_HEADER_BYTES, "STARTTLS alone"),
         Step::Refused { error, .. } => {
             assert!([EINVAL, ENOSPC, EPERM].contains(error));

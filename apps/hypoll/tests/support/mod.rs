@@ -211,8 +211,10 @@ pub struct Certs {
     /// The server's: `ca-cert.pem`, `server-cert.pem`, `server-key.pem`.
     pub server: PathBuf,
     /// A client's, signed by the server's CA: `ca-cert.pem`, `client-cert.pem`,
-    /// `client-key.pem`.
+    /// `client-key.pem`; its certificate names `alice.test`.
     pub client: PathBuf,
+    /// Another client of the server's CA, whose certificate names `bob.test`.
+    pub bob: PathBuf,
     /// The CA only: a client that verifies the server but has no certificate.
     pub no_cert: PathBuf,
     /// A client whose certificate another CA signed, trusting the server's CA.
@@ -322,8 +324,30 @@ impl Certs {
         ca(dir, "rogue-ca");
         let san = "subjectAltName=DNS:localhost,IP:127.0.0.1";
         leaf(dir, "ca", "server", "localhost", "serverAuth", san);
-        leaf(dir, "ca", "client", "alice", "clientAuth", "");
-        leaf(dir, "rogue-ca", "rogue", "mallory", "clientAuth", "");
+        leaf(
+            dir,
+            "ca",
+            "client",
+            "alice",
+            "clientAuth",
+            "subjectAltName=DNS:alice.test",
+        );
+        leaf(
+            dir,
+            "ca",
+            "bob",
+            "bob",
+            "clientAuth",
+            "subjectAltName=DNS:bob.test",
+        );
+        leaf(
+            dir,
+            "rogue-ca",
+            "rogue",
+            "mallory",
+            "clientAuth",
+            "subjectAltName=DNS:alice.test",
+        );
         Certs {
             server: folder(
                 dir,
@@ -341,6 +365,15 @@ impl Certs {
                     ("ca-cert.pem", "ca-cert.pem"),
                     ("client-cert.pem", "client-cert.pem"),
                     ("client-key.pem", "client-key.pem"),
+                ],
+            ),
+            bob: folder(
+                dir,
+                "bob",
+                &[
+                    ("ca-cert.pem", "ca-cert.pem"),
+                    ("bob-cert.pem", "client-cert.pem"),
+                    ("bob-key.pem", "client-key.pem"),
                 ],
             ),
             no_cert: folder(dir, "no-cert", &[("ca-cert.pem", "ca-cert.pem")]),

@@ -14,6 +14,7 @@ fn exports() -> Arc<[ExportInfo]> {
                 | TFLAG_SEND_WRITE_ZEROES,
             block_bytes: 512,
             preferred_bytes: 4096,
+            restricted: false,
         },
         ExportInfo {
             name: "ro".into(),
@@ -22,6 +23,7 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: TFLAG_HAS_FLAGS,
             block_bytes: 4096,
             preferred_bytes: 4096,
+            restricted: false,
         },
     ]
     .into()

@@ -130,6 +130,7 @@ fn read_only_exports() -> Arc<[ExportInfo]> {
         flags: TFLAG_HAS_FLAGS | TFLAG_READ_ONLY | TFLAG_SEND_FLUSH,
         block_bytes: 512,
         preferred_bytes: 4096,
+        restricted: false,
     }]
     .into()
 }
@@ -185,4 +186,65 @@ fn a_read_only_export_refuses_writes_trims_and_zeroes_with_eperm_and_serves_the_
         })
         .collect();
     assert_eq!(served, [Op::Read, Op::Flush]);
+}
+
+fn restricted_exports() -> Arc<[ExportInfo]> {
+    let export = |name: &str, restricted| ExportInfo {
+        name: name.into(),
+        description: String::new(),
+        size_bytes: 1 << 20,
+        flags: TFLAG_HAS_FLAGS,
+        block_bytes: 512,
+        preferred_bytes: 4096,
+        restricted,
+    };
+    vec![export("secret", true), export("open", false)].into()
+}
+
+#[test]
+fn a_restricted_export_is_hidden_and_refused_until_the_client_is_allowed() {
+    let mut out = Vec::new();
+    let mut s = Session::new(restricted_exports(), Limits::default(), &mut out);
+    out.clear();
+    let mut input = client_flags(FLAG_C_FIXED_NEWSTYLE);
+    input.extend(option(OPT_LIST, &[]));
+    input.extend(info_or_go(OPT_INFO, "secret", &[]));
+    // The default export is the first, restricted one: refused too.
+    input.extend(info_or_go(OPT_GO, "", &[]));
+    let (steps, _) = run(&mut s, &input, &mut out);
+    assert!(steps.iter().all(|s| *s == Step::Negotiating), "{steps:?}");
+    let replies = option_replies(&out);
+    let listed: Vec<&[u8]> = replies
+        .iter()
+        .filter(|r| r.1 == REP_SERVER)
+        .map(|r| &r.2[4..])
+        .collect();
+    assert_eq!(listed, [b"open"], "the restricted export is not listed");
+    let refusals: Vec<(u32, u32)> = replies.iter().skip(2).map(|r| (r.0, r.1)).collect();
+    assert_eq!(
+        refusals,
+        [(OPT_INFO, REP_ERR_POLICY), (OPT_GO, REP_ERR_POLICY)]
+    );
+
+    // EXPORT_NAME on it closes; on the open one, it works.
+    let mut s = Session::new(restricted_exports(), Limits::default(), &mut out);
+    let mut input = client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    input.extend(option(OPT_EXPORT_NAME, b"secret"));
+    let (steps, _) = run(&mut s, &input, &mut out);
+    assert!(matches!(
+        steps.last(),
+        Some(Step::Close(Close::Protocol(_)))
+    ));
+
+    // Allowed (the caller named the client), it is listed and served.
+    let mut s = Session::new(restricted_exports(), Limits::default(), &mut out);
+    s.allow(|i| i == 0);
+    out.clear();
+    let (steps, _) = run(&mut s, &handshake_go("secret"), &mut out);
+    assert_eq!(steps.last(), Some(&Step::Ready { export: 0 }));
+    // An allowance never closes an unrestricted export.
+    let mut s = Session::new(restricted_exports(), Limits::default(), &mut out);
+    s.allow(|_| false);
+    let (steps, _) = run(&mut s, &handshake_go("open"), &mut out);
+    assert_eq!(steps.last(), Some(&Step::Ready { export: 1 }));
 }
