@@ -9,6 +9,7 @@ use std::time::Duration;
 use hypoll_reactor::CoreList;
 
 use crate::listen::ListenAddr;
+use crate::tls::TlsConfig;
 
 /// Default most connections open at once (`--max-connections`).
 pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
@@ -77,6 +78,9 @@ pub struct ServiceConfig {
     /// Permissions of a Unix socket's file (at most [`UNIX_MODE_MAX`]), set whatever the
     /// umask: connecting needs write permission.
     pub unix_mode: u32,
+    /// Whether clients may or must speak TLS, with which certificates, and whether they
+    /// must show one of their own.
+    pub tls: TlsConfig,
 }
 
 impl ServiceConfig {
@@ -93,6 +97,7 @@ impl ServiceConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             coalesce_ns: COALESCE_NS_DEFAULT,
             unix_mode: UNIX_MODE_DEFAULT,
+            tls: TlsConfig::default(),
         }
     }
 

@@ -1,10 +1,12 @@
 //! One client connection's socket side: the input buffer the protocol parses from, the queue
-//! of replies waiting for the socket (sent with writev), and the accounting of the memory the
-//! connection makes the server hold, which bounds it (back-pressure: past the bound its
-//! requests wait unread in the kernel's socket buffer).
+//! of replies waiting for the socket (sent with writev, or through the connection's TLS
+//! session once it has one), and the accounting of the memory the connection makes the
+//! server hold, which bounds it (back-pressure: past the bound its requests wait unread in
+//! the kernel's socket buffer).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 
 use hypoll_nvme::IoBuf;
 
@@ -12,6 +14,7 @@ use crate::bufcache::BufCache;
 use crate::epoll::Interest;
 use crate::protocol::Protocol;
 use crate::stream::Stream;
+use crate::tlsio::Tls;
 use crate::REQUESTS_INFLIGHT_MAX;
 
 /// What one queued reply costs beyond its bytes (its allocation and queue entry), counted
@@ -103,6 +106,28 @@ pub struct Conn<P: Protocol> {
     pub(crate) dirty: bool,
     /// When the reactor adopted it: the handshake's clock starts here.
     pub(crate) adopted_ns: u64,
+    /// The TLS session, once the protocol started one: every byte read or written after
+    /// that goes through it.
+    pub(crate) tls: Option<Box<Tls>>,
+    /// Replies at the front of `out` queued before TLS started (the reply that accepts it,
+    /// last): they go out in plaintext, and TLS takes the socket after them.
+    plain_msgs: usize,
+}
+
+/// Why a connection could not start TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum StartTlsError {
+    /// Bytes arrived after the request to start TLS and before its handshake: a client
+    /// waits for the reply before it starts the handshake, so these were sent in
+    /// plaintext to be taken as if under TLS (the STARTTLS injection attack).
+    #[error("{0} bytes arrived in plaintext after the request to start TLS")]
+    Injected(usize),
+    #[error("TLS is already started")]
+    AlreadyStarted,
+    #[error("TLS is not configured")]
+    NotConfigured,
+    #[error("starting the TLS session: {0}")]
+    Session(rustls::Error),
 }
 
 impl<P: Protocol> Conn<P> {
@@ -133,6 +158,58 @@ impl<P: Protocol> Conn<P> {
             registered: true,
             dirty: false,
             adopted_ns,
+            tls: None,
+            plain_msgs: 0,
+        }
+    }
+
+    /// Starts TLS once the replies queued so far (the protocol's reply accepting TLS among
+    /// them) are sent in plaintext. Refused if any input is left unconsumed: it was sent
+    /// before the client could know TLS would start, and must not be read as if it came
+    /// under TLS.
+    pub(crate) fn start_tls(
+        &mut self,
+        config: Option<&Arc<rustls::ServerConfig>>,
+    ) -> Result<(), StartTlsError> {
+        if self.tls.is_some() {
+            return Err(StartTlsError::AlreadyStarted);
+        }
+        let config = config.ok_or(StartTlsError::NotConfigured)?;
+        if !self.input().is_empty() {
+            return Err(StartTlsError::Injected(self.input().len()));
+        }
+        self.tls = Some(Box::new(
+            Tls::new(config.clone()).map_err(StartTlsError::Session)?,
+        ));
+        self.plain_msgs = self.out.len();
+        Ok(())
+    }
+
+    /// Whether the connection's TLS session holds decrypted input the socket will not
+    /// announce again.
+    pub(crate) fn tls_input_waiting(&mut self) -> bool {
+        self.tls.as_mut().is_some_and(|t| t.has_input())
+    }
+
+    /// Whether the connection speaks TLS (or will, once its plaintext replies are out).
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The certificate the client showed, once the TLS handshake is over (verified against
+    /// the CA: a client whose certificate fails never gets this far).
+    pub fn peer_certificate(&self) -> Option<&rustls::pki_types::CertificateDer<'static>> {
+        let tls = self.tls.as_ref()?;
+        tls.peer_certificate()
+    }
+
+    /// Queues TLS's closing alert, for the last write before the socket closes.
+    pub(crate) fn close_tls(&mut self) {
+        if let Some(tls) = self.tls.as_mut() {
+            if self.plain_msgs == 0 && !tls.is_handshaking() {
+                tls.close_notify();
+                let _ = tls.flush(&mut self.stream);
+            }
         }
     }
 
@@ -211,7 +288,7 @@ impl<P: Protocol> Conn<P> {
     }
 
     pub(crate) fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
     }
 
     /// Checks that every byte the connection is charged for is accounted for: queued
@@ -240,57 +317,78 @@ impl<P: Protocol> Conn<P> {
     }
 
     /// Writes queued replies until done or the socket is full; sent data buffers go back to
-    /// `bufs`. Returns the bytes written.
+    /// `bufs`. Returns the bytes written (to the socket, or into the TLS session).
     pub(crate) fn write_out(&mut self, bufs: &mut BufCache) -> io::Result<usize> {
         self.debug_assert_out_accounted();
         let mut written = 0;
         self.write_blocked = false;
-        while !self.out.is_empty() {
-            let mut slices = [IoSlice::new(&[]); WRITEV_SLICES_MAX];
-            let mut count = 0;
-            let mut skip = self.out_sent;
-            'fill: for msg in &self.out {
-                for part in std::iter::once(&msg.head[..]).chain(msg.data.iter().map(|b| &b[..])) {
-                    if skip >= part.len() {
-                        skip -= part.len();
-                        continue;
-                    }
-                    slices[count] = IoSlice::new(&part[skip..]);
-                    count += 1;
-                    skip = 0;
-                    if count == WRITEV_SLICES_MAX {
-                        break 'fill;
-                    }
+        loop {
+            let plaintext = self.tls.is_none() || self.plain_msgs > 0;
+            if plaintext && self.out.is_empty() {
+                break;
+            }
+            if !plaintext {
+                let tls = self.tls.as_mut().expect("not plaintext");
+                written += tls.flush(&mut self.stream)?;
+                if tls.wants_write() {
+                    self.write_blocked = true;
+                    break;
+                }
+                if self.out.is_empty() || tls.is_handshaking() {
+                    break;
                 }
             }
-            let n = match self.stream.write_vectored(&slices[..count]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            let mut slices = [IoSlice::new(&[]); WRITEV_SLICES_MAX];
+            let msgs_max = if plaintext && self.tls.is_some() {
+                self.plain_msgs
+            } else {
+                usize::MAX
+            };
+            let count = fill_slices(&self.out, self.out_sent, &mut slices, msgs_max);
+            let result = match (plaintext, self.tls.as_mut()) {
+                (false, Some(tls)) => tls.encrypt(&slices[..count]),
+                _ => self.stream.write_vectored(&slices[..count]),
+            };
+            let n = match result {
+                Ok(0) if plaintext => return Err(io::ErrorKind::WriteZero.into()),
+                // Cannot be: the session's buffer was just emptied and the handshake is
+                // over. Stop rather than spin.
+                Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.write_blocked = true;
-                    return Ok(written);
+                    break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
             written += n;
-            self.out_bytes -= n;
-            let mut left = self.out_sent + n;
-            while let Some(front) = self.out.front() {
-                let len = front.len();
-                if left < len {
-                    break;
-                }
-                left -= len;
-                if let Some(msg) = self.out.pop_front() {
-                    msg.data.into_iter().for_each(|b| bufs.give(b));
-                }
-                self.out_bytes -= OUT_MSG_OVERHEAD_BYTES;
-            }
-            self.out_sent = left;
+            self.advance_out(n, plaintext, bufs);
         }
         self.debug_assert_out_accounted();
         Ok(written)
+    }
+
+    /// Marks `n` more queued bytes sent: finished messages leave the queue, their data
+    /// buffers go back to `bufs`.
+    fn advance_out(&mut self, n: usize, plaintext: bool, bufs: &mut BufCache) {
+        self.out_bytes -= n;
+        let mut left = self.out_sent + n;
+        while let Some(front) = self.out.front() {
+            let len = front.len();
+            if left < len {
+                break;
+            }
+            left -= len;
+            if let Some(msg) = self.out.pop_front() {
+                msg.data.into_iter().for_each(|b| bufs.give(b));
+            }
+            self.out_bytes -= OUT_MSG_OVERHEAD_BYTES;
+            if plaintext && self.plain_msgs > 0 {
+                self.plain_msgs -= 1;
+            }
+        }
+        self.out_sent = left;
     }
 
     /// Reads what the socket has, up to the per-poll budget, into an input buffer of at
@@ -322,7 +420,11 @@ impl<P: Protocol> Conn<P> {
                 // Full: the parser must consume first.
                 break;
             }
-            match self.stream.read(&mut self.inbuf[self.in_end..]) {
+            let read = match self.tls.as_mut() {
+                Some(tls) => tls.read(&mut self.stream, &mut self.inbuf[self.in_end..]),
+                None => self.stream.read(&mut self.inbuf[self.in_end..]),
+            };
+            match read {
                 Ok(0) => {
                     // The client sent all it will: what it sent is still served and its
                     // replies go out (see `Shard::progress`).
@@ -333,8 +435,10 @@ impl<P: Protocol> Conn<P> {
                     let asked = self.inbuf.len() - self.in_end;
                     self.in_end += n;
                     total += n;
-                    if n < asked {
-                        // The socket is drained: another read would only say EAGAIN.
+                    if n < asked && self.tls.is_none() {
+                        // The socket is drained: another read would only say EAGAIN. (A
+                        // TLS read stops at a record's end instead, whatever the socket
+                        // holds.)
                         break;
                     }
                 }
@@ -352,6 +456,33 @@ impl<P: Protocol> Conn<P> {
         assert!(self.inbuf.len() <= limit_bytes);
         total
     }
+}
+
+/// Points `slices` at the unsent bytes of the first `msgs_max` messages of `out`, whose
+/// front has `out_sent` bytes sent, as many as fit; returns how many slices it filled.
+fn fill_slices<'a>(
+    out: &'a VecDeque<OutMsg>,
+    out_sent: usize,
+    slices: &mut [IoSlice<'a>; WRITEV_SLICES_MAX],
+    msgs_max: usize,
+) -> usize {
+    let mut count = 0;
+    let mut skip = out_sent;
+    for msg in out.iter().take(msgs_max) {
+        for part in std::iter::once(&msg.head[..]).chain(msg.data.iter().map(|b| &b[..])) {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            slices[count] = IoSlice::new(&part[skip..]);
+            count += 1;
+            skip = 0;
+            if count == WRITEV_SLICES_MAX {
+                return count;
+            }
+        }
+    }
+    count
 }
 
 #[cfg(test)]

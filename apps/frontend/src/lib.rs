@@ -19,6 +19,9 @@
 //!   gathering of requests under pipelined load.
 //! - `conn.rs`: [`Conn`], one connection's buffers and the accounting that bounds its memory.
 //! - `bufcache.rs`: [`BufCache`], idle I/O buffers kept for reuse.
+//! - `tls.rs`: [`TlsConfig`], the TLS settings and their certificates, loaded at start;
+//!   `tlsio.rs`: a connection's TLS session, driven without blocking by its reads and
+//!   writes.
 //! - `metrics.rs` and `endpoint.rs`: the Prometheus metrics and their HTTP endpoint.
 //! - `loglimit.rs`: the bound on how fast one source (the listener, a reactor's clients)
 //!   may log.
@@ -40,6 +43,8 @@ mod service;
 mod shard;
 mod stop;
 mod stream;
+mod tls;
+mod tlsio;
 mod turn;
 
 pub use bufcache::BufCache;
@@ -50,7 +55,9 @@ pub use config::{
     IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, REQUESTS_INFLIGHT_MAX, UNIX_MODE_DEFAULT,
     UNIX_MODE_MAX,
 };
-pub use conn::{Conn, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL};
+pub use conn::{
+    Conn, StartTlsError, HEAD_INLINE_BYTES_MAX, OUT_MSG_OVERHEAD_BYTES, READ_BYTES_PER_POLL,
+};
 pub use endpoint::Endpoint;
 pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use listen::ListenAddr;
@@ -62,3 +69,8 @@ pub use shard::Shard;
 /// A reactor serving protocol `P`: its state is its shard of the service.
 pub type ShardReactor<P> = hypoll_reactor::Reactor<Shard<P>>;
 pub use stop::StopReport;
+pub use tls::{
+    certificate_names, client_name_ok, TlsConfig, TlsError, TlsMode, CA_CERT_FILE,
+    SERVER_CERT_FILE, SERVER_KEY_FILE,
+};
+pub use tlsio::{TLS_BUFFER_BYTES_MAX, TLS_SEND_BYTES_MAX};

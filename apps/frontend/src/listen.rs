@@ -417,7 +417,7 @@ mod tests {
         let set = ReactorSet::start(cfg, move |r| {
             let conns = metrics.conns(r.index());
             let open = shards_open.clone();
-            Ok(crate::shard::build(r, Sender, &service, conns, open)?)
+            Ok(crate::shard::build(r, Sender, &service, conns, open, None)?)
         })
         .unwrap();
         let stop = AtomicBool::new(false);

@@ -17,6 +17,7 @@ use crate::listen::{accept_loop, ListenAddr, Listener};
 use crate::metrics::Metrics;
 use crate::protocol::Protocol;
 use crate::shard::{self, Shard};
+use crate::tls::{TlsError, TlsMode};
 use crate::ServiceConfig;
 
 /// Why a service did not start (after its configuration was checked).
@@ -39,6 +40,18 @@ pub enum StartError {
     Reactors(#[from] hypoll_reactor::StartError),
     #[error("starting the listener thread: {0}")]
     Thread(#[source] io::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+impl StartError {
+    /// The [`ServiceConfig`] setting at fault, where one is.
+    pub fn setting(&self) -> Option<&'static str> {
+        match self {
+            StartError::Tls(e) => Some(e.setting()),
+            _ => None,
+        }
+    }
 }
 
 /// A running service of protocol `P`. [`Service::stop`] stops it gracefully; dropping it
@@ -67,13 +80,14 @@ impl<P: Protocol> Service<P> {
         init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
         check_fds(cfg);
-        let listener = bind(&cfg.listen, cfg.unix_mode)?;
+        let tls = cfg.tls.load()?;
+        let listener = bind(&cfg.listen, cfg.unix_mode, cfg.tls.mode)?;
         let local = listener.local_addr().map_err(|error| StartError::Listen {
             addr: cfg.listen.to_string(),
             error,
         })?;
         let open = Arc::new(AtomicUsize::new(0));
-        let set = start_reactors(cfg, metrics.clone(), open.clone(), init)?;
+        let set = start_reactors(cfg, metrics.clone(), open.clone(), tls, init)?;
         let endpoint = start_endpoint(cfg.metrics, metrics, &set)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = start_listener::<P>(listener, &stop, &open, cfg.connections_max, &set)?;
@@ -133,18 +147,19 @@ fn check_fds(cfg: &ServiceConfig) {
     }
 }
 
-/// Step 1: the listening socket, with a warning when it is reachable on every interface:
-/// clients are neither encrypted nor authenticated yet.
-fn bind(addr: &ListenAddr, unix_mode: u32) -> Result<Listener, StartError> {
+/// Step 1: the listening socket, with a warning when it is reachable on every interface
+/// and clients need not use TLS.
+fn bind(addr: &ListenAddr, unix_mode: u32, tls: TlsMode) -> Result<Listener, StartError> {
     let listener = Listener::bind(addr, unix_mode).map_err(|error| StartError::Listen {
         addr: addr.to_string(),
         error,
     })?;
-    if addr.is_wildcard() {
+    if addr.is_wildcard() && tls != TlsMode::Require {
         tracing::warn!(
             "listening on every interface ({addr}) with no TLS and no client \
-             authentication: anyone who can reach this port can read and write every \
-             export; listen on a loopback or private address, or behind a firewall"
+             authentication required: anyone who can reach this port can read and write \
+             every export; require TLS (with client certificates), or listen on a \
+             loopback or private address, or behind a firewall"
         );
     }
     Ok(listener)
@@ -155,6 +170,7 @@ fn start_reactors<P: Protocol>(
     cfg: &ServiceConfig,
     metrics: Arc<Metrics>,
     open: Arc<AtomicUsize>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
 ) -> Result<ReactorSet<Shard<P>>, StartError> {
     let shard_cfg = cfg.clone();
@@ -173,7 +189,14 @@ fn start_reactors<P: Protocol>(
         move |reactor| {
             let proto = init(reactor, &metrics)?;
             let conn_metrics = metrics.conns(reactor.index());
-            let shard = shard::build(reactor, proto, &shard_cfg, conn_metrics, open.clone())?;
+            let shard = shard::build(
+                reactor,
+                proto,
+                &shard_cfg,
+                conn_metrics,
+                open.clone(),
+                tls.clone(),
+            )?;
             Ok(shard)
         },
     )?;

@@ -16,7 +16,7 @@ use hypoll_reactor::{Poller, Reactor};
 use slab::Slab;
 
 use crate::bufcache::BufCache;
-use crate::conn::{Conn, READ_CHUNK_BYTES};
+use crate::conn::{Conn, StartTlsError, READ_CHUNK_BYTES};
 use crate::epoll::{Epoll, Interest};
 use crate::loglimit::{suppressed_note, LogLimit};
 use crate::metrics::ConnMetrics;
@@ -54,6 +54,8 @@ pub struct Shard<P: Protocol> {
     /// This reactor's lines about its clients: a client looping through errors must not
     /// flood the log.
     log_limit: LogLimit,
+    /// What every connection's TLS session is made from; `None` when TLS is off.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller and the handshake
@@ -65,6 +67,7 @@ pub(crate) fn build<P: Protocol>(
     cfg: &ServiceConfig,
     metrics: ConnMetrics,
     open: Arc<AtomicUsize>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Result<Shard<P>, String> {
     let epoll = Rc::new(Epoll::new().map_err(|e| format!("creating epoll: {e}"))?);
     let shard = Shard {
@@ -82,6 +85,7 @@ pub(crate) fn build<P: Protocol>(
         handshake_timeout_ns: u64::try_from(cfg.handshake_timeout.as_nanos()).unwrap_or(u64::MAX),
         pace: Pace::new(cfg.idle_spin_ns, cfg.coalesce_ns.min(COALESCE_NS_MAX)),
         log_limit: LogLimit::default(),
+        tls,
     };
     r.add_poller(Box::new(ShardPoller { epoll }))
         .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
@@ -122,6 +126,13 @@ impl<P: Protocol> Shard<P> {
     /// and the service is not stopping).
     pub fn can_parse(&self, key: usize) -> bool {
         self.conns[key].can_parse(self.draining, self.connection_bytes_max)
+    }
+
+    /// Starts TLS on connection `key` once the replies queued so far are sent; refused
+    /// when input is left after the request to start it (see [`StartTlsError`]), or when
+    /// the service has no TLS.
+    pub fn start_tls(&mut self, key: usize) -> Result<(), StartTlsError> {
+        self.conns[key].start_tls(self.tls.as_ref())
     }
 
     /// Counts a request parsed and started (the pacing of socket reads follows the count).
@@ -223,6 +234,15 @@ impl<P: Protocol> Shard<P> {
             return 0;
         };
         conn.dirty = false;
+        if conn.can_parse(self.draining, self.connection_bytes_max)
+            && !conn.eof
+            && conn.tls_input_waiting()
+        {
+            // Decrypted input left in the TLS session when the last read stopped: the
+            // socket may hold nothing more, so no readiness event would bring it.
+            let limit = self.inbuf_limit();
+            self.conns[key].read_in(limit);
+        }
         let mut work = P::parse(self, r, key);
         let draining = self.draining;
         let bytes_max = self.connection_bytes_max;
@@ -274,6 +294,14 @@ impl<P: Protocol> Shard<P> {
             read: conn.can_parse(draining, bytes_max) && !conn.eof,
             write: conn.write_blocked,
         };
+        if want.read && conn.tls_input_waiting() {
+            // As above: read it on the next turn, not on a socket event that may not come.
+            self.mark_dirty(key);
+            work += 1;
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return work;
+        };
         let result = if conn.gone && conn.registered {
             // Nothing more to read or write: stop hearing about it.
             conn.registered = false;
@@ -299,7 +327,10 @@ impl<P: Protocol> Shard<P> {
     /// Removes a finished connection: out of the epoll set, out of the counts, logged if it
     /// failed or has something to say.
     fn close(&mut self, key: usize) {
-        let conn = self.conns.remove(key);
+        let mut conn = self.conns.remove(key);
+        if !conn.gone {
+            conn.close_tls();
+        }
         conn.assert_closed_clean();
         if conn.registered {
             let _ = self.epoll.remove(conn.stream.fd());

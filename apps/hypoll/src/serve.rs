@@ -4,14 +4,16 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use hypoll_nbd::proto::TFLAG_READ_ONLY;
 use hypoll_nbd::server::{
-    COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
-    HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, UNIX_MODE_DEFAULT,
-    UNIX_MODE_MAX,
+    ExportSpec, TlsConfig, TlsMode, COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT,
+    CONNECTION_BYTES_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT,
+    QUEUE_DEPTH_DEFAULT, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
@@ -25,9 +27,27 @@ use tracing_subscriber::registry::LookupSpan;
 #[derive(Parser)]
 pub struct ServeArgs {
     /// An export: NAME=DEVICE_SPEC (mem=emu:dram,size=4G; disk=emu:dram,backing=file:/path,
-    /// size=8G). Repeat for several; the first is the default export.
+    /// size=8G); `ro` (or `readonly`) among the spec's items makes it read-only
+    /// (disk=uring:/img,ro), and `clients=NAME+NAME` serves it only to clients whose
+    /// certificate names one of them (with --tls-verify-peer). Repeat for several; the first
+    /// is the default export.
     #[arg(long = "export", value_name = "NAME=SPEC", required = true, value_parser = parse_export)]
     exports: Vec<(String, String)>,
+    /// Every export read-only: clients are told so, and writes, trims and write zeroes are
+    /// refused with EPERM.
+    #[arg(short = 'r', long)]
+    read_only: bool,
+    /// TLS: off; on (clients may upgrade with STARTTLS); require (nothing but STARTTLS is
+    /// answered before TLS).
+    #[arg(long, value_name = "off|on|require", default_value = "off")]
+    tls: TlsMode,
+    /// The folder of ca-cert.pem, server-cert.pem and server-key.pem (as nbdkit and qemu lay
+    /// it out); needed with --tls on or require.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// Clients must show a certificate signed by the CA of ca-cert.pem.
+    #[arg(long)]
+    tls_verify_peer: bool,
     /// Where to listen: ADDR:PORT (port 0 picks a free one) or unix:PATH.
     #[arg(long, default_value = "127.0.0.1:10809")]
     listen: ListenAddr,
@@ -118,7 +138,9 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
     if name.is_empty() {
         return Err(format!("{s:?}: the export name is empty"));
     }
-    spec.parse::<hypoll_nvme::DeviceConfig>()
+    ExportSpec::parse(spec)
+        .device
+        .parse::<hypoll_nvme::DeviceConfig>()
         .map_err(|e| format!("export {name}: {e}"))?;
     Ok((name.to_string(), spec.to_string()))
 }
@@ -132,6 +154,8 @@ fn flag_of(setting: &str) -> Option<&'static str> {
         "request_bytes_max" => "--max-request-bytes",
         "connection_bytes_max" => "--max-connection-bytes",
         "unix_mode" => "--unix-mode",
+        "tls_certificates" => "--tls-certificates",
+        "tls_verify_peer" => "--tls-verify-peer",
         _ => return None,
     })
 }
@@ -251,10 +275,16 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
         unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
+        tls: TlsConfig {
+            mode: args.tls,
+            certificates_dir: args.tls_certificates,
+            verify_peer: args.tls_verify_peer,
+        },
         ..ServiceConfig::new(args.listen)
     };
     let cfg = ServerConfig {
         exports: args.exports,
+        read_only: args.read_only,
         request_bytes_max,
         queue_depth: usize::from(args.queue_depth),
         service,
@@ -275,8 +305,15 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         for (e, device) in server.exports().iter().zip(server.export_devices()) {
             let _ = writeln!(
                 out,
-                "export {} = {device} ({} bytes, {}-byte blocks)",
-                e.name, e.size_bytes, e.block_bytes
+                "export {} = {device} ({} bytes, {}-byte blocks{})",
+                e.name,
+                e.size_bytes,
+                e.block_bytes,
+                if e.flags & TFLAG_READ_ONLY != 0 {
+                    ", read-only"
+                } else {
+                    ""
+                }
             );
         }
         let _ = out.flush();

@@ -19,12 +19,66 @@ const _: () = assert!(crate::session::REQUEST_BYTES_MAX_DEFAULT <= *REQUEST_BYTE
 const _: () =
     assert!(*REQUEST_BYTES_MAX_RANGE.start() <= crate::session::REQUEST_BYTES_MAX_DEFAULT);
 
+/// Items of an export's spec that are the export's own, not its device's: either makes the
+/// export read-only (`disk=uring:/img,ro`).
+pub const READ_ONLY_ITEMS: [&str; 2] = ["ro", "readonly"];
+
+/// The item of an export's spec that restricts it to named clients:
+/// `clients=NAME+NAME`, each a DNS name the client's certificate must hold among its subject
+/// alternative names (`secret=emu:dram,size=1G,clients=alice.example+bob.example`).
+pub const CLIENTS_KEY: &str = "clients";
+
+/// An export's spec, split into its device's string and the export's own settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// What `Device::open` takes.
+    pub device: String,
+    /// Clients may read, never write, trim or zero.
+    pub read_only: bool,
+    /// Only clients whose certificate names one of these may use it (checked as the server
+    /// starts: [`ServeError::BadClientName`]).
+    pub clients: Option<Vec<String>>,
+}
+
+impl ExportSpec {
+    /// Takes the export's own items ([`READ_ONLY_ITEMS`], [`CLIENTS_KEY`]) out of `spec`,
+    /// wherever they stand after the device's kind; the rest is the device's.
+    pub fn parse(spec: &str) -> ExportSpec {
+        let mut items = spec.split(',');
+        let mut device = items.next().unwrap_or_default().to_string();
+        let mut read_only = false;
+        let mut clients = None;
+        for item in items {
+            let clients_list = item
+                .split_once('=')
+                .filter(|(k, _)| k.trim() == CLIENTS_KEY)
+                .map(|(_, v)| v.trim());
+            if READ_ONLY_ITEMS.contains(&item.trim()) {
+                read_only = true;
+            } else if let Some(list) = clients_list {
+                clients = Some(list.split('+').map(|n| n.trim().to_string()).collect());
+            } else {
+                device.push(',');
+                device.push_str(item);
+            }
+        }
+        ExportSpec {
+            device,
+            read_only,
+            clients,
+        }
+    }
+}
+
 /// How to run a server: its exports and NBD's own limits, beside the settings every front
 /// end shares.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// (name, device string), in order; the first is the default export.
+    /// (name, spec), in order; the first is the default export. A spec is a device string,
+    /// with the export's own items among its own ([`ExportSpec`]).
     pub exports: Vec<(String, String)>,
+    /// Every export is read-only, whatever its spec says.
+    pub read_only: bool,
     pub request_bytes_max: u32,
     pub queue_depth: usize,
     /// Where to listen, the reactors, and the bounds on what clients may hold.
@@ -35,6 +89,7 @@ impl ServerConfig {
     pub fn new(exports: Vec<(String, String)>, listen: ListenAddr) -> ServerConfig {
         ServerConfig {
             exports,
+            read_only: false,
             request_bytes_max: crate::session::REQUEST_BYTES_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
             service: ServiceConfig::new(listen),
@@ -52,6 +107,10 @@ impl ServerConfig {
             return Err(ServeError::RequestBytes(r));
         }
         self.service.check()?;
+        self.service
+            .tls
+            .check()
+            .map_err(|e| ServeError::Start(StartError::Tls(e)))?;
         Ok(())
     }
 
@@ -70,6 +129,15 @@ pub enum ServeError {
     DuplicateExport(String),
     #[error("export name {0:?}: expected 1 to 4096 bytes")]
     BadExportName(String),
+    #[error(
+        "export {export}: client name {name:?}: expected a DNS name, as certificates hold them"
+    )]
+    BadClientName { export: String, name: String },
+    #[error(
+        "export {0}: restricted to named clients, which needs TLS with client certificates \
+         verified (tls_verify_peer)"
+    )]
+    ClientsWithoutVerify(String),
     #[error("export {name}: {source}")]
     Device {
         name: String,
@@ -93,6 +161,7 @@ impl ServeError {
             ServeError::NoExports => Some("exports"),
             ServeError::RequestBytes(_) => Some("request_bytes_max"),
             ServeError::Service(e) => Some(e.setting()),
+            ServeError::Start(e) => e.setting(),
             _ => None,
         }
     }

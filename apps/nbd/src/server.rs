@@ -15,16 +15,21 @@ use hypoll_reactor::Device;
 use crate::metrics::nbd_metrics;
 use crate::proto;
 use crate::session::{ExportInfo, Limits};
-use crate::shard::Nbd;
+use crate::shard::{Access, Nbd};
 
-pub use crate::config::{ServeError, ServerConfig, REQUEST_BYTES_ALIGN, REQUEST_BYTES_MAX_RANGE};
+pub use crate::config::{
+    ExportSpec, ServeError, ServerConfig, CLIENTS_KEY, READ_ONLY_ITEMS, REQUEST_BYTES_ALIGN,
+    REQUEST_BYTES_MAX_RANGE,
+};
+use hypoll_frontend::client_name_ok;
 pub use hypoll_frontend::{
     ListenAddr, ServiceConfig, ServiceConfigError, StopReport, COALESCE_NS_DEFAULT,
     COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT,
     CONNECTION_BYTES_MAX_RANGE, DRAIN_TIMEOUT, FLUSH_TIMEOUT, HANDSHAKE_TIMEOUT_DEFAULT,
     IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, READ_BYTES_PER_POLL, REQUESTS_INFLIGHT_MAX,
-    UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
+    TLS_BUFFER_BYTES_MAX, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
 };
+pub use hypoll_frontend::{TlsConfig, TlsError, TlsMode};
 
 /// A running server. [`Server::stop`] stops it gracefully; dropping it stops it too.
 pub struct Server {
@@ -35,9 +40,9 @@ pub struct Server {
 }
 
 /// Builds what clients see of an export from its device.
-fn export_info(name: &str, device: &Device) -> ExportInfo {
+fn export_info(name: &str, device: &Device, read_only: bool) -> ExportInfo {
     let ns = device.ctrl.namespace();
-    ExportInfo {
+    let mut info = ExportInfo {
         name: name.to_string(),
         // The device string can name paths and modes on the server's machine: clients see
         // the name only.
@@ -64,15 +69,37 @@ fn export_info(name: &str, device: &Device) -> ExportInfo {
             | proto::TFLAG_CAN_MULTI_CONN,
         block_bytes: ns.lba_size_bytes,
         preferred_bytes: ns.lba_size_bytes.max(4096),
+        restricted: false,
+    };
+    if read_only {
+        // Flush stays offered (harmless, and clients that flush before they close need not
+        // be told no); nothing that writes is.
+        info.flags &=
+            !(proto::TFLAG_SEND_FUA | proto::TFLAG_SEND_TRIM | proto::TFLAG_SEND_WRITE_ZEROES);
+        info.flags |= proto::TFLAG_READ_ONLY;
     }
+    info
 }
 
-/// Opens each export's device, in order, refusing bad and duplicate names.
+/// What each export's spec says beyond its device, in export order.
+struct Exports {
+    devices: Vec<Device>,
+    infos: Vec<ExportInfo>,
+    /// The clients each export is restricted to, if it is.
+    clients: Vec<Option<Vec<String>>>,
+}
+
+/// Opens each export's device, in order, refusing bad and duplicate names; every export
+/// is read-only where `read_only` says so; an export restricted to named clients needs
+/// client certificates verified (`verify_peer`).
 fn open_exports(
     exports: &[(String, String)],
-) -> Result<(Vec<Device>, Vec<ExportInfo>), ServeError> {
+    read_only: bool,
+    verify_peer: bool,
+) -> Result<Exports, ServeError> {
     let mut devices = Vec::new();
     let mut infos: Vec<ExportInfo> = Vec::new();
+    let mut clients = Vec::new();
     for (name, spec) in exports {
         if !ServerConfig::export_name_ok(name) {
             return Err(ServeError::BadExportName(name.clone()));
@@ -80,15 +107,35 @@ fn open_exports(
         if infos.iter().any(|i| &i.name == name) {
             return Err(ServeError::DuplicateExport(name.clone()));
         }
-        let device = Device::open(spec).map_err(|source| ServeError::Device {
+        let spec = ExportSpec::parse(spec);
+        if let Some(names) = &spec.clients {
+            if let Some(bad) = names.iter().find(|n| !client_name_ok(n)) {
+                return Err(ServeError::BadClientName {
+                    export: name.clone(),
+                    name: bad.clone(),
+                });
+            }
+            if !verify_peer {
+                return Err(ServeError::ClientsWithoutVerify(name.clone()));
+            }
+        }
+        let device = Device::open(&spec.device).map_err(|source| ServeError::Device {
             name: name.clone(),
             source,
         })?;
-        infos.push(export_info(name, &device));
+        let mut info = export_info(name, &device, read_only || spec.read_only);
+        info.restricted = spec.clients.is_some();
+        infos.push(info);
         devices.push(device);
+        clients.push(spec.clients);
     }
     assert_eq!(devices.len(), exports.len());
-    Ok((devices, infos))
+    assert_eq!(clients.len(), exports.len());
+    Ok(Exports {
+        devices,
+        infos,
+        clients,
+    })
 }
 
 impl Server {
@@ -96,7 +143,13 @@ impl Server {
     /// endpoint. Returns once clients can connect.
     pub fn start(cfg: ServerConfig) -> Result<Server, ServeError> {
         cfg.check()?;
-        let (devices, infos) = open_exports(&cfg.exports)?;
+        let tls = &cfg.service.tls;
+        let verify_peer = tls.verify_peer && tls.mode != TlsMode::Off;
+        let Exports {
+            devices,
+            infos,
+            clients,
+        } = open_exports(&cfg.exports, cfg.read_only, verify_peer)?;
         let described = devices.iter().map(|d| d.ctrl.describe()).collect();
         let infos: Arc<[ExportInfo]> = infos.into();
         let limits = Limits {
@@ -105,6 +158,10 @@ impl Server {
         };
         let names = infos.iter().map(|i| i.name.clone()).collect();
         let queue_depth = cfg.queue_depth;
+        let access = Access {
+            tls: cfg.service.tls.mode,
+            clients: clients.into(),
+        };
         let shard_infos = infos.clone();
         let service = Service::start(
             &cfg.service,
@@ -116,6 +173,7 @@ impl Server {
                     &devices,
                     &shard_infos,
                     limits,
+                    access.clone(),
                     queue_depth,
                     metrics,
                 )?)
@@ -173,7 +231,7 @@ mod tests {
     #[test]
     fn exports_advertise_what_every_device_does() {
         let device = Device::open("emu:dram,size=64M,lba=4096").unwrap();
-        let info = export_info("mem", &device);
+        let info = export_info("mem", &device, false);
         assert_eq!(info.size_bytes, 64 << 20);
         assert_eq!(info.description, "mem", "the name, never the device string");
         assert_eq!((info.block_bytes, info.preferred_bytes), (4096, 4096));
@@ -188,6 +246,62 @@ mod tests {
             assert_ne!(info.flags & flag, 0, "{flag:#x}");
         }
         assert_eq!(info.flags & proto::TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn a_read_only_export_says_so_and_offers_flush_but_nothing_that_writes() {
+        let device = Device::open("emu:dram,size=64M").unwrap();
+        let flags = export_info("ro", &device, true).flags;
+        assert_ne!(flags & proto::TFLAG_READ_ONLY, 0);
+        assert_ne!(flags & proto::TFLAG_SEND_FLUSH, 0);
+        for writes in [
+            proto::TFLAG_SEND_FUA,
+            proto::TFLAG_SEND_TRIM,
+            proto::TFLAG_SEND_WRITE_ZEROES,
+        ] {
+            assert_eq!(flags & writes, 0, "{writes:#x}");
+        }
+    }
+
+    #[test]
+    fn an_exports_own_items_are_taken_out_of_its_device_string() {
+        let spec = ExportSpec::parse("emu:dram,ro,size=4M");
+        assert_eq!(
+            (spec.device.as_str(), spec.read_only),
+            ("emu:dram,size=4M", true)
+        );
+        let spec = ExportSpec::parse("uring:/img, readonly");
+        assert_eq!((spec.device.as_str(), spec.read_only), ("uring:/img", true));
+        let spec = ExportSpec::parse("emu:dram,size=4M");
+        assert_eq!(
+            (spec.device.as_str(), spec.read_only),
+            ("emu:dram,size=4M", false)
+        );
+        // The device's kind is never taken for an item.
+        assert_eq!(ExportSpec::parse("ro").device, "ro");
+        let spec = ExportSpec::parse("null,clients=a.test+b.test,ro");
+        assert_eq!(spec.device, "null");
+        assert_eq!(spec.clients, Some(vec!["a.test".into(), "b.test".into()]));
+        assert_eq!(ExportSpec::parse("null").clients, None);
+    }
+
+    /// Without verified client certificates nobody could be named: refused at start, as is
+    /// a name no certificate can hold.
+    #[test]
+    fn an_export_restricted_to_named_clients_needs_verified_certificates_and_good_names() {
+        let listen: ListenAddr = "127.0.0.1:0".parse().unwrap();
+        let one = |spec: &str| vec![("s".to_string(), spec.to_string())];
+        let cfg = ServerConfig::new(one("null,clients=alice.test"), listen.clone());
+        assert!(matches!(
+            Server::start(cfg),
+            Err(ServeError::ClientsWithoutVerify(_))
+        ));
+        let cfg = ServerConfig::new(one("null,clients=alice.test+not a name"), listen);
+        let e = Server::start(cfg).err().unwrap();
+        assert!(
+            matches!(&e, ServeError::BadClientName { name, .. } if name == "not a name"),
+            "{e}"
+        );
     }
 
     /// A controller with neither Dataset Management nor Write Zeroes, as a `vfio` one
@@ -216,7 +330,7 @@ mod tests {
     fn trim_and_write_zeroes_are_advertised_only_where_the_device_has_them() {
         let inner = Device::open("null").unwrap().ctrl;
         let device = Device::new(Arc::new(NoOptionalCommands(inner)));
-        let info = export_info("bare", &device);
+        let info = export_info("bare", &device, false);
         assert_eq!(info.flags & proto::TFLAG_SEND_TRIM, 0);
         assert_eq!(info.flags & proto::TFLAG_SEND_WRITE_ZEROES, 0);
         assert_ne!(info.flags & proto::TFLAG_SEND_FLUSH, 0);

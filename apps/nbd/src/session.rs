@@ -9,9 +9,15 @@
 //! next read. Every reply the protocol itself decides (option replies, error replies to bad
 //! requests) is appended to `out`; replies to valid requests are the caller's, once the
 //! device has done the work.
+//!
+//! TLS is the caller's too: the session says when the client asked for it and was told yes
+//! ([`Step::StartTls`]); under [`TlsMode::Require`] it answers nothing but that request and
+//! an abort until then.
 
 use std::ops::Range;
 use std::sync::Arc;
+
+pub use hypoll_frontend::TlsMode;
 
 use crate::proto::*;
 
@@ -27,6 +33,9 @@ pub struct ExportInfo {
     pub block_bytes: u32,
     /// Preferred request size.
     pub preferred_bytes: u32,
+    /// Only clients the caller names may use it ([`Session::allow`]); it is hidden from
+    /// the others.
+    pub restricted: bool,
 }
 
 /// Limits a session enforces.
@@ -123,6 +132,10 @@ pub enum Step {
         error: u32,
         why: &'static str,
     },
+    /// The client asked for TLS and the acceptance was appended to `out`: send it in
+    /// plaintext, then speak TLS only. Input after the request must not be taken as if it
+    /// came under TLS: the client sends nothing until it has the acceptance.
+    StartTls,
     /// Close the connection (after the replies in `out`, and for a disconnect after the
     /// requests in flight).
     Close(Close),
@@ -144,6 +157,12 @@ pub struct Session {
     phase: Phase,
     no_zeroes: bool,
     options_seen: u32,
+    tls: TlsMode,
+    /// The client's request for TLS was accepted: everything since came under it.
+    tls_started: bool,
+    /// Which exports this client may use, by index: the unrestricted ones until the caller
+    /// says otherwise.
+    allowed: Vec<bool>,
 }
 
 fn be_u16(b: &[u8]) -> u16 {
@@ -169,18 +188,48 @@ fn option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
 }
 
 impl Session {
-    /// A session for a new connection; appends the server's greeting to `out`.
+    /// A session for a new connection, without TLS; appends the server's greeting to
+    /// `out`.
     pub fn new(exports: Arc<[ExportInfo]>, limits: Limits, out: &mut Vec<u8>) -> Session {
+        Session::with_tls(exports, limits, TlsMode::Off, out)
+    }
+
+    /// A session for a new connection that may (`On`) or must (`Require`) start TLS;
+    /// appends the server's greeting to `out`.
+    pub fn with_tls(
+        exports: Arc<[ExportInfo]>,
+        limits: Limits,
+        tls: TlsMode,
+        out: &mut Vec<u8>,
+    ) -> Session {
         out.extend_from_slice(&NBD_MAGIC.to_be_bytes());
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        let allowed = exports.iter().map(|e| !e.restricted).collect();
         Session {
             exports,
             limits,
             phase: Phase::ClientFlags,
             no_zeroes: false,
             options_seen: 0,
+            tls,
+            tls_started: false,
+            allowed,
         }
+    }
+
+    /// Lets this client use the restricted exports whose index `allow` says yes to (once
+    /// the caller knows who the client is: its certificate, after TLS). An unrestricted
+    /// export stays open whatever `allow` says.
+    pub fn allow(&mut self, allow: impl Fn(usize) -> bool) {
+        for (i, e) in self.exports.iter().enumerate() {
+            self.allowed[i] = !e.restricted || allow(i);
+        }
+    }
+
+    /// Whether the client's request for TLS was accepted.
+    pub fn tls_started(&self) -> bool {
+        self.tls_started
     }
 
     /// The export being served, once the handshake has ended.
@@ -238,6 +287,15 @@ impl Session {
         (4, Step::Negotiating)
     }
 
+    /// The export `name` names, if this client may use it; `Err(())` when it exists but
+    /// is restricted to other clients.
+    fn find_allowed(&self, name: &[u8]) -> Result<Option<usize>, ()> {
+        match self.find_export(name) {
+            Some(i) if !self.allowed[i] => Err(()),
+            found => Ok(found),
+        }
+    }
+
     fn find_export(&self, name: &[u8]) -> Option<usize> {
         if name.is_empty() {
             // The default export: the first one.
@@ -284,9 +342,23 @@ impl Session {
             );
         }
         let data = &input[OPTION_HEADER_BYTES..total];
+        if self.tls == TlsMode::Require
+            && !self.tls_started
+            && !matches!(option, OPT_STARTTLS | OPT_ABORT)
+        {
+            if option == OPT_EXPORT_NAME {
+                // This option has no error reply: closing is the only answer.
+                return self
+                    .protocol_error(total, "EXPORT_NAME before TLS, which is required".into());
+            }
+            // Nothing is answered before TLS, not even which exports exist.
+            let msg = format!("TLS is required before option {}", option_name(option));
+            option_reply(out, option, REP_ERR_TLS_REQD, msg.as_bytes());
+            return (total, Step::Negotiating);
+        }
         match option {
             OPT_EXPORT_NAME => {
-                let Some(export) = self.find_export(data) else {
+                let Ok(Some(export)) = self.find_allowed(data) else {
                     // This option has no error reply: closing is the only answer.
                     return self.protocol_error(
                         total,
@@ -314,7 +386,9 @@ impl Session {
                     option_reply(out, option, REP_ERR_INVALID, b"LIST takes no data");
                     return (total, Step::Negotiating);
                 }
-                for e in self.exports.iter() {
+                // Exports restricted to other clients are not listed.
+                let listed = self.exports.iter().zip(&self.allowed);
+                for (e, _) in listed.filter(|(_, allowed)| **allowed) {
                     let mut d = Vec::with_capacity(4 + e.name.len() + e.description.len());
                     d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                     d.extend_from_slice(e.name.as_bytes());
@@ -325,9 +399,27 @@ impl Session {
                 (total, Step::Negotiating)
             }
             OPT_INFO | OPT_GO => self.info_or_go(option, data, total, out),
+            OPT_STARTTLS if self.tls != TlsMode::Off => {
+                let refusal = if !data.is_empty() {
+                    Some("STARTTLS takes no data")
+                } else if self.tls_started {
+                    Some("TLS is already started")
+                } else {
+                    None
+                };
+                if let Some(msg) = refusal {
+                    option_reply(out, option, REP_ERR_INVALID, msg.as_bytes());
+                    return (total, Step::Negotiating);
+                }
+                // Nothing negotiated before this point carries over: the session keeps no
+                // per-export state from options, so there is nothing to forget.
+                option_reply(out, option, REP_ACK, &[]);
+                self.tls_started = true;
+                (total, Step::StartTls)
+            }
             _ => {
-                // STARTTLS, STRUCTURED_REPLY, meta contexts, extended headers and anything
-                // unknown: simple replies and plain TCP are all this server speaks.
+                // STARTTLS with TLS off, STRUCTURED_REPLY, meta contexts, extended headers
+                // and anything unknown: simple replies are all this server speaks.
                 let msg = format!("option {} is not supported", option_name(option));
                 option_reply(out, option, REP_ERR_UNSUP, msg.as_bytes());
                 (total, Step::Negotiating)
@@ -359,10 +451,21 @@ impl Session {
         if rest.len() != 2 + 2 * requests {
             return invalid(out, "the information request count does not fit the option");
         }
-        let Some(export) = self.find_export(name) else {
-            let msg = format!("no export named {:?}", String::from_utf8_lossy(name));
-            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
-            return (total, Step::Negotiating);
+        let export = match self.find_allowed(name) {
+            Ok(Some(export)) => export,
+            Ok(None) => {
+                let msg = format!("no export named {:?}", String::from_utf8_lossy(name));
+                option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+                return (total, Step::Negotiating);
+            }
+            Err(()) => {
+                let msg = format!(
+                    "export {:?} is not open to this client",
+                    String::from_utf8_lossy(name)
+                );
+                option_reply(out, option, REP_ERR_POLICY, msg.as_bytes());
+                return (total, Step::Negotiating);
+            }
         };
         let e = &self.exports[export];
         let mut sent = [false; 4];
@@ -448,6 +551,10 @@ impl Session {
             CMD_DISC => return self.close(consumed, Close::Disconnect),
             _ => return refuse(out, EINVAL, "unsupported command"),
         };
+        if e.flags & TFLAG_READ_ONLY != 0 && matches!(op, Op::Write | Op::Trim | Op::WriteZeroes) {
+            // Before any other check: whatever else is wrong with it, it may not write.
+            return refuse(out, EPERM, "write to a read-only export");
+        }
         // FUA is accepted on every command once advertised: the protocol says the server
         // MUST accept it (even by ignoring it), and clients are known to set it on a flush.
         // On a read or a flush there is no write of the command's own to make durable.

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use hypoll_frontend::{Protocol, Shard};
+use hypoll_frontend::{certificate_names, Protocol, Shard};
 use hypoll_reactor::{AttachError, Device, DeviceId, Reactor};
 use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
@@ -14,7 +14,7 @@ use slab::Slab;
 use crate::metrics::{io_per_op, IoMetrics, Metrics};
 use crate::pipeline::{self, Pending};
 use crate::proto;
-use crate::session::{Close, ExportInfo, Limits, Op, Session, Step};
+use crate::session::{Close, ExportInfo, Limits, Op, Session, Step, TlsMode};
 
 /// Refused requests logged per connection; the rest are counted in the close line.
 const REFUSALS_LOGGED_MAX: u32 = 4;
@@ -38,11 +38,20 @@ pub(crate) struct ShardExport {
     pub(crate) backlog: VecDeque<(usize, usize)>,
 }
 
+/// Who may use what: whether clients may or must start TLS, and the clients each export is
+/// restricted to, if it is (by the names in their certificates).
+#[derive(Clone)]
+pub(crate) struct Access {
+    pub(crate) tls: TlsMode,
+    pub(crate) clients: Arc<[Option<Vec<String>>]>,
+}
+
 /// NBD's state on one reactor.
 pub(crate) struct Nbd {
     pub(crate) exports: Vec<ShardExport>,
     infos: Arc<[ExportInfo]>,
     limits: Limits,
+    access: Access,
     /// The session's output for one step, reused.
     scratch: Vec<u8>,
 }
@@ -53,6 +62,8 @@ pub(crate) struct NbdConn {
     /// Requests in flight, keyed as in their device commands' `user` word.
     pub(crate) inflight: Slab<Pending>,
     refusals: u32,
+    /// The session was told which restricted exports the client's certificate opens.
+    access_checked: bool,
 }
 
 impl Nbd {
@@ -63,6 +74,7 @@ impl Nbd {
         devices: &[Device],
         infos: &Arc<[ExportInfo]>,
         limits: Limits,
+        access: Access,
         queue_depth: usize,
         metrics: &Metrics,
     ) -> Result<Nbd, AttachError> {
@@ -86,6 +98,7 @@ impl Nbd {
             exports,
             infos: infos.clone(),
             limits,
+            access,
             scratch: Vec::new(),
         })
     }
@@ -97,9 +110,10 @@ impl Protocol for Nbd {
 
     fn connect(&mut self, greeting: &mut Vec<u8>) -> NbdConn {
         NbdConn {
-            session: Session::new(self.infos.clone(), self.limits, greeting),
+            session: Session::with_tls(self.infos.clone(), self.limits, self.access.tls, greeting),
             inflight: Slab::new(),
             refusals: 0,
+            access_checked: false,
         }
     }
 
@@ -161,6 +175,22 @@ fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usi
         }
         out.clear();
         let conn = &mut shard.conns[key];
+        if !conn.proto.access_checked {
+            if let Some(cert) = conn.peer_certificate() {
+                // After TLS, before any option under it: the client's certificate is
+                // known, and verified.
+                let named: Vec<bool> = (shard.proto.access.clients.iter())
+                    .map(|names| {
+                        names
+                            .iter()
+                            .flatten()
+                            .any(|name| certificate_names(cert, name))
+                    })
+                    .collect();
+                conn.proto.session.allow(|i| named[i]);
+                conn.proto.access_checked = true;
+            }
+        }
         let (input, state) = conn.input_and_state();
         let (used, step) = state.session.step(input, &mut out);
         if !out.is_empty() {
@@ -171,6 +201,17 @@ fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usi
             Step::Negotiating => {}
             Step::Ready { export } => {
                 shard.proto.exports[export].connections.inc();
+            }
+            Step::StartTls => {
+                // What follows the request is checked by `start_tls`: none may be left.
+                conn.consume(used);
+                if let Err(e) = shard.start_tls(key) {
+                    let conn = &mut shard.conns[key];
+                    conn.failed = true;
+                    conn.closing = Some(format!("STARTTLS: {e}"));
+                }
+                work += 1;
+                continue;
             }
             Step::Request(req) => {
                 shard.count_request();

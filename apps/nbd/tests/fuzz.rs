@@ -3,7 +3,10 @@
 //! random chunks. Whatever the bytes, the session must not panic, must consume only what it
 //! was given and at least one byte per event, must say the same things whether the stream
 //! comes whole or in pieces, and must only ever hand out requests that are in range,
-//! aligned and within the limits, and well-formed replies.
+//! aligned and within the limits, and well-formed replies. When TLS is required, nothing but
+//! a refusal, STARTTLS's acceptance or ABORT's is answered before TLS starts, and no request
+//! is taken; a read-only export never hands out a write; an export restricted to named
+//! clients is never chosen by a client not named.
 //!
 //! The suite runs `HYPOLL_FUZZ_CASES` cases per property (default 2000). A long run:
 //!
@@ -18,7 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hypoll_nbd::proto::*;
-use hypoll_nbd::session::{Close, ExportInfo, Limits, Op, Session, Step};
+use hypoll_nbd::session::{Close, ExportInfo, Limits, Op, Session, Step, TlsMode};
 use proptest::prelude::*;
 
 /// Cases per property when `HYPOLL_FUZZ_CASES` is not set.
@@ -75,6 +78,25 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: all,
             block_bytes: 512,
             preferred_bytes: 4096,
+            restricted: false,
+        },
+        ExportInfo {
+            name: "ro".into(),
+            description: String::new(),
+            size_bytes: 1 << 20,
+            flags: TFLAG_HAS_FLAGS | TFLAG_READ_ONLY | TFLAG_SEND_FLUSH,
+            block_bytes: 512,
+            preferred_bytes: 4096,
+            restricted: false,
+        },
+        ExportInfo {
+            name: "secret".into(),
+            description: String::new(),
+            size_bytes: 1 << 20,
+            flags: all,
+            block_bytes: 512,
+            preferred_bytes: 4096,
+            restricted: true,
         },
         ExportInfo {
             name: "big".into(),
@@ -83,6 +105,7 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: TFLAG_HAS_FLAGS,
             block_bytes: 4096,
             preferred_bytes: 4096,
+            restricted: false,
         },
     ]
     .into()
@@ -187,13 +210,26 @@ struct Transcript {
     consumed: usize,
 }
 
+fn tls_mode() -> impl Strategy<Value = TlsMode> {
+    prop_oneof![
+        Just(TlsMode::Off),
+        Just(TlsMode::On),
+        Just(TlsMode::Require)
+    ]
+}
+
+/// [`drive_with`] without TLS.
+fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
+    drive_with(stream, cuts, TlsMode::Off)
+}
+
 /// Feeds `stream` in pieces of the given sizes (cycled), as a server would after each read,
 /// and checks the invariants of every step.
-fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
+fn drive_with(stream: &[u8], cuts: &[usize], tls: TlsMode) -> Transcript {
     let exports = exports();
     let limits = limits();
     let mut out = Vec::new();
-    let mut session = Session::new(exports.clone(), limits, &mut out);
+    let mut session = Session::with_tls(exports.clone(), limits, tls, &mut out);
     assert_eq!(out.len(), GREETING_BYTES);
     let mut t = Transcript {
         events: Vec::new(),
@@ -236,6 +272,7 @@ fn drive(stream: &[u8], cuts: &[usize]) -> Transcript {
                 &exports,
             );
             check_output(&out[out_before..], &step, phase_export);
+            check_tls(tls, &session, &step, &out[out_before..], phase_export);
             t.consumed += used;
             t.events.push((used, step));
             if closed {
@@ -269,6 +306,12 @@ fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[Expor
             if matches!(r.op, Op::Read | Op::Write) {
                 assert!(r.length <= limits().request_bytes_max);
             }
+            if e.flags & TFLAG_READ_ONLY != 0 {
+                assert!(
+                    matches!(r.op, Op::Read | Op::Flush),
+                    "{r:?} on a read-only export"
+                );
+            }
             if r.op == Op::Write {
                 assert_eq!(r.payload.len(), r.length as usize);
                 assert_eq!(r.payload.end, bytes.len());
@@ -276,10 +319,65 @@ fn check_step(step: &Step, bytes: &[u8], export: Option<usize>, exports: &[Expor
                 assert!(r.payload.is_empty());
             }
         }
-        Step::Ready { export } => assert!(*export < exports.len()),
-        Step::Refused { error, .. } => assert!([EINVAL, ENOSPC].contains(error)),
+        Step::Ready { export } => {
+            assert!(*export < exports.len());
+            assert!(!exports[*export].restricted, "a restricted export chosen");
+        }
+        Step::StartTls => assert_eq!(bytes.len(), OPTION_HEADER_BYTES, "STARTTLS alone"),
+        Step::Refused { error, .. } => {
+            assert!([EINVAL, ENOSPC, EPERM].contains(error));
+            let e = &exports[export.expect("refusals only in transmission")];
+            assert_eq!(
+                *error == EPERM,
+                e.flags & TFLAG_READ_ONLY != 0 && {
+                    let kind = u16::from_be_bytes([bytes[6], bytes[7]]);
+                    [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES].contains(&kind)
+                }
+            );
+        }
         Step::Close(Close::Protocol(why)) => assert!(!why.contains('\n'), "one log line"),
         _ => {}
+    }
+}
+
+/// Under `Require`, before TLS: no export is chosen and every option reply is a refusal
+/// for want of TLS or the acceptance of STARTTLS or ABORT (or STARTTLS's refusal of data);
+/// after it, no such refusal. Without TLS, TLS never starts.
+fn check_tls(
+    tls: TlsMode,
+    session: &Session,
+    step: &Step,
+    mut out: &[u8],
+    export_before: Option<usize>,
+) {
+    if tls == TlsMode::Off {
+        assert_ne!(*step, Step::StartTls);
+        assert!(!session.tls_started());
+    }
+    if export_before.is_some() {
+        return;
+    }
+    let started = session.tls_started() && *step != Step::StartTls;
+    if tls == TlsMode::Require && !started {
+        assert!(
+            !matches!(step, Step::Ready { .. } | Step::Request(_)),
+            "{step:?} before TLS"
+        );
+    }
+    while out.len() >= 20 {
+        let option = u32::from_be_bytes(out[8..12].try_into().unwrap());
+        let reply = u32::from_be_bytes(out[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+        if tls == TlsMode::Require && !started {
+            let allowed = reply == REP_ERR_TLS_REQD
+                || (option == OPT_ABORT && reply == REP_ACK)
+                || (option == OPT_STARTTLS && [REP_ACK, REP_ERR_INVALID].contains(&reply));
+            assert!(allowed, "option {option} answered {reply:#x} before TLS");
+        }
+        if started || tls != TlsMode::Require {
+            assert_ne!(reply, REP_ERR_TLS_REQD, "a TLS refusal when none is due");
+        }
+        out = &out[(20 + len).min(out.len())..];
     }
 }
 
@@ -327,17 +425,18 @@ proptest! {
         seed in any::<usize>(),
         mutations in prop::collection::vec(mutation(), 0..8),
         cuts in prop::collection::vec(1usize..600, 1..8),
+        tls in tls_mode(),
     ) {
         let stream = mutate(corpus(), seed, &mutations);
-        let pieces = drive(&stream, &cuts);
+        let pieces = drive_with(&stream, &cuts, tls);
         // Whole or in pieces, the session says the same.
-        let whole = drive(&stream, &[stream.len().max(1)]);
+        let whole = drive_with(&stream, &[stream.len().max(1)], tls);
         prop_assert_eq!(pieces, whole);
     }
 
     #[test]
     fn random_streams_after_a_valid_handshake_keep_every_invariant(
-        export in prop_oneof![Just("mem"), Just("big"), Just("")],
+        export in prop_oneof![Just("mem"), Just("big"), Just("ro"), Just("")],
         body in prop::collection::vec(any::<u8>(), 0..4096),
         headers in prop::collection::vec(
             (0u16..10, any::<u16>(), any::<u64>(), any::<u64>(), any::<u32>()), 0..16),
@@ -362,8 +461,9 @@ proptest! {
     fn random_bytes_never_panic(
         stream in prop::collection::vec(any::<u8>(), 0..2048),
         cuts in prop::collection::vec(1usize..64, 1..4),
+        tls in tls_mode(),
     ) {
-        drive(&stream, &cuts);
+        drive_with(&stream, &cuts, tls);
     }
 }
 
@@ -401,4 +501,48 @@ fn every_seed_runs_to_its_intended_end() {
         t.events.last(),
         Some((_, Step::Close(Close::Disconnect)))
     ));
+}
+
+#[test]
+fn the_tls_and_read_only_seeds_reach_their_intended_ends() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus");
+    let seed = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let steps = |t: &Transcript| t.events.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>();
+
+    // STARTTLS first: under every mode but off, TLS starts and then the I/O runs.
+    let s = seed("starttls_then_go.bin");
+    for tls in [TlsMode::On, TlsMode::Require] {
+        let t = steps(&drive_with(&s, &[s.len()], tls));
+        assert_eq!(t[1], Step::StartTls, "{tls}");
+        assert_eq!(t[2], Step::Ready { export: 0 }, "{tls}");
+        assert_eq!(t.last(), Some(&Step::Close(Close::Disconnect)), "{tls}");
+    }
+
+    // Everything before STARTTLS refused under require; EXPORT_NAME then ends the handshake.
+    let s = seed("tls_required_options.bin");
+    let t = drive_with(&s, &[s.len()], TlsMode::Require);
+    let events = steps(&t);
+    let start = events.iter().position(|s| *s == Step::StartTls).unwrap();
+    assert_eq!(
+        start, 6,
+        "flags, four refusals, STARTTLS with data, then STARTTLS"
+    );
+    assert_eq!(events[start + 3], Step::Ready { export: 1 });
+
+    // Every write to the read-only export refused with EPERM, the read and flush served.
+    let s = seed("read_only_writes.bin");
+    let t = steps(&drive(&s, &[s.len()]));
+    let refused = t
+        .iter()
+        .filter(|s| matches!(s, Step::Refused { error: EPERM, .. }))
+        .count();
+    assert_eq!(refused, 4);
+    let served: Vec<Op> = t
+        .iter()
+        .filter_map(|s| match s {
+            Step::Request(r) => Some(r.op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, [Op::Read, Op::Flush]);
 }

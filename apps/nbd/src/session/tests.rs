@@ -14,6 +14,7 @@ fn exports() -> Arc<[ExportInfo]> {
                 | TFLAG_SEND_WRITE_ZEROES,
             block_bytes: 512,
             preferred_bytes: 4096,
+            restricted: false,
         },
         ExportInfo {
             name: "ro".into(),
@@ -22,6 +23,7 @@ fn exports() -> Arc<[ExportInfo]> {
             flags: TFLAG_HAS_FLAGS,
             block_bytes: 4096,
             preferred_bytes: 4096,
+            restricted: false,
         },
     ]
     .into()
@@ -350,3 +352,6 @@ fn commands_not_advertised_are_refused_and_oversized_writes_close() {
     let (_, step) = s.step(&bad, &mut out);
     assert!(matches!(step, Step::Close(Close::Protocol(_))));
 }
+
+/// TLS negotiation and read-only exports.
+mod access;
