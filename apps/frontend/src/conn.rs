@@ -112,6 +112,9 @@ pub struct Conn<P: Protocol> {
     /// Replies at the front of `out` queued before TLS started (the reply that accepts it,
     /// last): they go out in plaintext, and TLS takes the socket after them.
     plain_msgs: usize,
+    /// Half-closed by the server, discarding input until the client ends its side or this
+    /// time passes (see `linger.rs`).
+    pub(crate) linger_until_ns: Option<u64>,
 }
 
 /// Why a connection could not start TLS.
@@ -160,6 +163,7 @@ impl<P: Protocol> Conn<P> {
             adopted_ns,
             tls: None,
             plain_msgs: 0,
+            linger_until_ns: None,
         }
     }
 

@@ -10,7 +10,6 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hypoll_reactor::{Poller, Reactor};
 use slab::Slab;
@@ -22,11 +21,9 @@ use crate::loglimit::{suppressed_note, LogLimit};
 use crate::metrics::ConnMetrics;
 use crate::protocol::Protocol;
 use crate::stream::Stream;
+use crate::sweep::SWEEP_PERIOD;
 use crate::turn::Pace;
 use crate::{ServiceConfig, COALESCE_NS_MAX, CONNECTIONS_PER_REACTOR_MAX};
-
-/// How often each reactor looks for handshakes past their time.
-const HANDSHAKE_SWEEP_PERIOD: Duration = Duration::from_millis(250);
 
 /// One reactor's connections for protocol `P`.
 pub struct Shard<P: Protocol> {
@@ -49,7 +46,7 @@ pub struct Shard<P: Protocol> {
     /// See [`ServiceConfig::connection_bytes_max`].
     pub(crate) connection_bytes_max: usize,
     /// A connection still negotiating after this long is closed.
-    handshake_timeout_ns: u64,
+    pub(crate) handshake_timeout_ns: u64,
     pub(crate) pace: Pace,
     /// This reactor's lines about its clients: a client looping through errors must not
     /// flood the log.
@@ -89,9 +86,7 @@ pub(crate) fn build<P: Protocol>(
     };
     r.add_poller(Box::new(ShardPoller { epoll }))
         .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
-    r.every(HANDSHAKE_SWEEP_PERIOD, |r, shard: &mut Shard<P>| {
-        shard.expire_handshakes(r)
-    });
+    r.every(SWEEP_PERIOD, |r, shard: &mut Shard<P>| shard.sweep(r));
     Ok(shard)
 }
 
@@ -203,30 +198,6 @@ impl<P: Protocol> Shard<P> {
         }
     }
 
-    /// Closes connections that have not finished their handshake in time.
-    pub(crate) fn expire_handshakes(&mut self, r: &mut Reactor<Shard<P>>) {
-        let now_ns = r.now_ns();
-        let late: Vec<usize> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                !P::negotiated(&c.proto)
-                    && c.closing.is_none()
-                    && now_ns.saturating_sub(c.adopted_ns) > self.handshake_timeout_ns
-            })
-            .map(|(key, _)| key)
-            .collect();
-        for key in late {
-            let conn = &mut self.conns[key];
-            conn.failed = true;
-            conn.closing = Some(format!(
-                "handshake not finished within {} ms",
-                self.handshake_timeout_ns / 1_000_000
-            ));
-            self.progress(r, key);
-        }
-    }
-
     /// Parses buffered input, sends replies, closes a finished connection, and watches the
     /// socket for what the connection waits for. Returns the work done.
     pub(crate) fn progress(&mut self, r: &mut Reactor<Shard<P>>, key: usize) -> usize {
@@ -234,6 +205,12 @@ impl<P: Protocol> Shard<P> {
             return 0;
         };
         conn.dirty = false;
+        if conn.lingering() {
+            if conn.discard_input(r.now_ns()) {
+                self.close(key);
+            }
+            return 1;
+        }
         if conn.can_parse(self.draining, self.connection_bytes_max)
             && !conn.eof
             && conn.tls_input_waiting()
@@ -286,6 +263,24 @@ impl<P: Protocol> Shard<P> {
         let finished = conn.closing.is_some()
             && P::requests_inflight(&conn.proto) == 0
             && (conn.gone || !conn.has_output());
+        if finished && conn.should_linger() && conn.half_close(r.now_ns()).is_ok() {
+            // Replies are out and the server's side is ended; from here the connection only
+            // discards what its client still sends, then closes. It ended now: say so now.
+            let want = Interest {
+                read: true,
+                write: false,
+            };
+            if want != conn.interest
+                && self
+                    .epoll
+                    .modify(conn.stream.fd(), want, key as u64)
+                    .is_ok()
+            {
+                conn.interest = want;
+            }
+            self.report_end(key);
+            return work + 1;
+        }
         if finished {
             self.close(key);
             return work + 1;
@@ -328,7 +323,7 @@ impl<P: Protocol> Shard<P> {
     /// failed or has something to say.
     fn close(&mut self, key: usize) {
         let mut conn = self.conns.remove(key);
-        if !conn.gone {
+        if !conn.gone && !conn.lingering() {
             conn.close_tls();
         }
         conn.assert_closed_clean();
@@ -337,12 +332,24 @@ impl<P: Protocol> Shard<P> {
         }
         self.open_dec();
         self.metrics.open.dec();
+        if !conn.lingering() {
+            self.report_conn_end(&conn);
+        }
+    }
+
+    /// Counts and logs the end of connection `key` (once: at its half-close if it lingers,
+    /// else as it closes).
+    fn report_end(&self, key: usize) {
+        self.report_conn_end(&self.conns[key]);
+    }
+
+    fn report_conn_end(&self, conn: &Conn<P>) {
         if conn.failed {
             self.metrics.closed_on_error.inc();
         }
         let note = P::close_note(&conn.proto);
         if conn.failed || !note.is_empty() {
-            let why = conn.closing.unwrap_or_default();
+            let why = conn.closing.as_deref().unwrap_or_default();
             self.log(&conn.peer, &format!("closed: {why}{note}"));
         }
     }

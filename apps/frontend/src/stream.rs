@@ -27,6 +27,15 @@ impl Stream {
         }
     }
 
+    /// Ends the server's side of the stream (the client reads end of stream after what
+    /// was written); reading goes on.
+    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        }
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         match self {
             Stream::Tcp(s) => s.as_fd(),

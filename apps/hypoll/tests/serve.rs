@@ -1526,3 +1526,65 @@ fn idle_metrics_clients_hold_the_endpoint_boundedly() {
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     drop(idle);
 }
+
+/// A graceful stop under a pipelining client that is slow to read: every reply the server
+/// wrote reaches the client, then a clean end of stream, though requests the server never
+/// read are still in its socket. (Closing such a socket resets the connection, and the
+/// replies still queued in the server's kernel are dropped.)
+#[test]
+fn a_graceful_stop_delivers_every_reply_though_requests_remain_unread() {
+    const READS: u64 = 8;
+    const LEN: u32 = 1 << 20;
+    let s = Serve::start(&["mem=emu:dram,size=16M"]);
+    let mut c = handshake(s.port, "mem");
+    // A small receive buffer: most of what the server writes waits in the server's kernel.
+    let rcvbuf: libc::c_int = 16 << 10;
+    // SAFETY: setsockopt on a socket we own, with a c_int option value of the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&c),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&rcvbuf as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0);
+    let mut m = Vec::new();
+    for i in 0..READS {
+        m.extend(client::request(CMD_READ, 0, i, i * u64::from(LEN), LEN));
+    }
+    c.write_all(&m).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let reader = std::thread::spawn(move || -> Result<u64, String> {
+        // The stop has begun: the server reads no more requests. These stay in its socket.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut more = Vec::new();
+        for i in 0..64u64 {
+            more.extend(client::request(CMD_READ, 0, 100 + i, 0, 4096));
+        }
+        c.write_all(&more).map_err(|e| format!("sending: {e}"))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let mut data = vec![0u8; LEN as usize];
+        let mut replies = 0;
+        loop {
+            let mut h = [0u8; REPLY_HEADER_BYTES];
+            match c.read_exact(&mut h) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(replies),
+                Err(e) => return Err(format!("after {replies} replies: {e}")),
+            }
+            let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+            if error != 0 {
+                return Err(format!("reply {replies}: error {error}"));
+            }
+            c.read_exact(&mut data)
+                .map_err(|e| format!("data of reply {replies}: {e}"))?;
+            replies += 1;
+        }
+    });
+    let (status, log) = s.signal_and_wait(libc::SIGTERM);
+    let replies = reader.join().unwrap();
+    assert_eq!(replies, Ok(READS), "{log}");
+    assert!(status.success(), "{status}: {log}");
+}
