@@ -31,6 +31,9 @@ pub const COALESCE_NS_MAX: u64 = 1_000_000;
 /// How long a connection may take to finish its handshake before it is closed, so clients
 /// that connect and say nothing cannot hold `--max-connections` slots forever.
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default of [`ServiceConfig::request_stall_timeout`]: a working client sends the rest of a
+/// request in far less, even a 32 MiB write on a slow link (10 Mbit/s: 27 s in all).
+pub const REQUEST_STALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Requests one connection may have in flight; beyond this its socket is not read.
 pub const REQUESTS_INFLIGHT_MAX: usize = 256;
 /// Default of [`ServiceConfig::connection_bytes_max`].
@@ -72,6 +75,14 @@ pub struct ServiceConfig {
     pub idle_spin_ns: u64,
     /// A connection still negotiating after this long is closed.
     pub handshake_timeout: Duration,
+    /// A connection with nothing in flight that sends nothing for this long is closed;
+    /// `None`: never. Off by default: clients such as the kernel's hold a connection open
+    /// through long quiet spells by design.
+    pub idle_timeout: Option<Duration>,
+    /// A connection that has sent part of a request and then nothing for this long is
+    /// closed: a client that starts a request and stops (slowloris) cannot hold its input
+    /// buffer, or one of its reactor's slots for large requests, forever.
+    pub request_stall_timeout: Duration,
     /// Request-gathering window under pipelined load (0: never gather; at most
     /// [`COALESCE_NS_MAX`]).
     pub coalesce_ns: u64,
@@ -95,6 +106,8 @@ impl ServiceConfig {
             connection_bytes_max: CONNECTION_BYTES_MAX_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            idle_timeout: None,
+            request_stall_timeout: REQUEST_STALL_TIMEOUT_DEFAULT,
             coalesce_ns: COALESCE_NS_DEFAULT,
             unix_mode: UNIX_MODE_DEFAULT,
             tls: TlsConfig::default(),

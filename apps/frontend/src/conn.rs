@@ -25,7 +25,7 @@ pub const OUT_MSG_OVERHEAD_BYTES: usize = 128;
 pub const READ_BYTES_PER_POLL: usize = 1 << 20;
 /// Input buffer a connection keeps between requests; a larger write grows it only while it
 /// is being received.
-const INBUF_KEEP_BYTES: usize = 1 << 20;
+pub(crate) const INBUF_KEEP_BYTES: usize = 1 << 20;
 /// Bytes asked of the kernel per read.
 pub(crate) const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Most buffers one writev hands the kernel.
@@ -115,6 +115,15 @@ pub struct Conn<P: Protocol> {
     /// Half-closed by the server, discarding input until the client ends its side or this
     /// time passes (see `linger.rs`).
     pub(crate) linger_until_ns: Option<u64>,
+    /// Holds one of its reactor's slots for receiving a request larger than
+    /// [`INBUF_KEEP_BYTES`] (see `intake.rs`).
+    pub(crate) large_input: bool,
+    /// Waits for such a slot, its socket unread meanwhile.
+    pub(crate) awaiting_large_input: bool,
+    /// When bytes last arrived (a stalled request is closed).
+    pub(crate) last_input_ns: u64,
+    /// When bytes last arrived or left (an idle connection is closed, if asked).
+    pub(crate) last_active_ns: u64,
 }
 
 /// Why a connection could not start TLS.
@@ -164,6 +173,10 @@ impl<P: Protocol> Conn<P> {
             tls: None,
             plain_msgs: 0,
             linger_until_ns: None,
+            large_input: false,
+            awaiting_large_input: false,
+            last_input_ns: adopted_ns,
+            last_active_ns: adopted_ns,
         }
     }
 
@@ -241,6 +254,32 @@ impl<P: Protocol> Conn<P> {
     pub fn consume(&mut self, n: usize) {
         assert!(n <= self.in_end - self.in_start);
         self.in_start += n;
+        if self.in_start == self.in_end && self.inbuf.len() > INBUF_KEEP_BYTES {
+            // A large request passed: give its room back now, not at the next read, so its
+            // reactor's slot for large requests frees at once.
+            self.in_start = 0;
+            self.in_end = 0;
+            self.inbuf.truncate(INBUF_KEEP_BYTES);
+            self.inbuf.shrink_to(INBUF_KEEP_BYTES);
+        }
+    }
+
+    /// Gives back the room a large request took, once what is left of the input fits the
+    /// standing buffer.
+    pub(crate) fn shrink_input(&mut self) {
+        if self.inbuf.len() > INBUF_KEEP_BYTES && self.input_len() <= INBUF_KEEP_BYTES {
+            self.inbuf.copy_within(self.in_start..self.in_end, 0);
+            self.in_end -= self.in_start;
+            self.in_start = 0;
+            self.inbuf.truncate(INBUF_KEEP_BYTES);
+            self.inbuf.shrink_to(INBUF_KEEP_BYTES);
+        }
+        debug_assert!(self.in_end <= self.inbuf.len());
+    }
+
+    /// Unconsumed input bytes: what is left of a request not yet whole.
+    pub(crate) fn input_len(&self) -> usize {
+        self.in_end - self.in_start
     }
 
     /// Counts `bytes` of data a request in flight holds against the connection's bound.

@@ -6,6 +6,7 @@
 //! What a protocol adds (its parser, its requests) comes in through [`Protocol`]; the turn
 //! that reads the sockets is in `turn.rs`.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +49,14 @@ pub struct Shard<P: Protocol> {
     /// A connection still negotiating after this long is closed.
     pub(crate) handshake_timeout_ns: u64,
     pub(crate) pace: Pace,
+    /// A connection with nothing in flight that sends nothing for this long is closed.
+    pub(crate) idle_timeout_ns: Option<u64>,
+    /// A connection with part of a request in and nothing more for this long is closed.
+    pub(crate) request_stall_timeout_ns: u64,
+    /// Connections holding a slot for a large request (see `intake.rs`), and those waiting
+    /// for one, oldest first.
+    pub(crate) large_inputs: usize,
+    pub(crate) large_waiters: VecDeque<usize>,
     /// This reactor's lines about its clients: a client looping through errors must not
     /// flood the log.
     log_limit: LogLimit,
@@ -81,6 +90,13 @@ pub(crate) fn build<P: Protocol>(
         connection_bytes_max: cfg.connection_bytes_max,
         handshake_timeout_ns: u64::try_from(cfg.handshake_timeout.as_nanos()).unwrap_or(u64::MAX),
         pace: Pace::new(cfg.idle_spin_ns, cfg.coalesce_ns.min(COALESCE_NS_MAX)),
+        idle_timeout_ns: cfg
+            .idle_timeout
+            .map(|t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)),
+        request_stall_timeout_ns: u64::try_from(cfg.request_stall_timeout.as_nanos())
+            .unwrap_or(u64::MAX),
+        large_inputs: 0,
+        large_waiters: VecDeque::new(),
         log_limit: LogLimit::default(),
         tls,
     };
@@ -207,17 +223,18 @@ impl<P: Protocol> Shard<P> {
         conn.dirty = false;
         if conn.lingering() {
             if conn.discard_input(r.now_ns()) {
-                self.close(key);
+                self.close(key, r.now_ns());
             }
             return 1;
         }
         if conn.can_parse(self.draining, self.connection_bytes_max)
             && !conn.eof
+            && !conn.awaiting_large_input
             && conn.tls_input_waiting()
         {
             // Decrypted input left in the TLS session when the last read stopped: the
             // socket may hold nothing more, so no readiness event would bring it.
-            let limit = self.inbuf_limit();
+            let limit = self.read_limit(key);
             self.conns[key].read_in(limit);
         }
         let mut work = P::parse(self, r, key);
@@ -229,7 +246,12 @@ impl<P: Protocol> Shard<P> {
         if !conn.gone && conn.has_output() && !conn.write_blocked {
             let held_back = !conn.can_parse(draining, bytes_max) && conn.in_start < conn.in_end;
             match conn.write_out(&mut self.bufs) {
-                Ok(n) => work += usize::from(n > 0),
+                Ok(n) => {
+                    if n > 0 {
+                        conn.last_active_ns = r.now_ns();
+                    }
+                    work += usize::from(n > 0);
+                }
                 Err(e) => {
                     conn.gone = true;
                     conn.failed = true;
@@ -249,6 +271,7 @@ impl<P: Protocol> Shard<P> {
                 work += parsed;
             }
         }
+        self.settle_large_input(key, r.now_ns());
         let Some(conn) = self.conns.get_mut(key) else {
             return work;
         };
@@ -282,11 +305,11 @@ impl<P: Protocol> Shard<P> {
             return work + 1;
         }
         if finished {
-            self.close(key);
+            self.close(key, r.now_ns());
             return work + 1;
         }
         let want = Interest {
-            read: conn.can_parse(draining, bytes_max) && !conn.eof,
+            read: conn.can_parse(draining, bytes_max) && !conn.eof && !conn.awaiting_large_input,
             write: conn.write_blocked,
         };
         if want.read && conn.tls_input_waiting() {
@@ -321,7 +344,8 @@ impl<P: Protocol> Shard<P> {
 
     /// Removes a finished connection: out of the epoll set, out of the counts, logged if it
     /// failed or has something to say.
-    fn close(&mut self, key: usize) {
+    fn close(&mut self, key: usize, now_ns: u64) {
+        self.leave_large_input(key, now_ns);
         let mut conn = self.conns.remove(key);
         if !conn.gone && !conn.lingering() {
             conn.close_tls();

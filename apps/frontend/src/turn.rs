@@ -139,7 +139,7 @@ impl<P: Protocol> Shard<P> {
         let bytes_max = self.connection_bytes_max;
         for &(token, events) in &ready {
             let key = token as usize;
-            let limit = self.inbuf_limit();
+            let limit = self.read_limit(key);
             let Some(conn) = self.conns.get_mut(key) else {
                 continue;
             };
@@ -147,8 +147,15 @@ impl<P: Protocol> Shard<P> {
             if events & WRITE_BITS != 0 {
                 conn.write_blocked = false;
             }
-            if events & READ_BITS != 0 && conn.can_parse(self.draining, bytes_max) && !conn.eof {
-                conn.read_in(limit);
+            if events & READ_BITS != 0
+                && conn.can_parse(self.draining, bytes_max)
+                && !conn.eof
+                && !conn.awaiting_large_input
+            {
+                if conn.read_in(limit) > 0 {
+                    conn.last_input_ns = r.now_ns();
+                    conn.last_active_ns = conn.last_input_ns;
+                }
             } else if events & HANGUP_BITS != 0 && !conn.gone {
                 // Hung up while we were not reading: nobody will take the replies.
                 conn.gone = true;

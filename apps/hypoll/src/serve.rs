@@ -13,7 +13,7 @@ use hypoll_nbd::proto::TFLAG_READ_ONLY;
 use hypoll_nbd::server::{
     ExportSpec, TlsConfig, TlsMode, COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT,
     CONNECTION_BYTES_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT,
-    QUEUE_DEPTH_DEFAULT, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
+    QUEUE_DEPTH_DEFAULT, REQUEST_STALL_TIMEOUT_DEFAULT, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
@@ -96,6 +96,26 @@ pub struct ServeArgs {
     /// (clients that connect and say nothing would hold connection slots forever).
     #[arg(long, default_value_t = HANDSHAKE_TIMEOUT_DEFAULT.as_secs_f64(), value_parser = parse_handshake_timeout_s)]
     handshake_timeout_s: f64,
+    /// Seconds a connection with nothing in flight may send nothing before it is closed.
+    /// 0: never (the default: clients such as the kernel's keep a disk's connection open
+    /// through long quiet spells). On a network where strangers may connect, set it, so
+    /// idle connections cannot hold every --max-connections slot.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_idle_timeout_s)]
+    idle_timeout_s: f64,
+    /// Seconds a client may pause in the middle of sending a request before its connection
+    /// is closed, so a client that starts a request and stops cannot hold the memory it
+    /// takes.
+    #[arg(long, default_value_t = REQUEST_STALL_TIMEOUT_DEFAULT.as_secs_f64(), value_parser = parse_handshake_timeout_s)]
+    request_timeout_s: f64,
+}
+
+fn parse_idle_timeout_s(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (0.1..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s:?}: expected 0 (never) or seconds from 0.1 to 86400"
+        )),
+    }
 }
 
 fn parse_unix_mode(s: &str) -> Result<String, String> {
@@ -274,6 +294,9 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
         coalesce_ns: (args.coalesce_us * 1000.0) as u64,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
+        idle_timeout: (args.idle_timeout_s > 0.0)
+            .then(|| Duration::from_secs_f64(args.idle_timeout_s)),
+        request_stall_timeout: Duration::from_secs_f64(args.request_timeout_s),
         unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
         tls: TlsConfig {
             mode: args.tls,

@@ -1588,3 +1588,108 @@ fn a_graceful_stop_delivers_every_reply_though_requests_remain_unread() {
     assert_eq!(replies, Ok(READS), "{log}");
     assert!(status.success(), "{status}: {log}");
 }
+
+/// The first core this process may run on, as `--cores` takes it.
+fn one_core() -> String {
+    hypoll_reactor::allowed_cores().unwrap()[0].to_string()
+}
+
+/// Clients that each send most of a large write and then stop hold a bounded amount of the
+/// server's memory (a reactor receives at most `LARGE_INPUTS_PER_REACTOR` large requests at
+/// once; the others wait unread), not a whole request's buffer each; and once they finish
+/// sending, every write completes and its data is there.
+#[test]
+fn clients_that_send_most_of_a_large_write_and_stop_hold_bounded_memory() {
+    const CLIENTS: u64 = 16;
+    const LEN: u32 = 32 << 20;
+    const SENT: usize = 31 << 20;
+    let s = Serve::start_with(
+        &["mem=emu:dram,size=512M"],
+        &["--cores", &one_core(), "--max-connection-bytes", "64K"],
+    );
+    let before = rss_bytes(s.child.id());
+    let (go_on_tx, go_on_rx) = std::sync::mpsc::channel::<()>();
+    let go_on = std::sync::Arc::new(std::sync::Mutex::new(go_on_rx));
+    let port = s.port;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let go_on = go_on.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = handshake(port, "mem");
+                c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut m = client::request(CMD_WRITE, 0, i, i * u64::from(LEN), LEN);
+                m.extend(vec![i as u8 + 1; LEN as usize]);
+                c.write_all(&m[..SENT])
+                    .map_err(|e| format!("client {i}: {e}"))?;
+                // Wait for the word, then send the rest.
+                go_on.lock().unwrap().recv().unwrap();
+                c.write_all(&m[SENT..])
+                    .map_err(|e| format!("client {i}: {e}"))?;
+                let mut h = [0u8; REPLY_HEADER_BYTES];
+                c.read_exact(&mut h)
+                    .map_err(|e| format!("client {i}: reading its reply: {e}"))?;
+                let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+                let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+                if (cookie, error) != (i, 0) {
+                    return Err(format!("client {i}: reply {cookie} error {error}"));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    // Each client's send blocks once the kernel's buffers are full: what the server holds is
+    // what it took in.
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss_bytes(s.child.id()).saturating_sub(before);
+    // Four large requests in full, sixteen standing 1 MiB buffers, and the allocator's slack;
+    // one buffer per client would be 512 MiB.
+    assert!(
+        grown < 200 << 20,
+        "the server grew by {} MiB for {CLIENTS} half-sent writes",
+        grown >> 20
+    );
+    for _ in 0..CLIENTS {
+        go_on_tx.send(()).unwrap();
+    }
+    let failed: Vec<String> = clients
+        .into_iter()
+        .filter_map(|c| c.join().unwrap().err())
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}: {}", s.stderr_text());
+    let out = run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x10 480M 32M", &s.uri("mem")],
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("failed"));
+}
+
+/// A client that sends part of a request and then nothing is closed after the request
+/// stall timeout; with an idle timeout, a connection that sends nothing with nothing in
+/// flight is closed too, while a busy one is not.
+#[test]
+fn stalled_requests_and_idle_connections_are_closed_busy_ones_are_not() {
+    let s = Serve::start_with(
+        &["mem=emu:dram,size=1M"],
+        &["--request-timeout-s", "0.5", "--idle-timeout-s", "1"],
+    );
+    let mut stalled = handshake(s.port, "mem");
+    let mut m = client::request(CMD_WRITE, 0, 1, 0, 8192);
+    m.extend([7u8; 4096]);
+    stalled.write_all(&m).unwrap();
+    let mut idle = handshake(s.port, "mem");
+    let mut busy = handshake(s.port, "mem");
+    let started = Instant::now();
+    for i in 0..8u64 {
+        busy.write_all(&client::request(CMD_READ, 0, 100 + i, 0, 512))
+            .unwrap();
+        assert_eq!(reply(&mut busy), (100 + i, 0));
+        let mut data = [0u8; 512];
+        busy.read_exact(&mut data).unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(closed(&mut stalled), "the stalled client is closed");
+    assert!(closed(&mut idle), "the idle client is closed");
+    let log = s.stderr_text();
+    assert!(log.contains("request stall timeout"), "{log}");
+}
