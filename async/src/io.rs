@@ -167,6 +167,10 @@ impl IoCells {
 }
 
 impl<S: 'static> Core<S> {
+    pub(crate) fn ios_in_flight(&self) -> usize {
+        self.io.borrow().cells.len()
+    }
+
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
     fn complete_io(&self, done: IoDone) {
@@ -295,6 +299,8 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                     match submitted {
                         Ok(()) => {
                             io.cells[key] = IoCell::Waiting(Some(cx.waker().clone()));
+                            drop(io);
+                            core.count(|c| c.ios += 1);
                             self.stage = Stage::InFlight { key };
                             return Poll::Pending;
                         }
@@ -361,6 +367,7 @@ impl<S: 'static> Drop for Submission<'_, S> {
                     return;
                 }
                 io.cells[key] = IoCell::Orphaned;
+                core.count(|c| c.ios_orphaned += 1);
                 false
             }
             Stage::InLine { ticket } => !io.leave(self.device, ticket),

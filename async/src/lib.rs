@@ -94,6 +94,11 @@ pub struct ExecutorCounters {
     pub polls: u64,
     /// Tasks that panicked (each ended with [`JoinError::Panicked`]).
     pub panics: u64,
+    /// I/Os futures handed to the reactor.
+    pub ios: u64,
+    /// I/Os whose future was dropped before they completed (the reactor dropped their
+    /// buffers once the device was done).
+    pub ios_orphaned: u64,
 }
 
 /// A task's handle to its reactor: I/O, timers, spawning, and the reactor and its state.
@@ -144,6 +149,12 @@ impl<S: 'static> Local<S> {
     /// What this executor did so far.
     pub fn counters(&self) -> ExecutorCounters {
         self.core.counters.get()
+    }
+
+    /// I/Os submitted by futures and not completed yet, those of dropped futures included
+    /// (their buffers are still with the reactor).
+    pub fn ios_in_flight(&self) -> usize {
+        self.core.ios_in_flight()
     }
 }
 
