@@ -5,7 +5,6 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::os::fd::BorrowedFd;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::task::Waker;
 
 use hypoll_reactor::{Poller, Reactor};
@@ -14,7 +13,7 @@ use slab::Slab;
 use crate::io::IoCells;
 use crate::join::JoinHandle;
 use crate::lend::Lend;
-use crate::queue::RunQueue;
+use crate::queue::{LocalQueue, Task};
 use crate::task::TaskFuture;
 use crate::time::TimerCells;
 use crate::{ExecutorCounters, HasExecutor, JoinError, Local, SpawnError};
@@ -53,7 +52,7 @@ impl ExecutorConfig {
 /// What every task, future and handle of one executor shares (behind an `Rc`: it never
 /// leaves the reactor's thread).
 pub(crate) struct Core<S: 'static> {
-    pub(crate) queue: Arc<RunQueue>,
+    pub(crate) queue: LocalQueue,
     pub(crate) lend: Lend<S>,
     /// Inside `run`: an I/O completion then only wakes tasks, it does not run them.
     running: Cell<bool>,
@@ -73,7 +72,7 @@ pub(crate) struct Core<S: 'static> {
 impl<S: 'static> Core<S> {
     fn new(config: ExecutorConfig) -> std::io::Result<Core<S>> {
         Ok(Core {
-            queue: Arc::new(RunQueue::new(config.tasks_max.min(1024))?),
+            queue: LocalQueue::new(config.tasks_max.min(1024))?,
             lend: Lend::new(),
             running: Cell::new(false),
             closed: Cell::new(false),
@@ -111,7 +110,7 @@ impl<S: 'static> Core<S> {
     pub(crate) fn spawn<F>(
         self: &Rc<Self>,
         future: F,
-    ) -> Result<async_task::Task<Result<F::Output, JoinError>>, SpawnError>
+    ) -> Result<Task<Result<F::Output, JoinError>>, SpawnError>
     where
         F: Future + 'static,
         F::Output: 'static,
@@ -125,7 +124,7 @@ impl<S: 'static> Core<S> {
         self: &Rc<Self>,
         wrap: W,
         future: F,
-    ) -> Result<async_task::Task<G::Output>, SpawnError>
+    ) -> Result<Task<G::Output>, SpawnError>
     where
         F: Future + 'static,
         W: FnOnce(TaskFuture<F, S>) -> G,
@@ -136,8 +135,7 @@ impl<S: 'static> Core<S> {
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let future = wrap(TaskFuture::new(future, self.clone(), entry.key()));
-        let queue = self.queue.clone();
-        let (runnable, task) = async_task::spawn_local(future, move |r| queue.schedule(r));
+        let (runnable, task) = self.queue.spawn(future);
         entry.insert(runnable.waker());
         drop(tasks);
         self.count(|c| c.spawned += 1);
@@ -164,7 +162,7 @@ impl<S: 'static> Core<S> {
             return 0;
         }
         self.queue.take_remote();
-        if self.queue.local_len() == 0 {
+        if self.queue.len() == 0 {
             return 0;
         }
         self.running.set(true);
@@ -179,7 +177,7 @@ impl<S: 'static> Core<S> {
         let mut polled = 0;
         self.lend.lend(reactor, state, || {
             while polled < budget {
-                let Some(runnable) = self.queue.pop_local() else {
+                let Some(runnable) = self.queue.pop() else {
                     break;
                 };
                 runnable.run();
@@ -209,14 +207,14 @@ impl<S: 'static> Core<S> {
         loop {
             let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
             self.queue.take_remote();
-            if tasks.is_empty() && self.queue.local_len() == 0 {
+            if tasks.is_empty() && self.queue.len() == 0 {
                 break;
             }
             for (_, waker) in tasks {
                 waker.wake();
             }
             // Dropping a runnable drops its task's future (without polling it).
-            while let Some(runnable) = self.queue.pop_local() {
+            while let Some(runnable) = self.queue.pop() {
                 drop(runnable);
             }
         }

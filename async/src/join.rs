@@ -10,6 +10,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use async_task::FallibleTask;
 use parking_lot::Mutex;
 
+use crate::queue::{RunQueue, Task};
+
 /// Why a task has no result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -36,13 +38,13 @@ pub struct JoinHandle<T> {
 
 enum Inner<T> {
     /// A task spawned on its reactor.
-    Local(FallibleTask<Result<T, JoinError>>),
+    Local(FallibleTask<Result<T, JoinError>, Arc<RunQueue>>),
     /// A task asked for from another thread: its result comes through a slot.
     Remote(Arc<Slot<T>>),
 }
 
 impl<T> JoinHandle<T> {
-    pub(crate) fn local(task: async_task::Task<Result<T, JoinError>>) -> Self {
+    pub(crate) fn local(task: Task<Result<T, JoinError>>) -> Self {
         JoinHandle {
             inner: Some(Inner::Local(task.fallible())),
         }
