@@ -51,6 +51,7 @@ pub trait IoOutput: Sized {
 
 /// A read or write: the buffer back, or the error with it.
 impl IoOutput for Result<IoBuf, BufError> {
+    #[inline]
     fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
         match (result, buf) {
             (Ok(()), Some(buf)) => Ok(buf),
@@ -81,8 +82,8 @@ impl IoOutput for Result<Option<IoBuf>, BufError> {
 enum IoCell {
     /// In flight; the waker of the task awaiting it.
     Waiting(Option<Waker>),
-    /// Completed; the future takes it on its next poll.
-    Done(IoDone),
+    /// Completed, with its result and buffer; the future takes them on its next poll.
+    Done(Result<(), IoFailure>, Option<IoBuf>),
     /// Its future was dropped: the completion drops the buffer and frees the cell.
     Orphaned,
 }
@@ -152,15 +153,22 @@ impl IoCells {
     }
 
     /// The first future in line for room on `device`, taken out of line.
+    #[inline]
     fn next_in_line(&mut self, device: DeviceId) -> Option<Waker> {
         if self.room_waiting == 0 {
             return None;
         }
+        self.pop_in_line(device)
+    }
+
+    #[cold]
+    fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
         let (_, waker) = self.queue(device).pop_front()?;
         self.room_waiting -= 1;
         Some(waker)
     }
 
+    #[inline]
     fn others_waiting(&mut self, device: DeviceId) -> bool {
         self.room_waiting > 0 && !self.queue(device).is_empty()
     }
@@ -178,13 +186,16 @@ impl<S: 'static> Core<S> {
         let device = done.device;
         let mut io = self.io.borrow_mut();
         let (waker, dropped) = match io.cells.get_mut(key) {
-            Some(IoCell::Waiting(waker)) => {
-                let waker = waker.take();
-                io.cells[key] = IoCell::Done(done);
+            Some(cell @ IoCell::Waiting(_)) => {
+                let IoCell::Waiting(waker) =
+                    std::mem::replace(cell, IoCell::Done(done.result, done.buf))
+                else {
+                    unreachable!("matched just above")
+                };
                 (waker, None)
             }
             Some(IoCell::Orphaned) => (None, Some((io.cells.remove(key), done))),
-            Some(IoCell::Done(_)) | None => {
+            Some(IoCell::Done(..)) | None => {
                 panic!("an I/O completed twice, or for no future (cell {key})")
             }
         };
@@ -336,13 +347,12 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                             }
                             return Poll::Pending;
                         }
-                        IoCell::Done(_) => {
-                            let IoCell::Done(done) = io.cells.remove(key) else {
+                        IoCell::Done(..) => {
+                            let IoCell::Done(result, buf) = io.cells.remove(key) else {
                                 unreachable!("matched just above")
                             };
                             self.stage = Stage::Finished;
-                            let result = done.result.map_err(IoError::Failed);
-                            return Poll::Ready((result, done.buf));
+                            return Poll::Ready((result.map_err(IoError::Failed), buf));
                         }
                         IoCell::Orphaned => unreachable!("a live future's cell is not orphaned"),
                     }
@@ -355,11 +365,14 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
 
 impl<S: 'static> Drop for Submission<'_, S> {
     fn drop(&mut self) {
+        if matches!(self.stage, Stage::Start | Stage::Finished) {
+            return;
+        }
         let core = &self.local.core;
         let mut io = core.io.borrow_mut();
         let pass_turn = match self.stage {
             Stage::InFlight { key } => {
-                if let IoCell::Done(_) = io.cells[key] {
+                if let IoCell::Done(..) = io.cells[key] {
                     // Completed, never taken: the completion (and its buffer) goes now.
                     let cell = io.cells.remove(key);
                     drop(io);
@@ -372,7 +385,7 @@ impl<S: 'static> Drop for Submission<'_, S> {
             }
             Stage::InLine { ticket } => !io.leave(self.device, ticket),
             Stage::Turn => true,
-            Stage::Start | Stage::Finished => false,
+            Stage::Start | Stage::Finished => unreachable!("returned above"),
         };
         // Its turn for room came and it will not use it: the next in line gets it.
         let next = if pass_turn {
