@@ -103,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tally = Rc::new(Cell::new(Tally::default()));
             let mut chains = Vec::new();
             for c in 0..CHAINS {
-                let first_lba = (index as u64) << 16 | c * (IO_BYTES / 512);
+                let first_lba = ((index as u64) << 16) | (c * (IO_BYTES / 512));
                 let task = chain(io.clone(), first_lba, until, tally.clone());
                 chains.push(io.spawn_local(task).expect("room for the chains"));
             }
