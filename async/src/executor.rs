@@ -66,7 +66,13 @@ pub(crate) struct Core<S: 'static> {
     tasks_max: usize,
     pub(crate) io: RefCell<IoCells>,
     pub(crate) timers: RefCell<TimerCells>,
-    pub(crate) counters: Cell<ExecutorCounters>,
+    /// What [`ExecutorCounters`] reports, each in a cell of its own: a count on the I/O
+    /// path is one add, not a copy of the whole set.
+    pub(crate) spawned: Cell<u64>,
+    pub(crate) polls: Cell<u64>,
+    pub(crate) panics: Cell<u64>,
+    pub(crate) ios: Cell<u64>,
+    pub(crate) ios_orphaned: Cell<u64>,
 }
 
 impl<S: 'static> Core<S> {
@@ -81,14 +87,22 @@ impl<S: 'static> Core<S> {
             tasks_max: config.tasks_max,
             io: RefCell::new(IoCells::default()),
             timers: RefCell::new(TimerCells::default()),
-            counters: Cell::new(ExecutorCounters::default()),
+            spawned: Cell::new(0),
+            polls: Cell::new(0),
+            panics: Cell::new(0),
+            ios: Cell::new(0),
+            ios_orphaned: Cell::new(0),
         })
     }
 
-    pub(crate) fn count(&self, f: impl FnOnce(&mut ExecutorCounters)) {
-        let mut counters = self.counters.get();
-        f(&mut counters);
-        self.counters.set(counters);
+    pub(crate) fn counters(&self) -> ExecutorCounters {
+        ExecutorCounters {
+            spawned: self.spawned.get(),
+            polls: self.polls.get(),
+            panics: self.panics.get(),
+            ios: self.ios.get(),
+            ios_orphaned: self.ios_orphaned.get(),
+        }
     }
 
     /// Whether a task may be spawned now.
@@ -138,7 +152,7 @@ impl<S: 'static> Core<S> {
         let (runnable, task) = self.queue.spawn(future);
         entry.insert(runnable.waker());
         drop(tasks);
-        self.count(|c| c.spawned += 1);
+        count(&self.spawned, 1);
         runnable.schedule();
         Ok(task)
     }
@@ -185,7 +199,7 @@ impl<S: 'static> Core<S> {
             }
         });
         drop(ending);
-        self.count(|c| c.polls += polled as u64);
+        count(&self.polls, polled as u64);
         if self.close_deferred.get() {
             self.close();
         }
@@ -220,6 +234,12 @@ impl<S: 'static> Core<S> {
         }
         drop(self.queue.close());
     }
+}
+
+/// Adds `n` to a counter.
+#[inline]
+pub(crate) fn count(counter: &Cell<u64>, n: u64) {
+    counter.set(counter.get() + n);
 }
 
 /// The executor of one reactor: lives in the reactor's state (see [`HasExecutor`]), and

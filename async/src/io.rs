@@ -18,7 +18,7 @@ use std::task::{Context, Poll, Waker};
 use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, RejectReason};
 use slab::Slab;
 
-use crate::executor::{Core, RUN_BATCH};
+use crate::executor::{count, Core, RUN_BATCH};
 use crate::{HasExecutor, Local};
 
 /// Why an async I/O did not succeed.
@@ -299,23 +299,23 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                         self.stage = Stage::InLine { ticket };
                         return Poll::Pending;
                     }
-                    let key = io.cells.insert(IoCell::Waiting(None));
+                    // The waker goes in first: the completion cannot come before the
+                    // submission returns, and a refusal (rare) just drops it again.
+                    let key = io.cells.insert(IoCell::Waiting(Some(cx.waker().clone())));
                     drop(io);
                     let req = self.req.with_user(key as u64);
                     let submitted = core
                         .lend
                         .with(|reactor, _| submit(reactor, req))
                         .expect("an I/O future was polled outside its reactor's executor");
-                    let mut io = core.io.borrow_mut();
                     match submitted {
                         Ok(()) => {
-                            io.cells[key] = IoCell::Waiting(Some(cx.waker().clone()));
-                            drop(io);
-                            core.count(|c| c.ios += 1);
+                            count(&core.ios, 1);
                             self.stage = Stage::InFlight { key };
                             return Poll::Pending;
                         }
                         Err(reason) => {
+                            let mut io = core.io.borrow_mut();
                             io.cells.remove(key);
                             if reason.is_queue_full() {
                                 let front = self.stage == Stage::Turn;
@@ -380,7 +380,7 @@ impl<S: 'static> Drop for Submission<'_, S> {
                     return;
                 }
                 io.cells[key] = IoCell::Orphaned;
-                core.count(|c| c.ios_orphaned += 1);
+                count(&core.ios_orphaned, 1);
                 false
             }
             Stage::InLine { ticket } => !io.leave(self.device, ticket),

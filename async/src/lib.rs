@@ -148,7 +148,7 @@ impl<S: 'static> Local<S> {
 
     /// What this executor did so far.
     pub fn counters(&self) -> ExecutorCounters {
-        self.core.counters.get()
+        self.core.counters()
     }
 
     /// I/Os submitted by futures and not completed yet, those of dropped futures included

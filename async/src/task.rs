@@ -51,7 +51,7 @@ impl<F: Future, S: 'static> Future for TaskFuture<F, S> {
             Err(payload) => {
                 let message = panic_message(payload.as_ref());
                 tracing::error!(%message, "a task panicked; it ends, the reactor goes on");
-                this.core.count(|c| c.panics += 1);
+                crate::executor::count(&this.core.panics, 1);
                 Poll::Ready(Err(JoinError::Panicked { message }))
             }
         }
