@@ -7,6 +7,7 @@ use hypoll_reactor::{ReactorHandle, SendError};
 
 use crate::executor::RUN_BATCH;
 use crate::join::{Filler, JoinHandle, Slot};
+use crate::task::panic_message;
 use crate::{HasExecutor, JoinError, Local};
 
 /// Spawning on a reactor through its [`ReactorHandle`], from any thread.
@@ -42,7 +43,18 @@ impl<S: HasExecutor> SpawnExt<S> for ReactorHandle<S> {
                 tracing::warn!(error = %e, "a task sent from another thread was refused");
                 return filler.fill(Err(JoinError::NotSpawned(e)));
             }
-            let future = make(local.clone());
+            // A panic in `make` is the task's: reported through its handle, not the
+            // reactor's death.
+            let made =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| make(local.clone())));
+            let future = match made {
+                Ok(future) => future,
+                Err(payload) => {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(%message, "building a task sent from another thread panicked");
+                    return filler.fill(Err(JoinError::Panicked { message }));
+                }
+            };
             // The task's result (or its panic, caught by the wrapper) goes to the slot.
             let forward = |task| async move { filler.fill(task.await) };
             match local.core.spawn_with(forward, future) {

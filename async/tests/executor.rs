@@ -193,6 +193,12 @@ fn a_panic_in_a_task_ends_that_task_only() {
         })
         .unwrap();
     assert!(matches!(parent.wait(), Ok(Err(JoinError::Panicked { .. }))));
+    // A panic while the future is being built, on the reactor, is the task's too.
+    let unbuilt = h.spawn(|_io| -> std::future::Ready<()> { panic!("no future") });
+    assert!(matches!(
+        unbuilt.unwrap().wait(),
+        Err(JoinError::Panicked { message }) if message == "no future"
+    ));
     let counters = h.spawn(|io| async move { io.counters() }).unwrap().wait();
     assert_eq!(counters.unwrap().panics, 2);
     let report = set.shutdown();
