@@ -2,8 +2,8 @@
 //! attached on each, chains that write a block, read it back and check it, for one second,
 //! more chains than the queue pair holds (so some wait for room), statistics, shutdown.
 //!
-//! `cargo run --release -p hypoll-async --example embed -- [cores] [device] [policy]`
-//! e.g. `... --example embed -- 0-1 emu:optane hybrid`
+//! `cargo run --release -p hypoll-async --example embed_async -- [cores] [device] [policy]`
+//! e.g. `... --example embed_async -- 0-1 emu:optane hybrid`
 
 use std::cell::Cell;
 use std::rc::Rc;
