@@ -17,8 +17,8 @@ use crate::conn::INBUF_KEEP_BYTES;
 use crate::protocol::Protocol;
 use crate::shard::Shard;
 
-/// Connections of one reactor that may receive a request larger than [`INBUF_KEEP_BYTES`]
-/// at once.
+/// Connections of one reactor that may receive a request larger than the standing input
+/// buffer (1 MiB) at once.
 pub const LARGE_INPUTS_PER_REACTOR: usize = 4;
 
 impl<P: Protocol> Shard<P> {
