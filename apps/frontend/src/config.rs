@@ -55,6 +55,13 @@ const _: () = assert!(CONNECTIONS_MAX_DEFAULT <= CONNECTIONS_PER_REACTOR_MAX);
 const _: () = assert!(*CONNECTION_BYTES_MAX_RANGE.start() <= CONNECTION_BYTES_MAX_DEFAULT);
 const _: () = assert!(CONNECTION_BYTES_MAX_DEFAULT <= *CONNECTION_BYTES_MAX_RANGE.end());
 
+/// Who owns a Unix socket's file (see [`ServiceConfig::unix_owner`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnixOwner {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
 /// The settings of a service that every protocol shares.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -89,6 +96,9 @@ pub struct ServiceConfig {
     /// Permissions of a Unix socket's file (at most [`UNIX_MODE_MAX`]), set whatever the
     /// umask: connecting needs write permission.
     pub unix_mode: u32,
+    /// Owner and group given to a Unix socket's file (as `chown` takes them: `None` leaves
+    /// one as it is); `None`: the server's own. Changing them takes privilege (root).
+    pub unix_owner: Option<UnixOwner>,
     /// Whether clients may or must speak TLS, with which certificates, and whether they
     /// must show one of their own.
     pub tls: TlsConfig,
@@ -110,6 +120,7 @@ impl ServiceConfig {
             request_stall_timeout: REQUEST_STALL_TIMEOUT_DEFAULT,
             coalesce_ns: COALESCE_NS_DEFAULT,
             unix_mode: UNIX_MODE_DEFAULT,
+            unix_owner: None,
             tls: TlsConfig::default(),
         }
     }

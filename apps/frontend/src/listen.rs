@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use hypoll_reactor::ReactorHandle;
 
+use crate::config::UnixOwner;
 use crate::loglimit::{suppressed_note, LogLimit};
 use crate::protocol::Protocol;
 use crate::shard::Shard;
@@ -124,8 +125,13 @@ impl Drop for Listener {
 }
 
 impl Listener {
-    /// Binds `addr`, non-blocking; a Unix socket's file gets permissions `unix_mode`.
-    pub(crate) fn bind(addr: &ListenAddr, unix_mode: u32) -> io::Result<Listener> {
+    /// Binds `addr`, non-blocking; a Unix socket's file gets permissions `unix_mode` and,
+    /// if given, owner and group `owner`.
+    pub(crate) fn bind(
+        addr: &ListenAddr,
+        unix_mode: u32,
+        owner: Option<UnixOwner>,
+    ) -> io::Result<Listener> {
         let l = match addr {
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
@@ -133,7 +139,7 @@ impl Listener {
                 Listener::Tcp(l)
             }
             ListenAddr::Unix(p) => {
-                let l = bind_unix(p, unix_mode)?;
+                let l = bind_unix(p, unix_mode, owner)?;
                 l.set_nonblocking(true)?;
                 Listener::Unix(l, p.clone())
             }
@@ -175,11 +181,11 @@ impl Listener {
 /// Binds a Unix socket at `path` whose file has permissions `mode`. A socket file left by
 /// a server that died (nothing answers a connect) is replaced; a socket where a server
 /// still listens, or a file that is not a socket, is left alone and is an error.
-fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
-    match bind_unix_with_mode(path, mode) {
+fn bind_unix(path: &Path, mode: u32, owner: Option<UnixOwner>) -> io::Result<UnixListener> {
+    match bind_unix_with_mode(path, mode, owner) {
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
             remove_stale_socket(path)?;
-            bind_unix_with_mode(path, mode)
+            bind_unix_with_mode(path, mode, owner)
         }
         bound => bound,
     }
@@ -188,7 +194,11 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
 /// Private directories tried beside a socket while binding it (each is removed after).
 const STAGING_DIRS_MAX: usize = 64;
 
-fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+fn bind_unix_with_mode(
+    path: &Path,
+    mode: u32,
+    owner: Option<UnixOwner>,
+) -> io::Result<UnixListener> {
     assert!(mode <= 0o777);
     // bind() creates the socket file with the umask's permissions: under a permissive umask
     // any user could connect before a later chmod. So the socket is bound in a fresh
@@ -221,6 +231,18 @@ fn bind_unix_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     let bound = UnixListener::bind(&staged).and_then(|listener| {
         // Exactly `mode`, whatever the platform's bits for a new socket file.
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+        if let Some(o) = owner {
+            // Owned as asked before the name reaches it, like its mode.
+            std::os::unix::fs::chown(&staged, o.uid, o.gid).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "giving the socket owner {:?} and group {:?}: {e}",
+                        o.uid, o.gid
+                    ),
+                )
+            })?;
+        }
         std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => io::Error::new(io::ErrorKind::AddrInUse, e),
             _ => e,
@@ -350,6 +372,36 @@ mod tests {
 
     use super::*;
 
+    /// A socket's file gets the owner and group asked for before clients can reach it; a
+    /// server without the privilege to give them away says so and binds nothing.
+    #[test]
+    fn a_socket_gets_the_owner_asked_for_or_a_clear_refusal() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("owned.sock");
+        // 65534: `nobody` and `nogroup` on Debian, present on every Linux system.
+        let owner = UnixOwner {
+            uid: Some(65534),
+            gid: Some(65534),
+        };
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        match bind_unix(&path, 0o660, Some(owner)) {
+            Ok(listener) => {
+                assert!(root, "only root can give a file away");
+                let meta = std::fs::symlink_metadata(&path).unwrap();
+                assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+                assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+                drop(listener);
+            }
+            Err(e) => {
+                assert!(!root, "root may give it away: {e}");
+                assert!(e.to_string().contains("giving the socket owner"), "{e}");
+                assert!(!path.exists(), "nothing is left at the name");
+            }
+        }
+    }
+
     /// A socket path near the kernel's bound still binds: the private directory it is
     /// staged in adds no length to it.
     #[test]
@@ -361,7 +413,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("nbd.sock");
         assert_eq!(path.as_os_str().len(), 107);
-        let listener = bind_unix(&path, 0o640).unwrap();
+        let listener = bind_unix(&path, 0o640, None).unwrap();
         let meta = std::fs::symlink_metadata(&path).unwrap();
         assert!(meta.file_type().is_socket());
         assert_eq!(meta.permissions().mode() & 0o777, 0o640);
@@ -403,7 +455,7 @@ mod tests {
         connections_max: usize,
         clients: impl FnOnce(SocketAddr) + Send,
     ) -> String {
-        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 0o600).unwrap();
+        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap(), 0o600, None).unwrap();
         let Ok(ListenAddr::Tcp(addr)) = listener.local_addr() else {
             panic!("a TCP listener");
         };

@@ -81,7 +81,7 @@ impl<P: Protocol> Service<P> {
     ) -> Result<Service<P>, StartError> {
         check_fds(cfg);
         let tls = cfg.tls.load()?;
-        let listener = bind(&cfg.listen, cfg.unix_mode, cfg.tls.mode)?;
+        let listener = bind(cfg, cfg.tls.mode)?;
         let local = listener.local_addr().map_err(|error| StartError::Listen {
             addr: cfg.listen.to_string(),
             error,
@@ -149,10 +149,13 @@ fn check_fds(cfg: &ServiceConfig) {
 
 /// Step 1: the listening socket, with a warning when it is reachable on every interface
 /// and clients need not use TLS.
-fn bind(addr: &ListenAddr, unix_mode: u32, tls: TlsMode) -> Result<Listener, StartError> {
-    let listener = Listener::bind(addr, unix_mode).map_err(|error| StartError::Listen {
-        addr: addr.to_string(),
-        error,
+fn bind(cfg: &ServiceConfig, tls: TlsMode) -> Result<Listener, StartError> {
+    let addr = &cfg.listen;
+    let listener = Listener::bind(addr, cfg.unix_mode, cfg.unix_owner).map_err(|error| {
+        StartError::Listen {
+            addr: addr.to_string(),
+            error,
+        }
     })?;
     if addr.is_wildcard() && tls != TlsMode::Require {
         tracing::warn!(

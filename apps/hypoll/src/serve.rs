@@ -11,9 +11,10 @@ use std::time::Duration;
 use clap::Parser;
 use hypoll_nbd::proto::TFLAG_READ_ONLY;
 use hypoll_nbd::server::{
-    ExportSpec, TlsConfig, TlsMode, COALESCE_NS_DEFAULT, COALESCE_NS_MAX, CONNECTIONS_MAX_DEFAULT,
-    CONNECTION_BYTES_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, IDLE_SPIN_NS_DEFAULT,
-    QUEUE_DEPTH_DEFAULT, REQUEST_STALL_TIMEOUT_DEFAULT, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
+    ExportSpec, TlsConfig, TlsMode, UnixOwner, COALESCE_NS_DEFAULT, COALESCE_NS_MAX,
+    CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT,
+    IDLE_SPIN_NS_DEFAULT, QUEUE_DEPTH_DEFAULT, REQUEST_STALL_TIMEOUT_DEFAULT, UNIX_MODE_DEFAULT,
+    UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
@@ -55,6 +56,11 @@ pub struct ServeArgs {
     /// needs write permission): 600 lets its owner only connect, 660 its group too.
     #[arg(long, value_name = "OCTAL", default_value_t = format!("{UNIX_MODE_DEFAULT:o}"), value_parser = parse_unix_mode)]
     unix_mode: String,
+    /// Owner of the unix:PATH socket file, USER[:GROUP] or :GROUP (names or numbers), so
+    /// a server started as root can let one user or group connect. Needs the privilege to
+    /// give the file away.
+    #[arg(long, value_name = "USER[:GROUP]", value_parser = parse_unix_owner)]
+    unix_owner: Option<UnixOwner>,
     /// Cores, one reactor each: 0, 0-1, 0,2 (default: the first core this process may use).
     #[arg(long, value_parser = crate::parse_cores)]
     cores: Option<CoreList>,
@@ -116,6 +122,39 @@ fn parse_idle_timeout_s(s: &str) -> Result<f64, String> {
             "{s:?}: expected 0 (never) or seconds from 0.1 to 86400"
         )),
     }
+}
+
+fn parse_unix_owner(s: &str) -> Result<UnixOwner, String> {
+    let (user, group) = match s.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (s, None),
+    };
+    let uid = match user {
+        "" => None,
+        u => Some(match u.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => nix::unistd::User::from_name(u)
+                .map_err(|e| format!("looking up user {u:?}: {e}"))?
+                .ok_or_else(|| format!("{u:?}: no such user"))?
+                .uid
+                .as_raw(),
+        }),
+    };
+    let gid = match group {
+        None | Some("") => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => nix::unistd::Group::from_name(g)
+                .map_err(|e| format!("looking up group {g:?}: {e}"))?
+                .ok_or_else(|| format!("{g:?}: no such group"))?
+                .gid
+                .as_raw(),
+        }),
+    };
+    if uid.is_none() && gid.is_none() {
+        return Err(format!("{s:?}: expected USER, USER:GROUP or :GROUP"));
+    }
+    Ok(UnixOwner { uid, gid })
 }
 
 fn parse_unix_mode(s: &str) -> Result<String, String> {
@@ -298,6 +337,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             .then(|| Duration::from_secs_f64(args.idle_timeout_s)),
         request_stall_timeout: Duration::from_secs_f64(args.request_timeout_s),
         unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
+        unix_owner: args.unix_owner,
         tls: TlsConfig {
             mode: args.tls,
             certificates_dir: args.tls_certificates,

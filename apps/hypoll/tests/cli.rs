@@ -152,6 +152,20 @@ fn bad_input_is_one_line_naming_the_value_and_exit_status_2() {
             &["bench", "--device", "emu:optane,jitter=lots"][..],
             "jitter",
         ),
+        (
+            &[
+                "serve",
+                "--export",
+                "m=null",
+                "--unix-owner",
+                "no-such-user-here",
+            ][..],
+            "no-such-user-here",
+        ),
+        (
+            &["serve", "--export", "m=null", "--unix-owner", ":"][..],
+            "USER:GROUP",
+        ),
     ] {
         let out = hypoll(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

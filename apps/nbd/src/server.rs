@@ -30,7 +30,7 @@ pub use hypoll_frontend::{
     READ_BYTES_PER_POLL, REQUESTS_INFLIGHT_MAX, REQUEST_STALL_TIMEOUT_DEFAULT,
     TLS_BUFFER_BYTES_MAX, UNIX_MODE_DEFAULT, UNIX_MODE_MAX,
 };
-pub use hypoll_frontend::{TlsConfig, TlsError, TlsMode};
+pub use hypoll_frontend::{TlsConfig, TlsError, TlsMode, UnixOwner};
 
 /// A running server. [`Server::stop`] stops it gracefully; dropping it stops it too.
 pub struct Server {
