@@ -8,7 +8,9 @@ use std::io::Write;
 
 use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
-use support::{connect, option_reply, run_fails, run_ok, simple_reply, Serve};
+use support::nbd::{connect, option_reply, simple_reply};
+use support::serve::Serve;
+use support::{run_fails, run_ok};
 
 /// GO on `export` over a raw connection; returns the transmission flags it was sent.
 fn go(port: u16, export: &str) -> (std::net::TcpStream, u16) {
@@ -66,7 +68,7 @@ fn read_only_server_refuses_every_write_with_eperm_and_serves_reads() {
     let path = dir.path().join("disk.img");
     let spec = format!("disk=emu:dram,size=16M,backing=file:{}", path.display());
     {
-        let s = Serve::start(&["--export", &spec]);
+        let s = Serve::start(&[&spec]);
         run_ok(
             "qemu-io",
             &[
@@ -79,7 +81,7 @@ fn read_only_server_refuses_every_write_with_eperm_and_serves_reads() {
             ],
         );
     }
-    let s = Serve::start(&["--export", &spec, "-r"]);
+    let s = Serve::start_with(&[&spec], &["-r"]);
     let info = run_ok("nbdinfo", &[&format!("nbd://127.0.0.1:{}/disk", s.port)]);
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(text.contains("is_read_only: true"), "{text}");
@@ -119,7 +121,7 @@ fn one_export_read_only_leaves_the_others_writable() {
     let ro = format!("ro=emu:dram,size=16M,backing=file:{},ro", path.display());
     {
         let writable = ro.trim_end_matches(",ro");
-        let s = Serve::start(&["--export", writable]);
+        let s = Serve::start(&[writable]);
         run_ok(
             "qemu-io",
             &[
@@ -130,7 +132,7 @@ fn one_export_read_only_leaves_the_others_writable() {
             ],
         );
     }
-    let s = Serve::start(&["--export", "rw=emu:dram,size=16M", "--export", &ro]);
+    let s = Serve::start(&["rw=emu:dram,size=16M", &ro]);
     writes_are_refused_and_change_nothing(s.port, "ro");
     let (_, flags) = go(s.port, "rw");
     assert_eq!(flags & TFLAG_READ_ONLY, 0, "{flags:#x}");

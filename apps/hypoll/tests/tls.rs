@@ -17,16 +17,15 @@ use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use support::{
-    connect, option_reply, read_to_close, run_fails, run_ok, simple_reply, Certs, Serve,
-};
+use support::certs::Certs;
+use support::nbd::{connect, option_reply, read_to_close, simple_reply};
+use support::serve::Serve;
+use support::{random_file, run_fails, run_ok};
 
 /// A server that requires TLS and a client certificate of its CA.
 fn serve_tls(certs: &Certs, extra: &[&str]) -> Serve {
     let dir = certs.server.to_str().unwrap();
     let mut args = vec![
-        "--export",
-        "mem=emu:dram,size=64M",
         "--tls",
         "require",
         "--tls-certificates",
@@ -34,7 +33,7 @@ fn serve_tls(certs: &Certs, extra: &[&str]) -> Serve {
         "--tls-verify-peer",
     ];
     args.extend_from_slice(extra);
-    Serve::start(&args)
+    Serve::start_with(&["mem=emu:dram,size=64M"], &args)
 }
 
 fn nbds_uri(s: &Serve, export: &str, certs_dir: &Path) -> String {
@@ -61,19 +60,6 @@ fn qemu_image(s: &Serve, export: &str) -> String {
          tls-creds=tls0",
         s.port
     )
-}
-
-fn random_file(path: &Path, bytes: usize, seed: u64) {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..bytes)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, data).unwrap();
 }
 
 #[test]
@@ -208,7 +194,7 @@ fn clients_without_a_certificate_with_another_cas_or_without_tls_are_refused() {
         .write_all(&client::info_or_go(OPT_GO, "mem", &[]))
         .and_then(|()| rogue.read(&mut [0u8; 1]));
     assert!(matches!(refused, Ok(0) | Err(_)), "{refused:?}");
-    let log = s.log_until("UnknownIssuer");
+    let log = s.log_until("UnknownIssuer", Duration::from_secs(10));
     assert!(log.contains("UnknownIssuer"), "{log}");
     // Nothing the refused clients tried reached the export, and it still serves.
     let out = run_ok(
@@ -356,7 +342,10 @@ fn bytes_sent_in_plaintext_after_starttls_are_never_taken_as_if_under_tls() {
     assert_eq!(option_reply(&mut c), (OPT_STARTTLS, REP_ACK, vec![]));
     let rest = read_to_close(&mut c);
     assert!(rest.is_empty(), "{rest:?}");
-    let log = s.log_until("in plaintext after the request to start TLS");
+    let log = s.log_until(
+        "in plaintext after the request to start TLS",
+        Duration::from_secs(10),
+    );
     assert!(
         log.contains("in plaintext after the request to start TLS"),
         "{log}"
@@ -387,14 +376,10 @@ fn tls_on_serves_plaintext_and_tls_clients_alike() {
     let dir = tempfile::tempdir().unwrap();
     let certs = Certs::make(dir.path());
     let server = certs.server.to_str().unwrap();
-    let s = Serve::start(&[
-        "--export",
-        "mem=emu:dram,size=16M",
-        "--tls",
-        "on",
-        "--tls-certificates",
-        server,
-    ]);
+    let s = Serve::start_with(
+        &["mem=emu:dram,size=16M"],
+        &["--tls", "on", "--tls-certificates", server],
+    );
     let plain = run_ok("nbdinfo", &[&format!("nbd://127.0.0.1:{}/mem", s.port)]);
     assert!(String::from_utf8_lossy(&plain.stdout).contains("without TLS"));
     // No client certificate is asked for without --tls-verify-peer.
