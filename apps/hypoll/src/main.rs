@@ -90,6 +90,10 @@ struct SimArgs {
     /// --reactors): the scheduler interleaves, so a seed does not replay exactly.
     #[arg(long)]
     threaded: bool,
+    /// The poll policy the simulated reactors run; repeat for several (default: each
+    /// built-in policy in turn; see `hypoll policies`). The threaded run draws its own.
+    #[arg(long = "policy", value_name = "SPEC", value_parser = parse_policy)]
+    policies: Vec<String>,
 }
 
 #[derive(Parser)]
@@ -380,11 +384,25 @@ fn sim_command(args: &SimArgs) -> ExitCode {
         Some(seed) => (seed, 1),
         None => (args.first, args.seeds),
     };
+    let policies = if args.threaded {
+        vec![cfg.policy.clone()]
+    } else if args.policies.is_empty() {
+        hypoll_reactor::sim::policies()
+    } else {
+        args.policies.clone()
+    };
     let mut ios = 0u64;
     let mut timeouts = 0u64;
     let mut abandoned = 0u64;
     let started = std::time::Instant::now();
-    for seed in first..first.saturating_add(count) {
+    let runs = policies.iter().flat_map(|policy| {
+        (first..first.saturating_add(count)).map(move |seed| (policy.clone(), seed))
+    });
+    for (policy, seed) in runs {
+        let cfg = hypoll_reactor::sim::SimConfig {
+            policy,
+            ..cfg.clone()
+        };
         let outcome = if args.threaded {
             hypoll_reactor::sim::run_threaded(seed, &cfg)
         } else {
@@ -406,8 +424,13 @@ fn sim_command(args: &SimArgs) -> ExitCode {
         }
     }
     println!(
-        "{count} seeds from {first} passed: {ios} I/Os, {timeouts} timeouts, {abandoned} \
+        "{count} seeds from {first} passed, each with {}: {ios} I/Os, {timeouts} timeouts, {abandoned} \
          abandoned, in {:.1} s",
+        if args.threaded {
+            "a policy it drew".to_owned()
+        } else {
+            policies.join(", ")
+        },
         started.elapsed().as_secs_f64()
     );
     ExitCode::SUCCESS

@@ -110,7 +110,7 @@ impl<S> Reactor<S> {
                     .map_err(AttachError::Interrupt)?;
                 true
             }
-            None => false,
+            None => self.emulated_interrupt(&*qp),
         };
         // Only the benchmark's `oracle` policy reads the emulator's deadlines, and only an
         // emulated queue pair has them: every other pairing pays nothing for them.

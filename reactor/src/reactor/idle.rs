@@ -7,7 +7,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hypoll_nvme::sys::monotonic_ns;
 use hypoll_nvme::EmuQueuePair;
 use hypoll_policy::{Decision, InFlight, PollContext, Slept};
 
@@ -189,8 +188,7 @@ impl<S> Reactor<S> {
         let on_interrupts = (interruptible || long) && self.interrupts_armable();
         if long && !on_interrupts {
             // No interrupt to end it early: sleep a bounded piece, then poll.
-            crate::sys::sleep_until_ns(decided_ns.saturating_add(self.tuning.long_sleep_ns));
-            self.waited_from(decided_ns);
+            self.sleep_until(decided_ns.saturating_add(self.tuning.long_sleep_ns), true);
             debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
             return;
         }
@@ -198,19 +196,18 @@ impl<S> Reactor<S> {
         // the reading itself is a syscall.
         let sample_cpu = self.counters.sleeps.is_multiple_of(SLEEP_CPU_SAMPLE_EVERY);
         let cpu_before_ns = if sample_cpu {
-            self.me().stats.cpu_ns()
+            self.thread_cpu_ns()
         } else {
             None
         };
         let until_ns = decided_ns.saturating_add(requested_ns);
-        if on_interrupts {
+        let woke_ns = if on_interrupts {
             self.arm_interrupts();
-            self.park(true, Some(until_ns));
+            self.park(true, Some(until_ns))
         } else {
-            crate::sys::sleep_until_ns(until_ns);
-            self.waited_from(decided_ns);
-        }
-        let actual_ns = monotonic_ns().saturating_sub(decided_ns);
+            self.sleep_until(until_ns, false)
+        };
+        let actual_ns = woke_ns.saturating_sub(decided_ns);
         if actual_ns < requested_ns && on_interrupts {
             // A completion (or a message) ended it: an interrupt wait.
             self.counters.interrupt_waits += 1;
@@ -219,7 +216,7 @@ impl<S> Reactor<S> {
             return;
         }
         let cpu_ns =
-            cpu_before_ns.and_then(|before| Some(self.me().stats.cpu_ns()?.saturating_sub(before)));
+            cpu_before_ns.and_then(|before| Some(self.thread_cpu_ns()?.saturating_sub(before)));
         let slept = Slept {
             requested_ns,
             actual_ns,
@@ -240,7 +237,8 @@ impl<S> Reactor<S> {
 
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts; with `until_ns`, no later than then.
-    fn park(&mut self, for_io: bool, until_ns: Option<u64>) {
+    /// Returns when it woke.
+    fn park(&mut self, for_io: bool, until_ns: Option<u64>) -> u64 {
         let mut next_timer_ns = self.timers.next_deadline_ns();
         // A lost command never interrupts, and an I/O waiting behind quarantined slots has
         // nothing to wake it: wake for the next timeout.
@@ -264,23 +262,26 @@ impl<S> Reactor<S> {
         wake.parked.store(true, Ordering::SeqCst);
         // Pairs with the fence in `ReactorHandle::send`.
         std::sync::atomic::fence(Ordering::SeqCst);
-        let mut mailbox_signalled = false;
-        if self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst) {
-            // A deadline before the timerfd's is epoll's own timeout: no timerfd to set for
-            // a short sleep, nor to disarm after it.
-            let timeout = until_ns
-                .filter(|&u| self.timer_fd_armed_ns.is_none_or(|t| u < t))
-                .map(|u| Duration::from_nanos(u.saturating_sub(monotonic_ns())));
-            match self.epoll.wait(timeout) {
-                Ok(mut tokens) => mailbox_signalled = tokens.any(|t| t == TOKEN_MAILBOX),
-                Err(e) => panic!("reactor {}: epoll_wait failed: {e}", self.core),
-            }
-        }
+        let blocks = self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst);
+        // A simulated reactor does not block the thread: it learns when it wakes, and is
+        // not turned before (nothing sends to it meanwhile but the simulation, which
+        // delivers through the waiter, not the eventfd).
+        let mut woke_ns = None;
+        let mailbox_signalled = blocks
+            && match self.block_virtually(for_io, until_ns) {
+                Some(at_ns) => {
+                    woke_ns = Some(at_ns);
+                    false
+                }
+                None => self.block_in_epoll(until_ns),
+            };
+        let woke_ns = woke_ns.unwrap_or_else(|| self.clock.now_ns());
+        let wake = &self.handles[self.index].wake;
         wake.parked.store(false, Ordering::SeqCst);
         if mailbox_signalled {
             wake.eventfd.drain();
         }
-        if self.timer_fd_armed_ns.is_some_and(|t| t <= monotonic_ns()) {
+        if self.timer_fd_armed_ns.is_some_and(|t| t <= woke_ns) {
             // It fired: a fired timerfd stays readable until set again.
             self.timer_fd_armed_ns = None;
             self.timer_fd
@@ -293,12 +294,27 @@ impl<S> Reactor<S> {
         // Awake again, and senders know it; the next turn comes after a wait.
         debug_assert!(!self.me().wake.parked.load(Ordering::Relaxed));
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
+        woke_ns
+    }
+
+    /// Waits in epoll on everything `park` armed, until `until_ns` at the latest if it
+    /// comes before the timerfd. Returns whether the mailbox signalled.
+    fn block_in_epoll(&mut self, until_ns: Option<u64>) -> bool {
+        // A deadline before the timerfd's is epoll's own timeout: no timerfd to set for a
+        // short sleep, nor to disarm after it.
+        let timeout = until_ns
+            .filter(|&u| self.timer_fd_armed_ns.is_none_or(|t| u < t))
+            .map(|u| Duration::from_nanos(u.saturating_sub(self.clock.now_ns())));
+        match self.epoll.wait(timeout) {
+            Ok(mut tokens) => tokens.any(|t| t == TOKEN_MAILBOX),
+            Err(e) => panic!("reactor {}: epoll_wait failed: {e}", self.core),
+        }
     }
 
     /// Publishes before parking (readers then count the parked time as idle, up to now) and
     /// after waking.
     fn publish_parked(&mut self, parked: bool) {
-        let now_ns = monotonic_ns();
+        let now_ns = self.clock.now_ns();
         self.last_publish_ns = now_ns;
         self.me().stats.publish(
             &self.counters,
@@ -311,7 +327,7 @@ impl<S> Reactor<S> {
 
     /// The reactor waits (sleeps or blocks) from `from_ns`: the next turn comes after a
     /// wait. At most one wait per idle turn, from the turn's own timestamp.
-    fn waited_from(&mut self, from_ns: u64) {
+    pub(super) fn waited_from(&mut self, from_ns: u64) {
         debug_assert_eq!(self.wake_next_turn, WakeState::Awake);
         debug_assert_eq!(from_ns, self.now_ns);
         self.slept_from_ns = from_ns;

@@ -21,6 +21,7 @@ mod submit;
 #[cfg(test)]
 mod tests;
 mod turn;
+mod wait;
 
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -42,7 +43,7 @@ pub(crate) use handle::mailbox;
 pub use handle::{ReactorHandle, SendError};
 use idle::WakeState;
 use recovery::Recovery;
-use submit::Waiter;
+use submit::QueuedIo;
 
 /// Most messages run per loop turn, so a flood of messages cannot starve I/O.
 pub const MESSAGE_BATCH: usize = 32;
@@ -95,7 +96,7 @@ struct Attached<S> {
     abort_timeout_ns: u64,
     reset_timeout_ns: u64,
     /// I/Os accepted while the queue pair was full, oldest first, at most `wait_capacity`.
-    waiting: VecDeque<Waiter<S>>,
+    waiting: VecDeque<QueuedIo<S>>,
     /// At most [`crate::io::WAIT_QUEUE_MAX`].
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
@@ -221,13 +222,15 @@ pub struct Reactor<S = ()> {
     stopping: bool,
     /// Where `now_ns` comes from: CLOCK_MONOTONIC, or a simulation's virtual clock.
     clock: Clock,
+    /// How the idle path blocks: the real thread, or a simulation's virtual time.
+    waiter: wait::Waiter,
     /// Slots of abandoned I/Os (still in `slots`, quarantined).
     abandoned: usize,
     /// Keys of I/Os to abandon, collected during a recovery scan (preallocated).
     to_abandon: Vec<usize>,
     /// Waiters past their timeout, with their device, collected during a recovery scan
     /// (preallocated).
-    expired: Vec<(usize, Waiter<S>)>,
+    expired: Vec<(usize, QueuedIo<S>)>,
     /// When the next timeout or recovery step is due (ns); `u64::MAX`: none. Lowered by
     /// every submission on a device with a timeout, set by each recovery scan.
     recovery_due_ns: u64,
@@ -297,6 +300,7 @@ impl<S> Reactor<S> {
             wake_next_turn: WakeState::Awake,
             stopping: false,
             clock: Clock::Monotonic,
+            waiter: wait::Waiter::Real,
             abandoned: 0,
             to_abandon: Vec::new(),
             expired: Vec::new(),

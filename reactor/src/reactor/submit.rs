@@ -12,7 +12,7 @@ use crate::io::{
 };
 
 /// An accepted I/O waiting for a free queue-pair slot.
-pub(super) struct Waiter<S> {
+pub(super) struct QueuedIo<S> {
     pub(super) req: IoRequest,
     pub(super) buf: Option<hypoll_nvme::IoBuf>,
     pub(super) callback: IoCallback<S>,
@@ -193,7 +193,7 @@ impl<S> Reactor<S> {
     ) {
         let dev = &mut self.devices[d];
         debug_assert!(dev.waiting.len() < dev.wait_capacity);
-        dev.waiting.push_back(Waiter {
+        dev.waiting.push_back(QueuedIo {
             req,
             buf,
             callback,
@@ -338,7 +338,7 @@ impl<S> Reactor<S> {
                 match self.issue(d, req, w.buf, w.callback, accepted_ns) {
                     Ok(()) => started += 1,
                     Err((SubmitError::QueueFull { .. }, buf, callback)) => {
-                        self.devices[d].waiting.push_front(Waiter {
+                        self.devices[d].waiting.push_front(QueuedIo {
                             req,
                             buf,
                             callback,
@@ -349,7 +349,7 @@ impl<S> Reactor<S> {
                     }
                     Err((e, buf, callback)) => {
                         started += 1;
-                        let waiter = Waiter {
+                        let waiter = QueuedIo {
                             req,
                             buf,
                             callback,
@@ -376,7 +376,7 @@ impl<S> Reactor<S> {
         &mut self,
         state: &mut S,
         d: usize,
-        w: Waiter<S>,
+        w: QueuedIo<S>,
         failure: IoFailure,
     ) {
         self.counters.ios += 1;

@@ -4,7 +4,6 @@
 
 use std::sync::atomic::Ordering;
 
-use hypoll_nvme::sys::monotonic_ns;
 use hypoll_nvme::{Completion, Status};
 use hypoll_policy::Observation;
 
@@ -19,7 +18,7 @@ use crate::timer::{TimerFn, Timers};
 impl<S> Reactor<S> {
     /// Runs until stopped, then drains or fails outstanding I/O. Returns the exit report.
     pub(crate) fn run(&mut self, state: &mut S) -> ExitReport {
-        let mut turn_start_ns = monotonic_ns();
+        let mut turn_start_ns = self.clock.now_ns();
         while !self.me().wake.stop.load(Ordering::Acquire) {
             self.now_ns = turn_start_ns;
             // What the last turn's wait (if any) makes of this one; none yet for the next.
@@ -35,7 +34,7 @@ impl<S> Reactor<S> {
             }
             // One clock read per turn: this turn's end is the next one's start. A turn that
             // did work is busy; one that found none (its spin, sleep or park included) idle.
-            let next_ns = monotonic_ns();
+            let next_ns = self.clock.now_ns();
             let elapsed_ns = next_ns.saturating_sub(turn_start_ns);
             if work > 0 {
                 self.counters.busy_ns += elapsed_ns;
@@ -49,6 +48,7 @@ impl<S> Reactor<S> {
 
     /// One loop turn at the clock's current time, for a simulation that steps reactors by
     /// hand (it never spins, sleeps or parks). Returns the work done.
+    #[cfg(test)]
     pub(crate) fn sim_turn(&mut self, state: &mut S) -> usize {
         self.now_ns = self.clock.now_ns();
         self.turn(state)
@@ -56,7 +56,7 @@ impl<S> Reactor<S> {
 
     /// One loop turn: messages, timers, pollers, completions, timeouts. Returns the work
     /// done.
-    fn turn(&mut self, state: &mut S) -> usize {
+    pub(super) fn turn(&mut self, state: &mut S) -> usize {
         debug_assert!(self.in_flight_within_depths());
         debug_assert!(self.abandoned_hold());
         debug_assert!(self.wait_queues_hold());
@@ -260,7 +260,7 @@ impl<S> Reactor<S> {
         self.pollers.clear();
         self.timers = Timers::default();
         // I/Os still waiting for a slot never reached a device: they fail now.
-        self.now_ns = monotonic_ns();
+        self.now_ns = self.clock.now_ns();
         let mut waiting_failed = 0;
         for d in 0..self.devices.len() {
             while let Some(w) = self.devices[d].waiting.pop_front() {
@@ -270,12 +270,13 @@ impl<S> Reactor<S> {
             }
         }
         let ios_before = self.counters.ios;
-        let deadline_ns = monotonic_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
-        while self.live() > 0 && monotonic_ns() < deadline_ns {
-            self.now_ns = monotonic_ns();
+        let deadline_ns = self.clock.now_ns() + self.tuning.shutdown_timeout.as_nanos() as u64;
+        while self.live() > 0 && self.clock.now_ns() < deadline_ns {
+            self.now_ns = self.clock.now_ns();
             if self.reap(state) + self.check_timeouts(state) == 0 {
                 // Stopping is not latency-critical: poll every `SHUTDOWN_POLL` rather than spin.
-                std::thread::sleep(SHUTDOWN_POLL);
+                let until_ns = self.now_ns + SHUTDOWN_POLL.as_nanos() as u64;
+                self.wait_shutdown_poll(until_ns);
             }
         }
         let drained_ios = self.counters.ios - ios_before;
@@ -297,7 +298,7 @@ impl<S> Reactor<S> {
                 "reactor stopping: I/O still outstanding fails with Shutdown"
             );
         }
-        self.now_ns = monotonic_ns();
+        self.now_ns = self.clock.now_ns();
         for slot in failed {
             let callback = slot.callback.expect("not abandoned");
             let done = IoDone {

@@ -6,7 +6,10 @@ use std::time::Duration;
 use hypoll_nvme::{Clock, Command, EmuController, IoBuf, QueuePair, Status};
 
 use super::model::Shared;
+use super::waiter::WaitsSeen;
 use super::LBA_BYTES;
+use crate::reactor::ReactorTuning;
+use crate::stats::Counters;
 
 /// Attempts at reading a block back in the final check before giving up.
 const FINAL_READ_ATTEMPTS: u32 = 1_000;
@@ -30,6 +33,41 @@ pub(super) fn check_accounting(model: &Shared, counted: u64) -> Result<(), Strin
     if counted != accepted {
         return Err(format!(
             "the reactors counted {counted} completions for {accepted} accepted I/Os"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a reactor's counters against what its virtual waiter carried out, and that no
+/// timed sleep outlasted the long-sleep bound.
+pub(super) fn check_waits(
+    c: &Counters,
+    w: &WaitsSeen,
+    tuning: &ReactorTuning,
+) -> Result<(), String> {
+    // A block on the interrupts that ran to its deadline was a sleep (the I/O's one), one
+    // that ended early an interrupt wait; a long sleep's pieces are neither.
+    let sleeps = w.sleeps - w.long_sleep_pieces + (w.interrupt_blocks - w.interrupt_blocks_early);
+    let agree = [
+        ("parks", c.parks, w.parks),
+        (
+            "interrupt waits",
+            c.interrupt_waits,
+            w.interrupt_blocks_early,
+        ),
+        ("sleeps", c.sleeps, sleeps),
+    ];
+    for (what, counted, seen) in agree {
+        if counted != seen {
+            return Err(format!(
+                "the reactor counted {counted} {what}, its waiter saw {seen} ({w:?})"
+            ));
+        }
+    }
+    if w.sleep_ns_max > tuning.long_sleep_ns {
+        return Err(format!(
+            "a timed sleep of {} ns, past the long-sleep bound of {} ns",
+            w.sleep_ns_max, tuning.long_sleep_ns
         ));
     }
     Ok(())

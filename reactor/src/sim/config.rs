@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::waiter::WaitsSeen;
 use crate::stats::Counters;
 
 /// The shape of a run. The seed draws the rest: the device profile, namespace size, queue
@@ -23,6 +24,8 @@ pub struct SimConfig {
     pub io_timeout: Duration,
     pub abort_timeout: Duration,
     pub reset_timeout: Duration,
+    /// The poll policy every reactor runs (a spec, as `hypoll policies` lists them).
+    pub policy: String,
 }
 
 impl Default for SimConfig {
@@ -37,6 +40,7 @@ impl Default for SimConfig {
             io_timeout: Duration::from_micros(300),
             abort_timeout: Duration::from_micros(100),
             reset_timeout: Duration::from_micros(100),
+            policy: "classic".to_owned(),
         }
     }
 }
@@ -59,12 +63,21 @@ pub struct SimReport {
     pub reads_checked: u64,
     /// Longest time an I/O waited for its callback (virtual ns).
     pub latency_ns_max: u64,
+    /// The policy the reactors ran.
+    pub policy: String,
+    /// What the reactors' virtual waiters carried out, together.
+    pub waits: WaitsSeen,
+    /// A hash of the run's events in order (steps, their work and time, every wait): the
+    /// same seed and policy give the same hash.
+    pub trace_hash: u64,
 }
 
 /// A failed run: the seed that replays it and what went wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimFailure {
     pub seed: u64,
+    /// The policy it ran (the deterministic runner's; the threaded one draws its own).
+    pub policy: String,
     pub message: String,
 }
 
@@ -72,8 +85,8 @@ impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "simulation seed {} failed: {} (replay: hypoll sim --seed {})",
-            self.seed, self.message, self.seed
+            "simulation seed {} failed: {} (replay: hypoll sim --seed {} --policy {})",
+            self.seed, self.message, self.seed, self.policy
         )
     }
 }

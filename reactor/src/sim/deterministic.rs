@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use hypoll_nvme::{Clock, EmuConfig, EmuController, VirtualClock};
 
+use super::check::check_waits;
 use super::check::{check_accounting, final_check};
 use super::config::{SimConfig, SimFailure, SimReport};
-use super::draw::{recovery_mode, Rng};
+use super::draw::{mix, recovery_mode, Rng};
 use super::limited::device_for;
 use super::model::{Model, Shared};
+use super::waiter::{VirtualWaiter, WaitCosts};
 use super::workload::{submit_random, SubmitOutcome};
 use super::LBA_BYTES;
 use crate::io::{DeviceId, DeviceOptions};
@@ -38,6 +40,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     // Half the runs attach a second queue pair on the same controller to every reactor,
     // with its own recovery support: per-device timeouts and recovery side by side.
     let second = rng.pct(50).then(|| recovery_mode(&mut rng));
+    // The machine's costs of waiting: what the policies that calibrate measure.
+    let costs = WaitCosts::draw(&mut rng);
+    let tuning = ReactorTuning::default();
     let spec = format!(
         "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
          queues={}",
@@ -52,11 +57,12 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let second_text = second.map_or(String::new(), |(_, _, r)| format!(" second={r}"));
     let shape = format!(
         "{spec} depth={depth} wait_queue={wait_queue} step<={step_ns_max}ns \
-         recovery={recovery}{second_text} reactors={}",
-        cfg.reactors
+         recovery={recovery}{second_text} reactors={} policy={} {costs:?}",
+        cfg.reactors, cfg.policy
     );
     let fail = |message: String| SimFailure {
         seed,
+        policy: cfg.policy.clone(),
         message: format!("{message} [{shape}]"),
     };
     let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceConfig>() {
@@ -78,14 +84,19 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let ns = |d: Duration| d.as_nanos() as u64;
 
     let clock = Clock::Virtual(vclock.clone());
+    // How late a reactor may notice that something is due: the turns it takes (a reactor
+    // is turned about once every `reactors` steps; allow 64 of those), plus one timed sleep
+    // begun just before (at most the long-sleep bound: nothing ends it early), late by the
+    // machine's costs. A block ends at its timer or timeout.
+    let late_ns_max =
+        64 * cfg.reactors as u64 * step_ns_max + tuning.long_sleep_ns + costs.late_ns_max();
     let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
         history: vec![Vec::new(); blocks as usize],
-        // Timeouts, plus the turns it takes to notice each step: a reactor is turned about
-        // once every `reactors` steps; allow 64 of those per step.
+        // Timeouts, each noticed late at most by `late_ns_max`.
         latency_ns_bound: ns(cfg.io_timeout)
             + ns(cfg.abort_timeout)
             + ns(cfg.reset_timeout)
-            + 3 * 64 * cfg.reactors as u64 * step_ns_max,
+            + 3 * late_ns_max,
         ..Model::default()
     }));
 
@@ -100,10 +111,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     }
     let handles: Arc<[_]> = handles.into();
     for (i, rx) in receivers.into_iter().enumerate() {
-        let policy = hypoll_policy::build("classic").map_err(|e| fail(e.to_string()))?;
-        let mut r = Reactor::new(i, rx, handles.clone(), policy, ReactorTuning::default())
+        let policy = hypoll_policy::build(&cfg.policy).map_err(|e| fail(e.to_string()))?;
+        let mut r = Reactor::new(i, rx, handles.clone(), policy, tuning.clone())
             .map_err(|e| fail(format!("reactor: {e}")))?;
-        r.set_clock(Clock::Virtual(vclock.clone()));
+        r.simulate(VirtualWaiter::new(vclock.clone(), costs, rng.next()));
         for device in &devices {
             r.attach_with(device, options)
                 .map_err(|e| fail(e.to_string()))?;
@@ -114,6 +125,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut left: Vec<usize> = vec![cfg.ios_per_reactor; cfg.reactors];
     let mut queue_full = 0u64;
     let mut steps = 0u64;
+    let mut trace = 0u64;
     loop {
         steps += 1;
         if steps > STEPS_MAX {
@@ -147,7 +159,14 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             break;
         }
         let i = rng.below(cfg.reactors as u64) as usize;
+        trace = mix(mix(trace, i as u64), vclock.now_ns());
         if left[i] > 0 && rng.pct(45) {
+            // A submission comes to a reactor as a message would: it ends a park or an
+            // interrupt wait, but waits for a timed sleep to end.
+            if !reactors[i].sim_deliver() {
+                vclock.advance_by(rng.below(step_ns_max + 1));
+                continue;
+            }
             let device = DeviceId::from_index(rng.below(devices.len() as u64) as u16);
             let r = &mut reactors[i];
             match submit_random(r, i, device, &mut rng, blocks, &model, &clock, None) {
@@ -166,8 +185,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                 }
                 Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
             }
-        } else {
-            reactors[i].sim_turn(&mut ());
+        } else if !reactors[i].sim_asleep() {
+            let work = reactors[i].sim_step(&mut ());
+            trace = mix(trace, work as u64);
         }
         vclock.advance_by(rng.below(step_ns_max + 1));
         if let Some(e) = model.lock().errors.first() {
@@ -179,6 +199,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     // counted as many completions.
     let mut report = SimReport {
         seed,
+        policy: cfg.policy.clone(),
         shape: shape.clone(),
         queue_full,
         controller_resets: ctrl.resets(),
@@ -186,7 +207,14 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     };
     for r in &reactors {
         report.add(r.counters());
+        let waiter = r.virtual_waiter().expect("a simulated reactor");
+        check_waits(r.counters(), &waiter.seen(), &tuning)
+            .map_err(|e| fail(format!("reactor {}: {e}", r.index())))?;
+        let seen = waiter.seen();
+        report.waits.add(&seen);
+        trace = mix(trace, waiter.trace());
     }
+    report.trace_hash = trace;
     check_accounting(&model, report.ios).map_err(fail)?;
     {
         let m = model.lock();

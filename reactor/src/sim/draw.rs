@@ -32,3 +32,14 @@ pub(super) fn recovery_mode(rng: &mut Rng) -> (bool, bool, &'static str) {
         _ => (false, false, "neither"),
     }
 }
+
+/// Folds `v` into the trace hash `h` (FNV-1a over the value's bytes): a run's trace is the
+/// fold of its events in order, so two runs of one seed give one hash.
+pub(super) fn mix(h: u64, v: u64) -> u64 {
+    let mut h = if h == 0 { 0xcbf2_9ce4_8422_2325 } else { h };
+    for byte in v.to_le_bytes() {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

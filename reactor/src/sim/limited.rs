@@ -119,6 +119,13 @@ impl QueuePair for LimitedQp {
     }
 }
 
+/// The emulated queue pair inside `qp`, if `qp` is a limited one.
+pub(super) fn inner<'q>(qp: &'q (dyn QueuePair + 'static)) -> Option<&'q EmuQueuePair> {
+    (qp as &dyn std::any::Any)
+        .downcast_ref::<LimitedQp>()
+        .map(|l| &l.inner)
+}
+
 /// The controller as a device that can abort and reset as asked.
 pub(super) fn device_for(ctrl: &EmuController, abort: bool, reset: bool) -> Device {
     if abort && reset {

@@ -44,6 +44,7 @@ mod draw;
 mod limited;
 mod model;
 mod threaded;
+pub(crate) mod waiter;
 mod workload;
 
 #[cfg(test)]
@@ -53,6 +54,7 @@ pub use config::{SimConfig, SimFailure, SimReport};
 pub use deterministic::run;
 pub use limited::LimitedController;
 pub use threaded::run_threaded;
+pub use waiter::{VirtualWaiter, WaitCosts, WaitsSeen};
 
 /// Block size of the simulated namespace.
 const LBA_BYTES: usize = 512;
@@ -60,6 +62,21 @@ const LBA_BYTES: usize = 512;
 const CHUNK_BLOCKS: u64 = hypoll_nvme::emu::store::CHUNK_BYTES / LBA_BYTES as u64;
 /// Largest I/O of the workload, in blocks.
 const NLB_MAX: u32 = 8;
+
+/// Every built-in policy, as a spec the simulation runs (a policy that takes a value gets
+/// one: `fixed:5`).
+pub fn policies() -> Vec<String> {
+    hypoll_policy::list()
+        .iter()
+        .map(|info| {
+            if hypoll_policy::build(info.name).is_ok() {
+                info.name.to_owned()
+            } else {
+                format!("{}:5", info.name)
+            }
+        })
+        .collect()
+}
 
 /// Runs the seeds `first..first + count` one after another ([`run`]); stops at the first
 /// that fails.

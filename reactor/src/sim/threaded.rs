@@ -114,6 +114,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     let cores = crate::sys::allowed_cores()
         .map_err(|e| SimFailure {
             seed,
+            policy: policy.to_owned(),
             message: format!("allowed cores: {e}"),
         })?
         .into_iter()
@@ -137,6 +138,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     );
     let fail = |message: String| SimFailure {
         seed,
+        policy: policy.to_owned(),
         message: format!("{message} [{shape}]"),
     };
     let emu_cfg: EmuConfig = match spec.parse::<hypoll_nvme::DeviceConfig>() {
@@ -213,6 +215,7 @@ pub fn run_threaded(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure>
     }
     let mut sim_report = SimReport {
         seed,
+        policy: policy.to_owned(),
         shape: shape.clone(),
         queue_full,
         controller_resets: ctrl.resets(),

@@ -1,0 +1,139 @@
+//! Time and waiting behind one seam. A reactor reads the time through its `Clock` and
+//! blocks through its `Waiter`: the real one sleeps the thread and waits in epoll; the
+//! simulation's ([`VirtualWaiter`]) moves a virtual clock instead, so the whole idle path
+//! (the policy's sleeps, interrupt waits, parks, the long-sleep bound) runs seeded and
+//! replays. Only the idle path consults the waiter: the I/O path pays nothing for it.
+
+use hypoll_nvme::Clock;
+
+use super::{Reactor, WakeState};
+use crate::sim::waiter::{emulated_deadline_ns, Block};
+use crate::sim::VirtualWaiter;
+
+/// How a reactor blocks.
+#[derive(Default)]
+pub(crate) enum Waiter {
+    /// The thread sleeps (`clock_nanosleep`) or waits in epoll.
+    #[default]
+    Real,
+    /// Virtual time moves instead (the simulation).
+    Virtual(Box<VirtualWaiter>),
+}
+
+impl<S> Reactor<S> {
+    /// Runs the reactor on `waiter`'s virtual clock and waits through it.
+    pub(crate) fn simulate(&mut self, waiter: VirtualWaiter) {
+        // Before any device: whether one has an emulated interrupt line is decided at attach.
+        debug_assert!(self.devices.is_empty());
+        self.set_clock(Clock::Virtual(waiter.clock().clone()));
+        self.waiter = Waiter::Virtual(Box::new(waiter));
+    }
+
+    /// The virtual waiter, in a simulation.
+    pub(crate) fn virtual_waiter(&self) -> Option<&VirtualWaiter> {
+        match &self.waiter {
+            Waiter::Real => None,
+            Waiter::Virtual(v) => Some(v),
+        }
+    }
+
+    /// Whether a device without an interrupt fd has one in this reactor's world: an
+    /// emulated device under a virtual waiter that gives it a line.
+    pub(super) fn emulated_interrupt(&self, qp: &(dyn hypoll_nvme::QueuePair + 'static)) -> bool {
+        match &self.waiter {
+            Waiter::Real => false,
+            Waiter::Virtual(v) => v.costs().interrupts && emulated_deadline_ns(qp).is_some(),
+        }
+    }
+
+    /// Whether a simulated reactor is still in a wait (not to be turned).
+    pub(crate) fn sim_asleep(&self) -> bool {
+        self.virtual_waiter()
+            .is_some_and(|v| v.asleep(self.clock.now_ns()))
+    }
+
+    /// Tells a simulated reactor's waiter that a message arrived (it ends a block, not a
+    /// timed sleep). Returns whether the reactor can take it now: awake, or woken by it.
+    pub(crate) fn sim_deliver(&mut self) -> bool {
+        let now_ns = self.clock.now_ns();
+        match &mut self.waiter {
+            Waiter::Real => true,
+            Waiter::Virtual(v) => {
+                v.deliver_message(now_ns);
+                !v.asleep(now_ns)
+            }
+        }
+    }
+
+    /// One step of a simulated reactor: a turn at the clock's time and, when it found no
+    /// work, the idle path, whose waits put it to sleep in virtual time. Returns the work
+    /// done.
+    pub(crate) fn sim_step(&mut self, state: &mut S) -> usize {
+        debug_assert!(matches!(self.waiter, Waiter::Virtual(_)));
+        debug_assert!(!self.sim_asleep());
+        self.now_ns = self.clock.now_ns();
+        self.wake_this_turn = std::mem::take(&mut self.wake_next_turn);
+        let work = self.turn(state);
+        if work == 0 {
+            self.when_idle();
+        } else {
+            self.idle_since_ns = None;
+        }
+        work
+    }
+
+    /// Sleeps until `until_ns`; nothing ends it early. `long_piece`: a bounded piece of a
+    /// long sleep. Returns when it woke.
+    pub(super) fn sleep_until(&mut self, until_ns: u64, long_piece: bool) -> u64 {
+        self.waited_from(self.now_ns);
+        let woke_ns = match &mut self.waiter {
+            Waiter::Real => {
+                crate::sys::sleep_until_ns(until_ns);
+                self.clock.now_ns()
+            }
+            Waiter::Virtual(v) => v.sleep_until(self.now_ns, until_ns, long_piece),
+        };
+        debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
+        woke_ns
+    }
+
+    /// A stopping reactor's pause between polls for its last completions, until `until_ns`.
+    pub(super) fn wait_shutdown_poll(&mut self, until_ns: u64) {
+        match &mut self.waiter {
+            Waiter::Real => std::thread::sleep(super::SHUTDOWN_POLL),
+            Waiter::Virtual(v) => v.clock().advance_to(until_ns),
+        }
+    }
+
+    /// The thread's CPU time, when it can be read.
+    pub(super) fn thread_cpu_ns(&self) -> Option<u64> {
+        match &self.waiter {
+            Waiter::Real => self.me().stats.cpu_ns(),
+            Waiter::Virtual(v) => Some(v.cpu_ns()),
+        }
+    }
+
+    /// Blocks in virtual time for what `park` computed: `Some` with when it wakes, or
+    /// `None` when the waiter is the real one (the caller waits in epoll).
+    pub(super) fn block_virtually(&mut self, for_io: bool, until_ns: Option<u64>) -> Option<u64> {
+        let Waiter::Virtual(v) = &mut self.waiter else {
+            return None;
+        };
+        let interrupt_ns = if for_io {
+            self.devices
+                .iter()
+                .filter(|d| d.has_irq && d.qp.outstanding() > 0)
+                .filter_map(|d| emulated_deadline_ns(&*d.qp).flatten())
+                .min()
+        } else {
+            None
+        };
+        Some(v.block(Block {
+            now_ns: self.now_ns,
+            until_ns,
+            timer_ns: self.timer_fd_armed_ns,
+            interrupt_ns,
+            for_io,
+        }))
+    }
+}
