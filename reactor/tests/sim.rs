@@ -2,7 +2,7 @@
 //! budget of seeds with faults on, plus every seed that once found a bug.
 //! `hypoll sim --seeds N` runs more; `hypoll sim --seed N` replays one.
 
-use hypoll_reactor::sim::{run, run_threaded, SimConfig, SimReport};
+use hypoll_reactor::sim::{policies, run, run_threaded, SimConfig, SimReport, WaitsSeen};
 
 /// Seeds the suite runs every time: enough to see every fault, few enough for a debug build
 /// on a small shared machine.
@@ -77,6 +77,51 @@ fn a_seed_replays_the_same_run() {
     let cfg = SimConfig::default();
     for seed in [1, 7, 99] {
         assert_eq!(run(seed, &cfg), run(seed, &cfg), "seed {seed}");
+    }
+}
+
+/// Seeds per policy the suite runs with every built-in policy deciding how the reactors
+/// wait (about 10 s for the nine in a debug build; `hypoll sim --seeds 100000` runs more).
+const POLICY_SEED_BUDGET: u64 = 25;
+
+#[test]
+fn every_policy_waits_in_virtual_time_and_keeps_every_io() {
+    let mut waits = WaitsSeen::default();
+    for policy in policies() {
+        let cfg = SimConfig {
+            policy: policy.clone(),
+            ios_per_reactor: 150,
+            ..SimConfig::default()
+        };
+        for seed in 1_000..1_000 + POLICY_SEED_BUDGET {
+            let report = run(seed, &cfg).unwrap_or_else(|failure| panic!("{failure}"));
+            assert!(report.ios > 0, "{report:?}");
+            waits.sleeps += report.waits.sleeps;
+            waits.interrupt_blocks += report.waits.interrupt_blocks;
+            waits.parks += report.waits.parks;
+        }
+    }
+    // The idle path ran: every kind of wait, many times.
+    assert!(waits.sleeps >= 100, "{waits:?}");
+    assert!(waits.interrupt_blocks >= 100, "{waits:?}");
+    assert!(waits.parks >= 100, "{waits:?}");
+}
+
+#[test]
+fn a_seed_replays_the_same_trace_under_every_policy() {
+    for policy in policies() {
+        let cfg = SimConfig {
+            policy: policy.clone(),
+            ios_per_reactor: 100,
+            ..SimConfig::default()
+        };
+        for seed in [3, 42] {
+            let first = run(seed, &cfg).unwrap_or_else(|failure| panic!("{failure}"));
+            let again = run(seed, &cfg).unwrap_or_else(|failure| panic!("{failure}"));
+            assert_ne!(first.trace_hash, 0);
+            assert_eq!(first.trace_hash, again.trace_hash, "{policy} seed {seed}");
+            assert_eq!(first, again, "{policy} seed {seed}");
+        }
     }
 }
 
