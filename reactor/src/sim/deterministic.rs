@@ -42,10 +42,21 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let second = rng.pct(50).then(|| recovery_mode(&mut rng));
     // The machine's costs of waiting: what the policies that calibrate measure.
     let costs = WaitCosts::draw(&mut rng);
+    // A third of the runs bend the profile's latencies into shapes that stress a policy's
+    // statistics: none at all, a second (every I/O times out), two modes, a heavy tail, a
+    // device that stops answering (every command lost).
+    let latencies = match rng.below(15) {
+        0 => ",read_us=0,write_us=0",
+        1 => ",read_us=1000000,write_us=1000000",
+        2 => ",tail_pct=50,tail_us=250",
+        3 => ",jitter=3,tail_pct=5,tail_us=5000",
+        4 => ",lost_pct=50",
+        _ => "",
+    };
     let tuning = ReactorTuning::default();
     let spec = format!(
         "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
-         queues={}",
+         queues={}{latencies}",
         blocks * LBA_BYTES as u64,
         rng.next(),
         cfg.err_pct * factor,
