@@ -35,7 +35,15 @@
 //! The files: `config` (what a run takes and reports), `draw` (the seed's generator and
 //! draws), `limited` (devices that cannot abort or reset), `model` (the shadow model of the
 //! blocks), `workload` (random I/O and its callbacks), `check` (the checks after a run),
-//! `deterministic` ([`run`]) and `threaded` ([`run_threaded`]).
+//! `waiter` (the virtual waiter: sleeps, interrupt waits and parks in virtual time, with
+//! the machine's costs drawn per seed), `deterministic` ([`run`]) and `threaded`
+//! ([`run_threaded`]).
+//!
+//! The deterministic run takes the reactors through their idle path too: each runs
+//! [`SimConfig::policy`], and its waits put it to sleep in virtual time (see `waiter`).
+//! It also checks that the reactors' counters of sleeps, interrupt waits and parks agree
+//! with what their waiters carried out, that no timed sleep outlasts the long-sleep bound,
+//! and it hashes the run's events ([`SimReport::trace_hash`]): a seed and policy replay.
 
 mod check;
 mod config;
