@@ -19,6 +19,7 @@ use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, Rej
 use slab::Slab;
 
 use crate::executor::{count, Core, RUN_BATCH};
+use crate::task::LocalRef;
 use crate::{HasExecutor, Local};
 
 /// Why an async I/O did not succeed.
@@ -78,10 +79,46 @@ impl IoOutput for Result<Option<IoBuf>, BufError> {
     }
 }
 
+/// Who awaits an I/O.
+enum Waiter {
+    /// The task that polled its future, with that task's own waker: the completion queues
+    /// it to run directly (no waker clone, no atomic).
+    Task(LocalRef),
+    /// Any other waker (a combinator's, say).
+    Waker(Waker),
+}
+
+impl Waiter {
+    /// The waiter for a future polled with `cx` in a task of `core`.
+    #[inline]
+    fn new<S>(core: &Core<S>, cx: &Context<'_>) -> Waiter {
+        match core.current.local_ref(cx.waker()) {
+            Some(task) => Waiter::Task(task),
+            None => Waiter::Waker(cx.waker().clone()),
+        }
+    }
+
+    #[inline]
+    fn will_wake(&self, cx: &Context<'_>) -> bool {
+        match self {
+            Waiter::Task(task) => task.will_wake(cx.waker()),
+            Waiter::Waker(waker) => waker.will_wake(cx.waker()),
+        }
+    }
+
+    #[inline]
+    fn wake(self) {
+        match self {
+            Waiter::Task(task) => task.wake(),
+            Waiter::Waker(waker) => waker.wake(),
+        }
+    }
+}
+
 /// One I/O's place between its future and its completion.
 enum IoCell {
-    /// In flight; the waker of the task awaiting it.
-    Waiting(Option<Waker>),
+    /// In flight; who awaits it.
+    Waiting(Waiter),
     /// Completed, with its result and buffer; the future takes them on its next poll.
     Done(Result<(), IoFailure>, Option<IoBuf>),
     /// Its future was dropped: the completion drops the buffer and frees the cell.
@@ -185,14 +222,14 @@ impl<S: 'static> Core<S> {
         let key = done.user as usize;
         let device = done.device;
         let mut io = self.io.borrow_mut();
-        let (waker, dropped) = match io.cells.get_mut(key) {
+        let (waiter, dropped) = match io.cells.get_mut(key) {
             Some(cell @ IoCell::Waiting(_)) => {
-                let IoCell::Waiting(waker) =
+                let IoCell::Waiting(waiter) =
                     std::mem::replace(cell, IoCell::Done(done.result, done.buf))
                 else {
                     unreachable!("matched just above")
                 };
-                (waker, None)
+                (Some(waiter), None)
             }
             Some(IoCell::Orphaned) => (None, Some((io.cells.remove(key), done))),
             Some(IoCell::Done(..)) | None => {
@@ -203,8 +240,8 @@ impl<S: 'static> Core<S> {
         drop(io);
         // Outside the borrow: the buffer of a dropped future goes back to its allocator.
         drop(dropped);
-        if let Some(waker) = waker {
-            waker.wake();
+        if let Some(waiter) = waiter {
+            waiter.wake();
         }
         if let Some(waker) = next {
             waker.wake();
@@ -301,7 +338,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                     }
                     // The waker goes in first: the completion cannot come before the
                     // submission returns, and a refusal (rare) just drops it again.
-                    let key = io.cells.insert(IoCell::Waiting(Some(cx.waker().clone())));
+                    let key = io.cells.insert(IoCell::Waiting(Waiter::new(core, cx)));
                     drop(io);
                     let req = self.req.with_user(key as u64);
                     let submitted = core
@@ -341,9 +378,9 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                 Stage::InFlight { key } => {
                     let mut io = core.io.borrow_mut();
                     match &mut io.cells[key] {
-                        IoCell::Waiting(waker) => {
-                            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                                *waker = Some(cx.waker().clone());
+                        IoCell::Waiting(waiter) => {
+                            if !waiter.will_wake(cx) {
+                                *waiter = Waiter::new(core, cx);
                             }
                             return Poll::Pending;
                         }

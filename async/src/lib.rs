@@ -49,7 +49,6 @@ mod executor;
 mod io;
 mod join;
 mod lend;
-mod queue;
 mod remote;
 mod task;
 mod time;
@@ -125,7 +124,7 @@ impl<S: 'static> Local<S> {
         F: Future + 'static,
         F::Output: 'static,
     {
-        self.core.spawn(future).map(JoinHandle::local)
+        self.core.spawn(future)
     }
 
     /// Runs `f` with the reactor and its state: from a task, to reach what a callback
