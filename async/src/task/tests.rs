@@ -183,8 +183,11 @@ fn a_wake_from_another_thread_queues_the_task_and_signals_the_fd() {
         });
     });
     assert_eq!(h.queue.len(), 0, "not queued here until taken");
-    let readable = hypoll_reactor::nvme::sys::wait_readable(h.queue.wake_fd(), 0).unwrap();
-    assert!(readable, "the wake fd tells a parked reactor");
+    // (Miri cannot call poll(2); it runs the rest.)
+    if !cfg!(miri) {
+        let readable = hypoll_reactor::nvme::sys::wait_readable(h.queue.wake_fd(), 0).unwrap();
+        assert!(readable, "the wake fd tells a parked reactor");
+    }
     assert_eq!(h.queue.take_remote(), 1, "queued once");
     assert_eq!(h.run(), 1);
     assert_eq!(probe.polls.get(), 2);
