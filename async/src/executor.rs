@@ -244,7 +244,7 @@ pub(crate) fn count(counter: &Cell<u64>, n: u64) {
 /// The executor of one reactor: lives in the reactor's state (see [`HasExecutor`]), and
 /// closes when dropped, dropping every task's future on the reactor's thread.
 pub struct Executor<S: 'static> {
-    local: Local<S>,
+    pub(crate) local: Local<S>,
 }
 
 impl<S: HasExecutor> Executor<S> {

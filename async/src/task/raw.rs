@@ -126,6 +126,7 @@ impl<F: Future<Output = ()>> RawTask<F> {
 /// # Safety (for every `fn` taking a header below)
 /// `h` points to a live task: its caller holds a reference to it (counted, local, or the
 /// owner side's, as each says).
+#[inline]
 unsafe fn header<'a>(h: NonNull<Header>) -> &'a Header {
     // SAFETY: alive, as the caller promises; shared: every field written after spawn is an
     // atomic or a cell of the owner side, written only on the owner thread.
@@ -143,6 +144,7 @@ unsafe fn acquire(h: NonNull<Header>) {
 }
 
 /// Gives a counted reference back; the last one frees the task.
+#[inline]
 unsafe fn release(h: NonNull<Header>) {
     // SAFETY: see `header`.
     let task = unsafe { header(h) };
@@ -159,6 +161,7 @@ unsafe fn release(h: NonNull<Header>) {
 /// Owner thread: gives the owner side's counted reference back once nothing on this
 /// thread holds the task (future gone, not queued, no `LocalRef`). Called at each of those
 /// three ends; once all three hold they stay so, so it releases once.
+#[inline]
 unsafe fn release_if_idle(h: NonNull<Header>) {
     // SAFETY: see `header`; on the owner thread, as the caller promises.
     let owner = &unsafe { header(h) }.owner;
@@ -169,6 +172,7 @@ unsafe fn release_if_idle(h: NonNull<Header>) {
 }
 
 /// Owner thread: queues the task to run, unless it is queued already or done.
+#[inline]
 unsafe fn schedule_local(h: NonNull<Header>) {
     // SAFETY: see `header`; on the owner thread, as the caller promises.
     let task = unsafe { header(h) };
@@ -361,12 +365,17 @@ impl Drop for Owned {
         // SAFETY: alive (its future is, until just below); on the owner thread.
         let task = unsafe { header(h) };
         // Done first: a wake from inside the future's drop does not queue it, and it is
-        // dropped once even if its drop panics.
-        task.owner.done.set(true);
+        // dropped once even if its drop panics. A local reference meanwhile: the future may
+        // hold the others (an I/O future does), and the owner side must keep the task until
+        // the drop is over.
+        let owner = &task.owner;
+        owner.done.set(true);
+        owner.local_refs.set(owner.local_refs.get() + 1);
         let drop_future = task.vtable.drop_future;
         // SAFETY: the future is alive and nobody polls it (an `Owned` exists once per task,
         // and the executor does not drop it while polling the task).
         unsafe { drop_future(h) };
+        owner.local_refs.set(owner.local_refs.get() - 1);
         // SAFETY: on the owner thread.
         unsafe { release_if_idle(h) };
     }

@@ -288,3 +288,22 @@ fn a_future_that_wakes_itself_from_its_drop_is_dropped_once() {
     drop(task);
     assert_eq!(h.allocated(), 0);
 }
+
+#[test]
+fn a_future_dropped_with_the_last_local_reference_inside_it_is_dropped_whole() {
+    let h = Harness::new();
+    let current = h.current.clone();
+    // What an I/O future holds while its I/O is in flight.
+    let mut held: Option<LocalRef> = None;
+    let task = h.spawn(std::future::poll_fn(move |cx| {
+        held = current.local_ref(cx.waker());
+        assert!(held.is_some());
+        Poll::<()>::Pending
+    }));
+    h.run();
+    task.cancel();
+    // The join handle's reference goes first: the owner side's is the last.
+    drop(task);
+    assert_eq!(h.run(), 1);
+    assert_eq!(h.allocated(), 0);
+}
