@@ -20,8 +20,8 @@ use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, Rej
 
 use crate::executor::{count, Core, RUN_BATCH};
 use crate::{HasExecutor, Local};
-use cells::{Completed, Waiter};
 pub(crate) use cells::IoCells;
+use cells::{Completed, Waiter};
 
 /// Why an async I/O did not succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +49,13 @@ pub struct BufError {
 /// What an [`IoFuture`] resolves to, made from the I/O's result and its buffer.
 pub trait IoOutput: Sized {
     fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self;
+
+    /// From a completion: `from_parts` without the refusal (the usual path, made without
+    /// the wider error in between).
+    #[inline]
+    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
+        Self::from_parts(result.map_err(IoError::Failed), buf)
+    }
 }
 
 /// A read or write: the buffer back, or the error with it.
@@ -61,10 +68,19 @@ impl IoOutput for Result<IoBuf, BufError> {
             (Err(error), buf) => Err(BufError { error, buf }),
         }
     }
+
+    #[inline]
+    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
+        match (result, buf) {
+            (Ok(()), Some(buf)) => Ok(buf),
+            (result, buf) => Self::from_parts(result.map_err(IoError::Failed), buf),
+        }
+    }
 }
 
 /// Flush, write zeroes, deallocate: no buffer.
 impl IoOutput for Result<(), IoError> {
+    #[inline]
     fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
         result
     }
@@ -72,6 +88,7 @@ impl IoOutput for Result<(), IoError> {
 
 /// Any I/O ([`Local::submit`]): the buffer, if it had one.
 impl IoOutput for Result<Option<IoBuf>, BufError> {
+    #[inline]
     fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
         match result {
             Ok(()) => Ok(buf),
@@ -161,6 +178,14 @@ enum Stage {
     Finished,
 }
 
+/// How an I/O future's I/O ended.
+enum Outcome {
+    /// Completed (well or not), with the buffer the completion gave back.
+    Done(Result<(), IoFailure>, Option<IoBuf>),
+    /// Refused for good; the buffer, if any, is still the future's.
+    Refused(RejectReason),
+}
+
 /// What a submission came to.
 enum Submitted {
     /// In flight.
@@ -198,7 +223,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         &mut self,
         cx: &mut Context<'_>,
         submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<(Result<(), IoError>, Option<IoBuf>)> {
+    ) -> Poll<Outcome> {
         let core = &*self.local.core;
         // The usual cases first: in flight, or starting with nobody in line for room.
         if let Stage::InFlight { key } = self.stage {
@@ -206,7 +231,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
             return match done {
                 Some((result, buf)) => {
                     self.stage = Stage::Finished;
-                    Poll::Ready((result.map_err(IoError::Failed), buf))
+                    Poll::Ready(Outcome::Done(result, buf))
                 }
                 None => Poll::Pending,
             };
@@ -214,7 +239,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         if self.stage == Stage::Start && core.io.borrow().room_waiting == 0 {
             return match self.submit(core, cx, submit) {
                 Submitted::Yes | Submitted::InLine => Poll::Pending,
-                Submitted::Refused(reason) => Poll::Ready((Err(IoError::Refused(reason)), None)),
+                Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
             };
         }
         self.poll_in_line(cx, submit)
@@ -272,7 +297,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         &mut self,
         cx: &mut Context<'_>,
         submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<(Result<(), IoError>, Option<IoBuf>)> {
+    ) -> Poll<Outcome> {
         let core = &*self.local.core;
         match self.stage {
             Stage::Start => {
@@ -297,7 +322,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         }
         match self.submit(core, cx, submit) {
             Submitted::Yes | Submitted::InLine => Poll::Pending,
-            Submitted::Refused(reason) => Poll::Ready((Err(IoError::Refused(reason)), None)),
+            Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
         }
     }
 }
@@ -386,10 +411,12 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
                 })
         };
         match this.submission.poll(cx, submit) {
-            Poll::Ready((result, done_buf)) => {
-                // A refused I/O's buffer is still here; a completed one's came back.
-                Poll::Ready(T::from_parts(result, done_buf.or(this.buf.take())))
-            }
+            Poll::Ready(Outcome::Done(result, buf)) => Poll::Ready(T::from_done(result, buf)),
+            // A refused I/O's buffer is still here.
+            Poll::Ready(Outcome::Refused(reason)) => Poll::Ready(T::from_parts(
+                Err(IoError::Refused(reason)),
+                this.buf.take(),
+            )),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -426,7 +453,12 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
                 .submit_vectored(device, req, segments, io_done::<S>)
                 .map_err(|rejected| rejected.reason)
         };
-        this.submission.poll(cx, submit).map(|(result, _)| result)
+        this.submission
+            .poll(cx, submit)
+            .map(|outcome| match outcome {
+                Outcome::Done(result, _) => result.map_err(IoError::Failed),
+                Outcome::Refused(reason) => Err(IoError::Refused(reason)),
+            })
     }
 }
 

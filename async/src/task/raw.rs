@@ -202,10 +202,13 @@ unsafe fn schedule(h: NonNull<Header>) {
 
 // ---- wakers: `data` is the header; an owned waker holds a counted reference ----
 
-static WAKER: RawWakerVTable = RawWakerVTable::new(waker_clone, waker_wake, waker_wake_by_ref, waker_drop);
+static WAKER: RawWakerVTable =
+    RawWakerVTable::new(waker_clone, waker_wake, waker_wake_by_ref, waker_drop);
 
 unsafe fn waker_clone(data: *const ()) -> RawWaker {
-    let h = NonNull::new(data.cast_mut()).expect("a waker points to its task").cast();
+    let h = NonNull::new(data.cast_mut())
+        .expect("a waker points to its task")
+        .cast();
     // SAFETY: the waker being cloned keeps the task alive (owned: a counted reference;
     // borrowed: the poll it was lent to).
     unsafe { acquire(h) };
@@ -221,13 +224,17 @@ unsafe fn waker_wake(data: *const ()) {
 }
 
 unsafe fn waker_wake_by_ref(data: *const ()) {
-    let h = NonNull::new(data.cast_mut()).expect("a waker points to its task").cast();
+    let h = NonNull::new(data.cast_mut())
+        .expect("a waker points to its task")
+        .cast();
     // SAFETY: the waker keeps the task alive (see `waker_clone`).
     unsafe { schedule(h) };
 }
 
 unsafe fn waker_drop(data: *const ()) {
-    let h = NonNull::new(data.cast_mut()).expect("a waker points to its task").cast();
+    let h = NonNull::new(data.cast_mut())
+        .expect("a waker points to its task")
+        .cast();
     // SAFETY: an owned waker's counted reference (borrowed ones are never dropped).
     unsafe { release(h) };
 }
