@@ -3,7 +3,7 @@
 //! and never again; and the lines of futures waiting for room on a full queue pair.
 
 use std::collections::VecDeque;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
 
@@ -21,7 +21,7 @@ pub(super) enum Waiter {
 
 impl Waiter {
     /// The waiter for a future polled with `cx` in a task of `core`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn new<S>(core: &Core<S>, cx: &Context<'_>) -> Waiter {
         match core.current.local_ref(cx.waker()) {
             Some(task) => Waiter::Task(task),
@@ -104,7 +104,7 @@ impl IoCells {
     }
 
     /// A cell for an I/O about to be submitted; returns its key.
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, waiter: Waiter) -> usize {
         self.in_use += 1;
         let key = self.free;
@@ -157,25 +157,26 @@ impl IoCells {
         }
     }
 
-    /// The future of cell `key` polls it: its result and buffer if it completed (the cell
-    /// is free again), or `None`, with `cx`'s task set to be woken.
-    #[inline]
-    pub(super) fn poll<S>(
+    /// The future of cell `key` polls it: `ready` made of its result and buffer if it
+    /// completed (the cell is free again), or pending, with `cx`'s task set to be woken.
+    #[inline(always)]
+    pub(super) fn poll<S, R>(
         &mut self,
         key: usize,
         core: &Core<S>,
         cx: &Context<'_>,
-    ) -> Option<(Result<(), IoFailure>, Option<IoBuf>)> {
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> Poll<R> {
         match &mut self.cells[key] {
             Cell::Done(..) => match self.free(key) {
-                Cell::Done(result, buf) => Some((result, buf)),
+                Cell::Done(result, buf) => Poll::Ready(ready(result, buf)),
                 _ => unreachable!("matched just above"),
             },
             Cell::Waiting(waiter) => {
                 if !waiter.will_wake(cx) {
                     *waiter = Waiter::new(core, cx);
                 }
-                None
+                Poll::Pending
             }
             Cell::Free { .. } | Cell::Orphaned => {
                 unreachable!("a live future's cell is in use and not orphaned")

@@ -226,36 +226,52 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
     ) -> Poll<Outcome> {
         let core = &*self.local.core;
         // The usual cases first: in flight, or starting with nobody in line for room.
-        if let Stage::InFlight { key } = self.stage {
-            let done = core.io.borrow_mut().poll(key, core, cx);
-            return match done {
-                Some((result, buf)) => {
-                    self.stage = Stage::Finished;
-                    Poll::Ready(Outcome::Done(result, buf))
-                }
-                None => Poll::Pending,
-            };
+        if let Some(polled) = self.poll_in_flight(cx, Outcome::Done) {
+            return polled;
         }
-        if self.stage == Stage::Start && core.io.borrow().room_waiting == 0 {
-            return match self.submit(core, cx, submit) {
-                Submitted::Yes | Submitted::InLine => Poll::Pending,
-                Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
-            };
+        if self.stage == Stage::Start {
+            let mut io = core.io.borrow_mut();
+            if io.room_waiting == 0 {
+                // The waiter goes in first: the completion cannot come before the submission
+                // returns, and a refusal (rare) just drops it again.
+                let key = io.insert(Waiter::new(core, cx));
+                drop(io);
+                return match self.submit(core, cx, key, submit) {
+                    Submitted::Yes | Submitted::InLine => Poll::Pending,
+                    Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
+                };
+            }
         }
         self.poll_in_line(cx, submit)
     }
 
-    /// Submits, with a cell for the completion; on a full queue pair, queues for room.
-    #[inline]
+    /// In flight: `ready` made of its result and buffer once it completed.
+    #[inline(always)]
+    fn poll_in_flight<R>(
+        &mut self,
+        cx: &Context<'_>,
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> Option<Poll<R>> {
+        let Stage::InFlight { key } = self.stage else {
+            return None;
+        };
+        let core = &*self.local.core;
+        let polled = core.io.borrow_mut().poll(key, core, cx, ready);
+        if polled.is_ready() {
+            self.stage = Stage::Finished;
+        }
+        Some(polled)
+    }
+
+    /// Submits with cell `key` for the completion; on a full queue pair, queues for room.
+    #[inline(always)]
     fn submit(
         &mut self,
         core: &Core<S>,
         cx: &Context<'_>,
+        key: usize,
         mut submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
     ) -> Submitted {
-        // The waiter goes in first: the completion cannot come before the submission
-        // returns, and a refusal (rare) just drops it again.
-        let key = core.io.borrow_mut().insert(Waiter::new(core, cx));
         let req = self.req.with_user(key as u64);
         let submitted = core
             .lend
@@ -320,7 +336,8 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
             Stage::InFlight { .. } => unreachable!("handled by `poll`"),
             Stage::Finished => panic!("an I/O future was polled after it completed"),
         }
-        match self.submit(core, cx, submit) {
+        let key = core.io.borrow_mut().insert(Waiter::new(core, cx));
+        match self.submit(core, cx, key, submit) {
             Submitted::Yes | Submitted::InLine => Poll::Pending,
             Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
         }
@@ -400,6 +417,10 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
+        // In flight: the output made straight from the completion.
+        if let Some(polled) = this.submission.poll_in_flight(cx, T::from_done) {
+            return polled;
+        }
         let buf = &mut this.buf;
         let device = this.submission.device;
         let submit = |reactor: &mut Reactor<S>, req| {
