@@ -417,8 +417,13 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        // In flight: the output made straight from the completion.
-        if let Some(polled) = this.submission.poll_in_flight(cx, T::from_done) {
+        // In flight: the output made straight from the completion, into the return value.
+        if let Stage::InFlight { key } = this.submission.stage {
+            let core = &*this.submission.local.core;
+            let polled = core.io.borrow_mut().poll(key, core, cx, T::from_done);
+            if polled.is_ready() {
+                this.submission.stage = Stage::Finished;
+            }
             return polled;
         }
         let buf = &mut this.buf;
