@@ -179,6 +179,8 @@ fn a_wake_from_another_thread_queues_the_task_and_signals_the_fd() {
         s.spawn(|| {
             waker.wake_by_ref();
             waker.wake_by_ref();
+            // An owned waker, woken by value (its reference goes with it).
+            #[allow(clippy::waker_clone_wake)]
             waker.clone().wake();
         });
     });
@@ -293,11 +295,11 @@ fn a_future_that_wakes_itself_from_its_drop_is_dropped_once() {
 fn a_future_dropped_with_the_last_local_reference_inside_it_is_dropped_whole() {
     let h = Harness::new();
     let current = h.current.clone();
-    // What an I/O future holds while its I/O is in flight.
-    let mut held: Option<LocalRef> = None;
+    // What an I/O future holds while its I/O is in flight, kept in the future itself.
+    let held: RefCell<Option<LocalRef>> = RefCell::new(None);
     let task = h.spawn(std::future::poll_fn(move |cx| {
-        held = current.local_ref(cx.waker());
-        assert!(held.is_some());
+        *held.borrow_mut() = current.local_ref(cx.waker());
+        assert!(held.borrow().is_some());
         Poll::<()>::Pending
     }));
     h.run();
