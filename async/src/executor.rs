@@ -5,18 +5,16 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::os::fd::BorrowedFd;
 use std::rc::Rc;
-use std::task::Waker;
 
 use hypoll_reactor::{Poller, Reactor};
 use slab::Slab;
 
 use crate::io::IoCells;
-use crate::join::JoinHandle;
+use crate::join::{Filler, JoinHandle, Slot};
 use crate::lend::Lend;
-use crate::queue::{LocalQueue, Task};
-use crate::task::TaskFuture;
+use crate::task::{Current, Owned, Queue, Ran, TaskFuture, TaskRef};
 use crate::time::TimerCells;
-use crate::{ExecutorCounters, HasExecutor, JoinError, Local, SpawnError};
+use crate::{ExecutorCounters, HasExecutor, Local, SpawnError};
 
 /// Most tasks one executor runs per call: per reactor turn from its poller, and per I/O
 /// completion that woke one. A task that wakes itself (`yield_now`) cannot keep the reactor
@@ -52,7 +50,9 @@ impl ExecutorConfig {
 /// What every task, future and handle of one executor shares (behind an `Rc`: it never
 /// leaves the reactor's thread).
 pub(crate) struct Core<S: 'static> {
-    pub(crate) queue: LocalQueue,
+    pub(crate) queue: Queue,
+    /// The task being polled: its I/O futures wake it through it, without a waker.
+    pub(crate) current: Current,
     pub(crate) lend: Lend<S>,
     /// Inside `run`: an I/O completion then only wakes tasks, it does not run them.
     running: Cell<bool>,
@@ -60,9 +60,8 @@ pub(crate) struct Core<S: 'static> {
     closed: Cell<bool>,
     /// The executor was dropped while it ran tasks: it closes when the run ends.
     close_deferred: Cell<bool>,
-    /// A waker of every live task, to close them all; a task takes itself out as its
-    /// future is dropped.
-    tasks: RefCell<Slab<Waker>>,
+    /// Every live task's future, to close them all; a task leaves when its future ends.
+    tasks: RefCell<Slab<Owned>>,
     tasks_max: usize,
     pub(crate) io: RefCell<IoCells>,
     pub(crate) timers: RefCell<TimerCells>,
@@ -78,7 +77,8 @@ pub(crate) struct Core<S: 'static> {
 impl<S: 'static> Core<S> {
     fn new(config: ExecutorConfig) -> std::io::Result<Core<S>> {
         Ok(Core {
-            queue: LocalQueue::new(config.tasks_max.min(1024))?,
+            queue: Queue::new()?,
+            current: Current::new(),
             lend: Lend::new(),
             running: Cell::new(false),
             closed: Cell::new(false),
@@ -118,48 +118,40 @@ impl<S: 'static> Core<S> {
         Ok(())
     }
 
-    /// Spawns `future` as a task of this executor, wrapped ([`TaskFuture`]) so that it
-    /// leaves the registry when dropped and a panic ends it with an error; it first runs on
-    /// the executor's next run (this reactor turn, if the reactor is in its turn).
-    pub(crate) fn spawn<F>(
-        self: &Rc<Self>,
-        future: F,
-    ) -> Result<Task<Result<F::Output, JoinError>>, SpawnError>
+    /// Spawns `future` as a task of this executor; it first runs on the executor's next
+    /// run (this reactor turn, if the reactor is in its turn).
+    pub(crate) fn spawn<F>(self: &Rc<Self>, future: F) -> Result<JoinHandle<F::Output>, SpawnError>
     where
         F: Future + 'static,
         F::Output: 'static,
     {
-        self.spawn_with(|task| task, future)
+        let slot = Slot::new();
+        let task = self.spawn_filling(future, Filler(slot.clone()))?;
+        Ok(JoinHandle::local(slot, task))
     }
 
-    /// [`Core::spawn`], with the wrapped future put into `wrap` (which may pass its result
-    /// on elsewhere) before it becomes the task.
-    pub(crate) fn spawn_with<F, W, G>(
+    /// Spawns `future`, wrapped ([`TaskFuture`]) so that its output (or its panic, or its
+    /// end unfinished) goes to `filler`.
+    pub(crate) fn spawn_filling<F>(
         self: &Rc<Self>,
-        wrap: W,
         future: F,
-    ) -> Result<Task<G::Output>, SpawnError>
+        filler: Filler<F::Output>,
+    ) -> Result<TaskRef, SpawnError>
     where
         F: Future + 'static,
-        W: FnOnce(TaskFuture<F, S>) -> G,
-        G: Future + 'static,
-        G::Output: 'static,
+        F::Output: 'static,
     {
         self.may_spawn()?;
+        let (owned, task) = self
+            .queue
+            .spawn(TaskFuture::new(future, filler, self.clone()));
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
-        let future = wrap(TaskFuture::new(future, self.clone(), entry.key()));
-        let (runnable, task) = self.queue.spawn(future);
-        entry.insert(runnable.waker());
+        owned.set_key(entry.key());
+        entry.insert(owned);
         drop(tasks);
         count(&self.spawned, 1);
-        runnable.schedule();
         Ok(task)
-    }
-
-    /// A task's future is gone (done, panicked or cancelled): it leaves the registry.
-    pub(crate) fn forget_task(&self, key: usize) {
-        self.tasks.borrow_mut().try_remove(key);
     }
 
     /// Tasks alive.
@@ -191,10 +183,19 @@ impl<S: 'static> Core<S> {
         let mut polled = 0;
         self.lend.lend(reactor, state, || {
             while polled < budget {
-                let Some(runnable) = self.queue.pop() else {
+                let Some(task) = self.queue.pop() else {
                     break;
                 };
-                runnable.run();
+                match task.run(&self.current) {
+                    Ran::Pending => {}
+                    Ran::Ended { key, .. } => {
+                        // Out of the registry first: dropping the future may spawn.
+                        let owned = self.tasks.borrow_mut().remove(key);
+                        drop(owned);
+                    }
+                    // Its future was dropped while it waited in the queue.
+                    Ran::Gone => continue,
+                }
                 polled += 1;
             }
         });
@@ -216,23 +217,21 @@ impl<S: 'static> Core<S> {
             return;
         }
         self.closed.set(true);
-        // Dropping a future may wake or free other tasks: repeat until none is left. Each
-        // round drops at least every task woken in it, and no new task can be spawned.
+        // Dropping a future may wake other tasks, or free them: repeat until none is left.
+        // Each round drops every future left, and no new task can be spawned.
         loop {
             let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
             self.queue.take_remote();
             if tasks.is_empty() && self.queue.len() == 0 {
                 break;
             }
-            for (_, waker) in tasks {
-                waker.wake();
-            }
-            // Dropping a runnable drops its task's future (without polling it).
-            while let Some(runnable) = self.queue.pop() {
-                drop(runnable);
+            drop(tasks);
+            // Only tasks whose future is gone are left in the queue.
+            while let Some(task) = self.queue.pop() {
+                drop(task);
             }
         }
-        drop(self.queue.close());
+        self.queue.close();
     }
 }
 
@@ -245,7 +244,7 @@ pub(crate) fn count(counter: &Cell<u64>, n: u64) {
 /// The executor of one reactor: lives in the reactor's state (see [`HasExecutor`]), and
 /// closes when dropped, dropping every task's future on the reactor's thread.
 pub struct Executor<S: 'static> {
-    local: Local<S>,
+    pub(crate) local: Local<S>,
 }
 
 impl<S: HasExecutor> Executor<S> {

@@ -7,10 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use async_task::FallibleTask;
 use parking_lot::Mutex;
 
-use crate::queue::{RunQueue, Task};
+use crate::task::TaskRef;
 
 /// Why a task has no result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -36,31 +35,33 @@ pub struct JoinHandle<T> {
     inner: Option<Inner<T>>,
 }
 
-enum Inner<T> {
-    /// A task spawned on its reactor.
-    Local(FallibleTask<Result<T, JoinError>, Arc<RunQueue>>),
-    /// A task asked for from another thread: its result comes through a slot.
-    Remote(Arc<Slot<T>>),
+/// Where the result comes from: the task's slot, and for a task spawned on its reactor a
+/// reference to the task, to cancel it.
+struct Inner<T> {
+    slot: Arc<Slot<T>>,
+    task: Option<TaskRef>,
 }
 
 impl<T> JoinHandle<T> {
-    pub(crate) fn local(task: Task<Result<T, JoinError>>) -> Self {
+    pub(crate) fn local(slot: Arc<Slot<T>>, task: TaskRef) -> Self {
         JoinHandle {
-            inner: Some(Inner::Local(task.fallible())),
+            inner: Some(Inner {
+                slot,
+                task: Some(task),
+            }),
         }
     }
 
     pub(crate) fn remote(slot: Arc<Slot<T>>) -> Self {
         JoinHandle {
-            inner: Some(Inner::Remote(slot)),
+            inner: Some(Inner { slot, task: None }),
         }
     }
 
     /// Whether the task has finished (or will never run again).
     pub fn is_finished(&self) -> bool {
         match &self.inner {
-            Some(Inner::Local(task)) => task.is_finished(),
-            Some(Inner::Remote(slot)) => slot.state.lock().done,
+            Some(inner) => inner.slot.state.lock().done,
             None => true,
         }
     }
@@ -69,8 +70,8 @@ impl<T> JoinHandle<T> {
     /// A task asked for from another thread ([`SpawnExt::spawn`](crate::SpawnExt::spawn))
     /// cannot be cancelled this way; it is detached instead.
     pub fn cancel(mut self) {
-        if let Some(Inner::Local(task)) = self.inner.take() {
-            drop(task);
+        if let Some(task) = self.inner.take().and_then(|inner| inner.task) {
+            task.cancel();
         }
     }
 
@@ -102,37 +103,23 @@ impl<T> Future for JoinHandle<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let result = match self.inner.as_mut().expect("polled after it finished") {
-            Inner::Local(task) => match Pin::new(task).poll(cx) {
-                Poll::Ready(Some(result)) => result,
-                Poll::Ready(None) => Err(JoinError::Cancelled),
-                Poll::Pending => return Poll::Pending,
-            },
-            Inner::Remote(slot) => {
-                let mut state = slot.state.lock();
-                if !state.done {
-                    if !state
-                        .waker
-                        .as_ref()
-                        .is_some_and(|w| w.will_wake(cx.waker()))
-                    {
-                        state.waker = Some(cx.waker().clone());
-                    }
-                    return Poll::Pending;
+        let inner = self.inner.as_ref().expect("polled after it finished");
+        let result = {
+            let mut state = inner.slot.state.lock();
+            if !state.done {
+                if !state
+                    .waker
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    state.waker = Some(cx.waker().clone());
                 }
-                state.result.take().unwrap_or(Err(JoinError::Cancelled))
+                return Poll::Pending;
             }
+            state.result.take().unwrap_or(Err(JoinError::Cancelled))
         };
         self.inner = None;
         Poll::Ready(result)
-    }
-}
-
-impl<T> Drop for JoinHandle<T> {
-    fn drop(&mut self) {
-        if let Some(Inner::Local(task)) = self.inner.take() {
-            task.detach();
-        }
     }
 }
 

@@ -53,6 +53,7 @@ impl<S> Lend<S> {
 
     /// Runs `f` with the reactor and its state if they are lent now (a task is being polled
     /// by this executor, and no other `with` holds them); `None` otherwise.
+    #[inline(always)]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Reactor<S>, &mut S) -> R) -> Option<R> {
         let (mut reactor, mut state) = self.lent.take()?;
         /// Puts the pointers back however `f` ends, for the next borrower.

@@ -1,11 +1,13 @@
 //! hypoll-async: `async`/`await` on hypoll's reactors.
 //!
 //! Each reactor gets a local executor ([`Executor`]) that lives in the reactor's state and
-//! runs as one of its pollers: a task woken in a turn runs in that turn (an I/O completion
-//! runs the task it woke right away, as a callback would), and a turn in which every task
-//! is blocked does no work, so the reactor's poll policy decides how to wait (spin, sleep,
-//! the interrupt, park) exactly as it does for callbacks. Tasks are `!Send`, may hold `Rc`,
-//! and are polled without a lock; the task core is `async-task`'s.
+//! runs as one of its pollers: a task woken in a turn runs in that turn (the tasks a batch
+//! of I/O completions woke run as soon as the batch's callbacks have), and a turn in which
+//! every task is blocked does no work, so the reactor's poll policy decides how to wait
+//! (spin, sleep, the interrupt, park) exactly as it does for callbacks. Tasks are `!Send`, may hold `Rc`,
+//! and are polled without a lock; the task core is this crate's own, made so that an I/O
+//! completion reaches its task's next poll with no atomic operation (`task/raw.rs` says
+//! how).
 //!
 //! From a task, a [`Local`] handle submits I/O with owned buffers ([`Local::read`] returns
 //! the buffer with the result, as glommio's `DmaFile` and tokio-uring do), sleeps, spawns,
@@ -49,7 +51,6 @@ mod executor;
 mod io;
 mod join;
 mod lend;
-mod queue;
 mod remote;
 mod task;
 mod time;
@@ -125,7 +126,7 @@ impl<S: 'static> Local<S> {
         F: Future + 'static,
         F::Output: 'static,
     {
-        self.core.spawn(future).map(JoinHandle::local)
+        self.core.spawn(future)
     }
 
     /// Runs `f` with the reactor and its state: from a task, to reach what a callback

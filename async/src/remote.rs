@@ -55,14 +55,14 @@ impl<S: HasExecutor> SpawnExt<S> for ReactorHandle<S> {
                     return filler.fill(Err(JoinError::Panicked { message }));
                 }
             };
-            // The task's result (or its panic, caught by the wrapper) goes to the slot.
-            let forward = |task| async move { filler.fill(task.await) };
-            match local.core.spawn_with(forward, future) {
-                Ok(task) => task.detach(),
-                // `make` itself spawned up to the limit: the slot, dropped unfilled, says
-                // the task was cancelled.
-                Err(e) => tracing::warn!(error = %e, "a task sent from another thread was refused"),
+            // `make` itself may have spawned up to the limit.
+            if let Err(e) = local.core.may_spawn() {
+                tracing::warn!(error = %e, "a task sent from another thread was refused");
+                return filler.fill(Err(JoinError::NotSpawned(e)));
             }
+            // The task's result (or its panic, caught by its wrapper) goes to the slot.
+            let spawned = local.core.spawn_filling(future, filler);
+            debug_assert!(spawned.is_ok(), "room was checked just above");
             local.core.run(reactor, state, RUN_BATCH);
         })?;
         Ok(JoinHandle::remote(slot))

@@ -88,8 +88,8 @@ pub use io::{
     DEFAULT_ABORT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_RESET_TIMEOUT,
 };
 pub use reactor::{
-    ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning, SendError,
-    COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
+    AfterBatch, ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning,
+    SendError, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
 };
 pub use set::{
     InitError, PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ReactorStartError,

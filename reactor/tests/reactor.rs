@@ -1030,3 +1030,52 @@ fn each_reactor_has_its_own_state_handed_to_everything_and_returned_at_exit() {
         assert!(t.polls > 0, "its poller was handed its state");
     }
 }
+
+#[test]
+fn a_function_asked_for_by_callbacks_runs_once_after_their_batch() {
+    let _serial = serial();
+    let device = Device::open("null").unwrap();
+    let set = ReactorSet::start(config(1, "classic"), move |r| {
+        r.attach(&device, 16)?;
+        Ok(Vec::<String>::new())
+    })
+    .unwrap();
+    /// Tells what ran, in order.
+    fn after(_: &mut Reactor<Vec<String>>, log: &mut Vec<String>) {
+        log.push("after".to_string());
+    }
+    fn done(r: &mut Reactor<Vec<String>>, log: &mut Vec<String>, io: IoDone) {
+        assert!(r.after_completions(after));
+        log.push(format!("io {}", io.user));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    set.handles()[0]
+        .send(move |r, log| {
+            // Outside a batch nothing is asked for: the caller does the work itself.
+            assert!(!r.after_completions(after));
+            for i in 0..8 {
+                let req = IoRequest::new(IoOp::Read, i * 8, 8).with_user(i);
+                r.submit(DeviceId::FIRST, req, Some(IoBuf::zeroed(4096)), done)
+                    .map_err(|e| e.reason)
+                    .unwrap();
+            }
+            log.clear();
+        })
+        .unwrap();
+    wait_for("the batch", || {
+        let tx = tx.clone();
+        set.handles()[0]
+            .send(move |_, log| tx.send(log.clone()).unwrap())
+            .unwrap();
+        rx.recv().unwrap().len() == 9
+    });
+    set.handles()[0]
+        .send(move |_, log| tx.send(log.clone()).unwrap())
+        .unwrap();
+    let log = rx.recv().unwrap();
+    // `null` completes all eight in the next turn's reap: one batch, then `after` once.
+    let ios: Vec<String> = (0..8).map(|i| format!("io {i}")).collect();
+    assert_eq!(log[..8], ios[..]);
+    assert_eq!(log[8], "after");
+    assert!(set.shutdown().panics.is_empty());
+}

@@ -1,10 +1,12 @@
 //! `hypoll bench`: runs one workload per policy on a fresh reactor set and device, and
-//! measures IOPS, CPU from the OS and latency, side by side.
+//! measures IOPS, CPU from the OS and latency, side by side. The workload is driven by
+//! completion callbacks, or by tasks (`--api async`, in `bench_async`).
 
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
+use hypoll_async::Executor;
 use hypoll_nvme::{DeviceConfig, IoBuf};
 use hypoll_reactor::{
     CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Reactor, ReactorConfig, ReactorSet,
@@ -65,6 +67,35 @@ impl std::fmt::Display for Rw {
     }
 }
 
+/// How the workload is written: completion callbacks on the reactor, or `async` tasks
+/// (`hypoll-async`), one per I/O in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Callback,
+    Async,
+}
+
+impl std::str::FromStr for Api {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Api, String> {
+        match s {
+            "callback" => Ok(Api::Callback),
+            "async" => Ok(Api::Async),
+            _ => Err(format!("{s:?}: expected callback or async")),
+        }
+    }
+}
+
+impl std::fmt::Display for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Api::Callback => "callback",
+            Api::Async => "async",
+        })
+    }
+}
+
 /// Everything one run needs.
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -72,6 +103,7 @@ pub struct Workload {
     /// What the opened device says of itself (for io_uring: how completions are found).
     pub device_described: String,
     pub rw: Rw,
+    pub api: Api,
     pub bs_bytes: u64,
     pub qd: usize,
     pub cores: CoreList,
@@ -137,7 +169,7 @@ struct ReactorReport {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub(crate) enum Phase {
     Ramp,
     Measure,
     Drain,
@@ -145,20 +177,21 @@ enum Phase {
 
 /// Each reactor's state: the workload it runs, then the verify pass (`--verify`). The
 /// completion callbacks are handed it, so they capture nothing and cost no allocation per
-/// I/O.
+/// I/O. Under `--api async` it holds the reactor's executor.
 #[derive(Default)]
-struct Bench {
-    job: Option<Job>,
+pub(crate) struct Bench {
+    pub(crate) job: Option<Job>,
     verify: Option<Verify>,
+    pub(crate) executor: Option<Executor<Bench>>,
 }
 
-type BenchReactor = Reactor<Bench>;
+pub(crate) type BenchReactor = Reactor<Bench>;
 
 /// A reactor's workload.
-struct Job {
-    phase: Phase,
+pub(crate) struct Job {
+    pub(crate) phase: Phase,
     rw: Rw,
-    nlb: u32,
+    pub(crate) nlb: u32,
     span_ios: u64,
     base_ios: u64,
     next_seq: u64,
@@ -190,8 +223,20 @@ impl Job {
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
+    /// Counts a completed I/O while measuring: its latency if it succeeded.
+    pub(crate) fn record(&mut self, ok: bool, latency_ns: u64) {
+        if self.phase == Phase::Measure {
+            self.ios += 1;
+            if ok {
+                self.latency.saturating_record(latency_ns.max(1));
+            } else {
+                self.errors += 1;
+            }
+        }
+    }
+
     /// The next I/O: its operation and first block.
-    fn next_io(&mut self) -> (IoOp, u64) {
+    pub(crate) fn next_io(&mut self) -> (IoOp, u64) {
         let (random, read_pct) = match self.rw {
             Rw::RandRead => (true, 100),
             Rw::RandWrite => (true, 0),
@@ -232,14 +277,7 @@ fn submit_next(r: &mut BenchReactor, s: &mut Bench, buf: IoBuf) {
 /// Completion callback: count, record, and keep the queue full until the run ends.
 fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
     let job = s.job.as_mut().expect("a job runs on this reactor");
-    if job.phase == Phase::Measure {
-        job.ios += 1;
-        if done.result.is_err() {
-            job.errors += 1;
-        } else {
-            job.latency.saturating_record(done.latency_ns.max(1));
-        }
-    }
+    job.record(done.result.is_ok(), done.latency_ns);
     let resubmit = job.phase != Phase::Drain;
     let buf = done.buf.expect("reads and writes return their buffer");
     if resubmit {
@@ -284,7 +322,8 @@ fn end_measure(r: &mut BenchReactor, s: &mut Bench) {
     }
 }
 
-fn finish(s: &mut Bench) {
+/// Sends this reactor's report, once.
+pub(crate) fn finish(s: &mut Bench) {
     if let Some(mut job) = s.job.take() {
         if let Some(tx) = job.report.take() {
             let _ = tx.send(ReactorReport {
@@ -310,7 +349,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         .map_err(|e| format!("opening {}: {e}", work.device))?;
     let ns = ctrl.namespace();
     let device = Device::new(ctrl);
-    let qd = work.qd;
+    let (qd, api) = (work.qd, work.api);
     let cfg = ReactorConfig {
         cores: Some(work.cores.clone()),
         policy: policy.to_string(),
@@ -318,7 +357,14 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     };
     let set = ReactorSet::start(cfg, move |r| {
         r.attach(&device, qd)?;
-        Ok(Bench::default())
+        let executor = match api {
+            Api::Callback => None,
+            Api::Async => Some(Executor::install(r)?),
+        };
+        Ok(Bench {
+            executor,
+            ..Bench::default()
+        })
     })
     .map_err(|e| format!("starting reactors for {policy}: {e}"))?;
     let lba = u64::from(ns.lba_size_bytes);
@@ -366,7 +412,10 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
             for _ in 0..qd {
                 let mut buf = IoBuf::pinned(bs as usize);
                 buf.fill(0x5a);
-                submit_next(r, s, buf);
+                match api {
+                    Api::Callback => submit_next(r, s, buf),
+                    Api::Async => crate::bench_async::spawn_worker(r, s, buf),
+                }
             }
         })
         .map_err(|e| format!("starting the workload: {e}"))?;

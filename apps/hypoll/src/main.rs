@@ -8,6 +8,7 @@
 //! - `hypoll sim`: the seeded fault simulation (`--seeds 10000` runs many, `--seed N` one).
 
 mod bench;
+mod bench_async;
 mod report;
 mod serve;
 
@@ -21,7 +22,7 @@ use hypoll_nvme::{emu::config::profile_descriptions, parse_size_bytes, DeviceCon
 use hypoll_reactor::CoreList;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use bench::{RunResult, Rw, Workload};
+use bench::{Api, RunResult, Rw, Workload};
 
 /// Policies `bench` compares when no `--policy` is given (`oracle` is added on emulated
 /// devices).
@@ -109,6 +110,10 @@ struct BenchArgs {
     /// randread, randwrite, read, write or randrw:<read %>.
     #[arg(long, default_value = "randread")]
     rw: Rw,
+    /// How the workload is written: completion callbacks, or `async` tasks (one per I/O in
+    /// flight, on each reactor's executor).
+    #[arg(long, default_value = "callback")]
+    api: Api,
     /// Block size of each I/O (4k, 128k, ...).
     #[arg(long, default_value = "4k", value_parser = parse_size_bytes)]
     bs: u64,
@@ -283,6 +288,7 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         device: args.device.clone(),
         device_described,
         rw: args.rw,
+        api: args.api,
         bs_bytes: args.bs,
         qd: usize::from(args.qd),
         cores,

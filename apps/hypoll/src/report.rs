@@ -16,6 +16,8 @@ pub struct JsonRow<'a> {
     /// The opened device's own description (io_uring: its completion mode).
     pub device_described: String,
     pub rw: String,
+    /// `callback` or `async`.
+    pub api: String,
     pub bs: u64,
     pub qd: usize,
     pub cores: usize,
@@ -56,8 +58,15 @@ pub fn print_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "device {}  rw {}  bs {}  qd {}  cores {}  runtime {:?} (ramp {:?})",
-        work.device_described, work.rw, work.bs_bytes, work.qd, work.cores, work.runtime, work.ramp
+        "device {}  rw {}  bs {}  qd {}  cores {}  api {}  runtime {:?} (ramp {:?})",
+        work.device_described,
+        work.rw,
+        work.bs_bytes,
+        work.qd,
+        work.cores,
+        work.api,
+        work.runtime,
+        work.ramp
     )?;
     writeln!(
         out,
@@ -108,6 +117,7 @@ pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec
             device: work.device.to_string(),
             device_described: work.device_described.clone(),
             rw: work.rw.to_string(),
+            api: work.api.to_string(),
             bs: work.bs_bytes,
             qd: work.qd,
             cores: r.cores,

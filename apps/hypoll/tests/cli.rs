@@ -137,11 +137,67 @@ fn every_workload_shape_runs() {
 }
 
 #[test]
+fn bench_drives_the_same_workload_through_callbacks_and_through_async_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    for api in ["callback", "async"] {
+        for (rw, qd) in [("randread", "1"), ("randrw:50", "16")] {
+            let json = dir.path().join(format!("{api}-{qd}.json"));
+            let out = hypoll(&[
+                "bench",
+                "--device",
+                "null",
+                "--policy",
+                "classic",
+                "--policy",
+                "adaptive",
+                "--api",
+                api,
+                "--rw",
+                rw,
+                "--qd",
+                qd,
+                "--runtime",
+                "0.2",
+                "--ramp",
+                "0.1",
+                "--json",
+                json.to_str().unwrap(),
+            ]);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{api} {rw} qd {qd}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .contains(&format!("api {api}")),
+                "{stdout}"
+            );
+            let rows: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            for row in rows.as_array().unwrap() {
+                assert_eq!(row["api"], api, "{row}");
+                assert_eq!(row["errors"], 0, "{row}");
+                // Every I/O of the measured window was counted, with its latency.
+                let ios = row["ios"].as_u64().unwrap();
+                assert!(ios > 1_000, "{api}: {ios} I/Os in 0.2 s on null: {row}");
+                assert!(row["lat_ns"]["mean"].as_f64().unwrap() > 0.0, "{row}");
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_input_is_one_line_naming_the_value_and_exit_status_2() {
     for (args, says) in [
         (&["bench", "--device", "emu:floppy"][..], "floppy"),
         (&["bench", "--policy", "turbo"][..], "turbo"),
         (&["bench", "--rw", "sideways"][..], "sideways"),
+        (&["bench", "--api", "futures"][..], "futures"),
         (&["bench", "--bs", "1000"][..], "1000"),
         (&["bench", "--cores", "4000"][..], "4000"),
         (

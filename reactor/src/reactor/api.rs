@@ -46,6 +46,33 @@ impl<S> Reactor<S> {
         self.now_ns
     }
 
+    /// From an I/O callback: asks for `after` to run once every callback of the batch of
+    /// completions this one came in has run (a batch is what one turn reaped), for work
+    /// that costs less once per batch than once per completion: an executor runs the tasks
+    /// its completions woke. The same function asked for twice in a batch runs once.
+    /// Returns false, asking nothing, outside a batch (a callback run by a refusal, a
+    /// timeout or shutdown), or when [`AFTER_BATCH_MAX`](crate::AFTER_BATCH_MAX) functions
+    /// are asked for already: the caller then does the work itself.
+    #[inline]
+    pub fn after_completions(&mut self, after: super::AfterBatch<S>) -> bool {
+        if !self.in_batch {
+            return false;
+        }
+        // Functions compare by address: one instantiated twice is at worst run twice.
+        #[allow(unpredictable_function_pointer_comparisons)]
+        for slot in &mut self.after_batch {
+            match slot {
+                Some(f) if *f == after => return true,
+                Some(_) => {}
+                None => {
+                    *slot = Some(after);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// The policy's name, as its spec.
     pub fn policy_name(&self) -> &str {
         self.policy.name()

@@ -47,6 +47,13 @@ use submit::QueuedIo;
 
 /// Most messages run per loop turn, so a flood of messages cannot starve I/O.
 pub const MESSAGE_BATCH: usize = 32;
+/// Most functions one batch of completions runs after its callbacks
+/// ([`Reactor::after_completions`]).
+pub const AFTER_BATCH_MAX: usize = 4;
+
+/// A function run after a batch of completions ([`Reactor::after_completions`]).
+pub type AfterBatch<S> = fn(&mut Reactor<S>, &mut S);
+
 /// Most completions reaped from one queue pair per loop turn.
 pub const COMPLETION_BATCH: usize = 64;
 /// Most devices one reactor attaches.
@@ -195,6 +202,11 @@ pub struct Reactor<S = ()> {
     order: VecDeque<(usize, u64)>,
     next_seq: u64,
     completions: Vec<(u16, Completion)>,
+    /// Whether the callbacks of a batch of completions are running (see
+    /// `Reactor::after_completions`).
+    in_batch: bool,
+    /// What runs once the batch's callbacks have (`Reactor::after_completions`).
+    after_batch: [Option<AfterBatch<S>>; AFTER_BATCH_MAX],
     policy: Box<dyn PollPolicy>,
     mailbox: Receiver<Message<S>>,
     handles: Arc<[ReactorHandle<S>]>,
@@ -278,6 +290,8 @@ impl<S> Reactor<S> {
             order: VecDeque::new(),
             next_seq: 0,
             completions: Vec::new(),
+            in_batch: false,
+            after_batch: [None; AFTER_BATCH_MAX],
             policy,
             mailbox,
             handles,

@@ -154,10 +154,17 @@ impl<S> Reactor<S> {
         // One timestamp for the whole batch.
         self.now_ns = self.clock.now_ns();
         let mut batch = std::mem::take(&mut self.completions);
+        self.in_batch = true;
         for (dev, completion) in batch.drain(..) {
             self.complete(state, dev, completion);
         }
+        self.in_batch = false;
         self.completions = batch;
+        for i in 0..self.after_batch.len() {
+            if let Some(after) = self.after_batch[i].take() {
+                after(self, state);
+            }
+        }
         // The batch is done: every reaped I/O gave its slot back.
         debug_assert!(self.in_flight_within_depths());
         debug_assert!(self.abandoned_hold());

@@ -9,17 +9,19 @@
 //! which then drops buffer and cell. A full queue pair is waited out: the future queues for
 //! room on its device and a completion there wakes the first in line.
 
-use std::collections::VecDeque;
+mod cells;
+
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, RejectReason};
-use slab::Slab;
 
 use crate::executor::{count, Core, RUN_BATCH};
 use crate::{HasExecutor, Local};
+pub(crate) use cells::IoCells;
+use cells::{Completed, Waiter};
 
 /// Why an async I/O did not succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +49,13 @@ pub struct BufError {
 /// What an [`IoFuture`] resolves to, made from the I/O's result and its buffer.
 pub trait IoOutput: Sized {
     fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self;
+
+    /// From a completion: `from_parts` without the refusal (the usual path, made without
+    /// the wider error in between).
+    #[inline]
+    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
+        Self::from_parts(result.map_err(IoError::Failed), buf)
+    }
 }
 
 /// A read or write: the buffer back, or the error with it.
@@ -59,10 +68,19 @@ impl IoOutput for Result<IoBuf, BufError> {
             (Err(error), buf) => Err(BufError { error, buf }),
         }
     }
+
+    #[inline]
+    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
+        match (result, buf) {
+            (Ok(()), Some(buf)) => Ok(buf),
+            (result, buf) => Self::from_parts(result.map_err(IoError::Failed), buf),
+        }
+    }
 }
 
 /// Flush, write zeroes, deallocate: no buffer.
 impl IoOutput for Result<(), IoError> {
+    #[inline]
     fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
         result
     }
@@ -70,6 +88,7 @@ impl IoOutput for Result<(), IoError> {
 
 /// Any I/O ([`Local::submit`]): the buffer, if it had one.
 impl IoOutput for Result<Option<IoBuf>, BufError> {
+    #[inline]
     fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
         match result {
             Ok(()) => Ok(buf),
@@ -78,133 +97,23 @@ impl IoOutput for Result<Option<IoBuf>, BufError> {
     }
 }
 
-/// One I/O's place between its future and its completion.
-enum IoCell {
-    /// In flight; the waker of the task awaiting it.
-    Waiting(Option<Waker>),
-    /// Completed, with its result and buffer; the future takes them on its next poll.
-    Done(Result<(), IoFailure>, Option<IoBuf>),
-    /// Its future was dropped: the completion drops the buffer and frees the cell.
-    Orphaned,
-}
-
-/// The executor's I/O bookkeeping.
-#[derive(Default)]
-pub(crate) struct IoCells {
-    /// One per I/O in flight from a future, keyed by the request's `user` number. Grows to
-    /// the most I/Os ever in flight at once (bounded by the queue pairs' depths and wait
-    /// queues), then never again.
-    cells: Slab<IoCell>,
-    /// Per device index: futures waiting for room on its queue pair, oldest first, each by
-    /// its ticket.
-    room: Vec<VecDeque<(u64, Waker)>>,
-    /// Futures waiting for room, on every device.
-    room_waiting: usize,
-    next_ticket: u64,
-}
-
-impl IoCells {
-    fn queue(&mut self, device: DeviceId) -> &mut VecDeque<(u64, Waker)> {
-        let d = usize::from(device.index());
-        if self.room.len() <= d {
-            self.room.resize_with(d + 1, VecDeque::new);
-        }
-        &mut self.room[d]
-    }
-
-    /// Queues a future for room on `device`: at the back, or at the front for one whose
-    /// turn came and found the queue pair full again.
-    fn wait_for_room(&mut self, device: DeviceId, waker: &Waker, front: bool) -> u64 {
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        let queue = self.queue(device);
-        if front {
-            queue.push_front((ticket, waker.clone()));
-        } else {
-            queue.push_back((ticket, waker.clone()));
-        }
-        self.room_waiting += 1;
-        ticket
-    }
-
-    /// Whether `ticket` is still in line; if so, it will be woken by `waker`.
-    fn still_waiting(&mut self, device: DeviceId, ticket: u64, waker: &Waker) -> bool {
-        let queue = self.queue(device);
-        match queue.iter_mut().find(|(t, _)| *t == ticket) {
-            Some((_, w)) => {
-                if !w.will_wake(waker) {
-                    *w = waker.clone();
-                }
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Takes `ticket` out of line (its future was dropped); false if its turn had come.
-    fn leave(&mut self, device: DeviceId, ticket: u64) -> bool {
-        let queue = self.queue(device);
-        let Some(at) = queue.iter().position(|(t, _)| *t == ticket) else {
-            return false;
-        };
-        queue.remove(at);
-        self.room_waiting -= 1;
-        true
-    }
-
-    /// The first future in line for room on `device`, taken out of line.
-    #[inline]
-    fn next_in_line(&mut self, device: DeviceId) -> Option<Waker> {
-        if self.room_waiting == 0 {
-            return None;
-        }
-        self.pop_in_line(device)
-    }
-
-    #[cold]
-    fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
-        let (_, waker) = self.queue(device).pop_front()?;
-        self.room_waiting -= 1;
-        Some(waker)
-    }
-
-    #[inline]
-    fn others_waiting(&mut self, device: DeviceId) -> bool {
-        self.room_waiting > 0 && !self.queue(device).is_empty()
-    }
-}
-
 impl<S: 'static> Core<S> {
     pub(crate) fn ios_in_flight(&self) -> usize {
-        self.io.borrow().cells.len()
+        self.io.borrow().in_use()
     }
 
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
+    #[inline]
     fn complete_io(&self, done: IoDone) {
-        let key = done.user as usize;
-        let device = done.device;
         let mut io = self.io.borrow_mut();
-        let (waker, dropped) = match io.cells.get_mut(key) {
-            Some(cell @ IoCell::Waiting(_)) => {
-                let IoCell::Waiting(waker) =
-                    std::mem::replace(cell, IoCell::Done(done.result, done.buf))
-                else {
-                    unreachable!("matched just above")
-                };
-                (waker, None)
-            }
-            Some(IoCell::Orphaned) => (None, Some((io.cells.remove(key), done))),
-            Some(IoCell::Done(..)) | None => {
-                panic!("an I/O completed twice, or for no future (cell {key})")
-            }
-        };
-        let next = io.next_in_line(device);
+        let completed = io.complete(done.user as usize, done.result, done.buf);
+        let next = io.next_in_line(done.device);
         drop(io);
-        // Outside the borrow: the buffer of a dropped future goes back to its allocator.
-        drop(dropped);
-        if let Some(waker) = waker {
-            waker.wake();
+        match completed {
+            Completed::Waiting(waiter) => waiter.wake(),
+            // Outside the borrow: the buffer of a dropped future goes back to its allocator.
+            Completed::Orphaned(buf) => drop(buf),
         }
         if let Some(waker) = next {
             waker.wake();
@@ -219,14 +128,13 @@ impl<S: 'static> Core<S> {
             if io.room_waiting == 0 {
                 return;
             }
-            io.room.len()
+            io.lines()
         };
         for d in 0..devices {
             let device = DeviceId::from_index(d as u16);
             let next = {
                 let mut io = self.io.borrow_mut();
-                let waiting = io.room.get(d).is_some_and(|queue| !queue.is_empty());
-                if !waiting || !reactor.has_room(device) {
+                if !io.has_line(d) || !reactor.has_room(device) {
                     continue;
                 }
                 io.next_in_line(device)
@@ -236,11 +144,20 @@ impl<S: 'static> Core<S> {
     }
 }
 
-/// Every future's I/O completion: stores it for the future, then runs the tasks it woke in
-/// this same turn (unless an executor run is what completed it).
+/// Every future's I/O completion: stores it for the future and queues its task, which runs
+/// in this same turn: once the batch of completions it came in has run its callbacks (one
+/// executor run for the batch), or at once outside a batch (unless an executor run is what
+/// completed it).
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
-    let core = state.executor().local().core;
-    core.complete_io(done);
+    state.executor().local.core.complete_io(done);
+    if !reactor.after_completions(run_woken::<S>) {
+        run_woken(reactor, state);
+    }
+}
+
+/// Runs the tasks woken so far.
+fn run_woken<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S) {
+    let core = state.executor().local.core.clone();
     core.run(reactor, state, RUN_BATCH);
 }
 
@@ -261,6 +178,24 @@ enum Stage {
     Finished,
 }
 
+/// How an I/O future's I/O ended.
+enum Outcome {
+    /// Completed (well or not), with the buffer the completion gave back.
+    Done(Result<(), IoFailure>, Option<IoBuf>),
+    /// Refused for good; the buffer, if any, is still the future's.
+    Refused(RejectReason),
+}
+
+/// What a submission came to.
+enum Submitted {
+    /// In flight.
+    Yes,
+    /// In line for room (the queue pair was full).
+    InLine,
+    /// Refused for good.
+    Refused(RejectReason),
+}
+
 /// The state machine every I/O future shares.
 struct Submission<'a, S: 'static> {
     local: &'a Local<S>,
@@ -270,6 +205,7 @@ struct Submission<'a, S: 'static> {
 }
 
 impl<'a, S: HasExecutor> Submission<'a, S> {
+    #[inline]
     fn new(local: &'a Local<S>, device: DeviceId, req: IoRequest) -> Self {
         Submission {
             local,
@@ -286,106 +222,156 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
-        mut submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<(Result<(), IoError>, Option<IoBuf>)> {
-        let core = &self.local.core;
-        loop {
-            match self.stage {
-                Stage::Start | Stage::Turn => {
-                    let mut io = core.io.borrow_mut();
-                    // First come, first served: behind those already in line.
-                    if self.stage == Stage::Start && io.others_waiting(self.device) {
-                        let ticket = io.wait_for_room(self.device, cx.waker(), false);
-                        self.stage = Stage::InLine { ticket };
-                        return Poll::Pending;
-                    }
-                    // The waker goes in first: the completion cannot come before the
-                    // submission returns, and a refusal (rare) just drops it again.
-                    let key = io.cells.insert(IoCell::Waiting(Some(cx.waker().clone())));
-                    drop(io);
-                    let req = self.req.with_user(key as u64);
-                    let submitted = core
-                        .lend
-                        .with(|reactor, _| submit(reactor, req))
-                        .expect("an I/O future was polled outside its reactor's executor");
-                    match submitted {
-                        Ok(()) => {
-                            count(&core.ios, 1);
-                            self.stage = Stage::InFlight { key };
-                            return Poll::Pending;
-                        }
-                        Err(reason) => {
-                            let mut io = core.io.borrow_mut();
-                            io.cells.remove(key);
-                            if reason.is_queue_full() {
-                                let front = self.stage == Stage::Turn;
-                                let ticket = io.wait_for_room(self.device, cx.waker(), front);
-                                self.stage = Stage::InLine { ticket };
-                                return Poll::Pending;
-                            }
-                            self.stage = Stage::Finished;
-                            return Poll::Ready((Err(IoError::Refused(reason)), None));
-                        }
-                    }
-                }
-                Stage::InLine { ticket } => {
-                    if core
-                        .io
-                        .borrow_mut()
-                        .still_waiting(self.device, ticket, cx.waker())
-                    {
-                        return Poll::Pending;
-                    }
-                    self.stage = Stage::Turn;
-                }
-                Stage::InFlight { key } => {
-                    let mut io = core.io.borrow_mut();
-                    match &mut io.cells[key] {
-                        IoCell::Waiting(waker) => {
-                            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                                *waker = Some(cx.waker().clone());
-                            }
-                            return Poll::Pending;
-                        }
-                        IoCell::Done(..) => {
-                            let IoCell::Done(result, buf) = io.cells.remove(key) else {
-                                unreachable!("matched just above")
-                            };
-                            self.stage = Stage::Finished;
-                            return Poll::Ready((result.map_err(IoError::Failed), buf));
-                        }
-                        IoCell::Orphaned => unreachable!("a live future's cell is not orphaned"),
-                    }
-                }
-                Stage::Finished => panic!("an I/O future was polled after it completed"),
+        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+    ) -> Poll<Outcome> {
+        let core = &*self.local.core;
+        // The usual cases first: in flight, or starting with nobody in line for room.
+        if let Some(polled) = self.poll_in_flight(cx, Outcome::Done) {
+            return polled;
+        }
+        if self.stage == Stage::Start {
+            let mut io = core.io.borrow_mut();
+            if io.room_waiting == 0 {
+                // The waiter goes in first: the completion cannot come before the submission
+                // returns, and a refusal (rare) just drops it again.
+                let key = io.insert(Waiter::new(core, cx));
+                drop(io);
+                return match self.submit(core, cx, key, submit) {
+                    Submitted::Yes | Submitted::InLine => Poll::Pending,
+                    Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
+                };
             }
+        }
+        self.poll_in_line(cx, submit)
+    }
+
+    /// In flight: `ready` made of its result and buffer once it completed.
+    #[inline(always)]
+    fn poll_in_flight<R>(
+        &mut self,
+        cx: &Context<'_>,
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> Option<Poll<R>> {
+        let Stage::InFlight { key } = self.stage else {
+            return None;
+        };
+        let core = &*self.local.core;
+        let polled = core.io.borrow_mut().poll(key, core, cx, ready);
+        if polled.is_ready() {
+            self.stage = Stage::Finished;
+        }
+        Some(polled)
+    }
+
+    /// Submits with cell `key` for the completion; on a full queue pair, queues for room.
+    #[inline(always)]
+    fn submit(
+        &mut self,
+        core: &Core<S>,
+        cx: &Context<'_>,
+        key: usize,
+        mut submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+    ) -> Submitted {
+        let req = self.req.with_user(key as u64);
+        let submitted = core
+            .lend
+            .with(|reactor, _| submit(reactor, req))
+            .expect("an I/O future was polled outside its reactor's executor");
+        match submitted {
+            Ok(()) => {
+                count(&core.ios, 1);
+                self.stage = Stage::InFlight { key };
+                Submitted::Yes
+            }
+            Err(reason) => self.refused(core, cx, key, reason),
+        }
+    }
+
+    #[cold]
+    fn refused(
+        &mut self,
+        core: &Core<S>,
+        cx: &Context<'_>,
+        key: usize,
+        reason: RejectReason,
+    ) -> Submitted {
+        let mut io = core.io.borrow_mut();
+        io.remove(key);
+        if reason.is_queue_full() {
+            let front = self.stage == Stage::Turn;
+            let ticket = io.wait_for_room(self.device, cx.waker(), front);
+            self.stage = Stage::InLine { ticket };
+            return Submitted::InLine;
+        }
+        self.stage = Stage::Finished;
+        Submitted::Refused(reason)
+    }
+
+    /// The cases where futures wait for room on a full queue pair.
+    #[cold]
+    fn poll_in_line(
+        &mut self,
+        cx: &mut Context<'_>,
+        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+    ) -> Poll<Outcome> {
+        let core = &*self.local.core;
+        match self.stage {
+            Stage::Start => {
+                let mut io = core.io.borrow_mut();
+                // First come, first served: behind those already in line.
+                if io.others_waiting(self.device) {
+                    let ticket = io.wait_for_room(self.device, cx.waker(), false);
+                    self.stage = Stage::InLine { ticket };
+                    return Poll::Pending;
+                }
+            }
+            Stage::InLine { ticket } => {
+                let mut io = core.io.borrow_mut();
+                if io.still_waiting(self.device, ticket, cx.waker()) {
+                    return Poll::Pending;
+                }
+                self.stage = Stage::Turn;
+            }
+            Stage::Turn => {}
+            Stage::InFlight { .. } => unreachable!("handled by `poll`"),
+            Stage::Finished => panic!("an I/O future was polled after it completed"),
+        }
+        let key = core.io.borrow_mut().insert(Waiter::new(core, cx));
+        match self.submit(core, cx, key, submit) {
+            Submitted::Yes | Submitted::InLine => Poll::Pending,
+            Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
         }
     }
 }
 
 impl<S: 'static> Drop for Submission<'_, S> {
+    #[inline]
     fn drop(&mut self) {
-        if matches!(self.stage, Stage::Start | Stage::Finished) {
-            return;
+        if !matches!(self.stage, Stage::Start | Stage::Finished) {
+            self.drop_unfinished();
         }
+    }
+}
+
+impl<S: 'static> Submission<'_, S> {
+    #[cold]
+    fn drop_unfinished(&mut self) {
         let core = &self.local.core;
         let mut io = core.io.borrow_mut();
         let pass_turn = match self.stage {
             Stage::InFlight { key } => {
-                if let IoCell::Done(..) = io.cells[key] {
+                if let Some(buf) = io.orphan(key) {
                     // Completed, never taken: the completion (and its buffer) goes now.
-                    let cell = io.cells.remove(key);
                     drop(io);
-                    drop(cell);
+                    drop(buf);
                     return;
                 }
-                io.cells[key] = IoCell::Orphaned;
                 count(&core.ios_orphaned, 1);
                 false
             }
             Stage::InLine { ticket } => !io.leave(self.device, ticket),
             Stage::Turn => true,
-            Stage::Start | Stage::Finished => unreachable!("returned above"),
+            Stage::Start | Stage::Finished => unreachable!("checked by `drop`"),
         };
         // Its turn for room came and it will not use it: the next in line gets it.
         let next = if pass_turn {
@@ -431,6 +417,15 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
+        // In flight: the output made straight from the completion, into the return value.
+        if let Stage::InFlight { key } = this.submission.stage {
+            let core = &*this.submission.local.core;
+            let polled = core.io.borrow_mut().poll(key, core, cx, T::from_done);
+            if polled.is_ready() {
+                this.submission.stage = Stage::Finished;
+            }
+            return polled;
+        }
         let buf = &mut this.buf;
         let device = this.submission.device;
         let submit = |reactor: &mut Reactor<S>, req| {
@@ -442,10 +437,12 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
                 })
         };
         match this.submission.poll(cx, submit) {
-            Poll::Ready((result, done_buf)) => {
-                // A refused I/O's buffer is still here; a completed one's came back.
-                Poll::Ready(T::from_parts(result, done_buf.or(this.buf.take())))
-            }
+            Poll::Ready(Outcome::Done(result, buf)) => Poll::Ready(T::from_done(result, buf)),
+            // A refused I/O's buffer is still here.
+            Poll::Ready(Outcome::Refused(reason)) => Poll::Ready(T::from_parts(
+                Err(IoError::Refused(reason)),
+                this.buf.take(),
+            )),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -482,7 +479,12 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
                 .submit_vectored(device, req, segments, io_done::<S>)
                 .map_err(|rejected| rejected.reason)
         };
-        this.submission.poll(cx, submit).map(|(result, _)| result)
+        this.submission
+            .poll(cx, submit)
+            .map(|outcome| match outcome {
+                Outcome::Done(result, _) => result.map_err(IoError::Failed),
+                Outcome::Refused(reason) => Err(IoError::Refused(reason)),
+            })
     }
 }
 

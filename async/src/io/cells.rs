@@ -1,0 +1,285 @@
+//! Where an I/O future and its completion meet: a cell per I/O in flight, found by the
+//! request's `user` number, in a slab that grows to the most I/Os ever in flight at once
+//! and never again; and the lines of futures waiting for room on a full queue pair.
+
+use std::collections::VecDeque;
+use std::task::{Context, Poll, Waker};
+
+use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
+
+use crate::executor::Core;
+use crate::task::LocalRef;
+
+/// Who awaits an I/O.
+pub(super) enum Waiter {
+    /// The task that polled its future, with that task's own waker: the completion queues
+    /// it to run directly (no waker clone, no atomic).
+    Task(LocalRef),
+    /// Any other waker (a combinator's, say).
+    Waker(Waker),
+}
+
+impl Waiter {
+    /// The waiter for a future polled with `cx` in a task of `core`.
+    #[inline(always)]
+    pub(super) fn new<S>(core: &Core<S>, cx: &Context<'_>) -> Waiter {
+        match core.current.local_ref(cx.waker()) {
+            Some(task) => Waiter::Task(task),
+            None => Waiter::Waker(cx.waker().clone()),
+        }
+    }
+
+    #[inline]
+    fn will_wake(&self, cx: &Context<'_>) -> bool {
+        match self {
+            Waiter::Task(task) => task.will_wake(cx.waker()),
+            Waiter::Waker(waker) => waker.will_wake(cx.waker()),
+        }
+    }
+
+    #[inline]
+    pub(super) fn wake(self) {
+        match self {
+            Waiter::Task(task) => task.wake(),
+            Waiter::Waker(waker) => waker.wake(),
+        }
+    }
+}
+
+/// One I/O's place between its future and its completion.
+enum Cell {
+    /// Not in use; the next free cell.
+    Free { next: usize },
+    /// In flight; who awaits it.
+    Waiting(Waiter),
+    /// Completed, with its result and buffer; the future takes them on its next poll.
+    Done(Result<(), IoFailure>, Option<IoBuf>),
+    /// Its future was dropped: the completion drops the buffer and frees the cell.
+    Orphaned,
+}
+
+/// No free cell.
+const NONE: usize = usize::MAX;
+
+/// What a completion found in its cell.
+pub(super) enum Completed {
+    /// The future's waiter, to wake; the cell holds the result now.
+    Waiting(Waiter),
+    /// The future was dropped: the cell is free again, and the buffer is the caller's to
+    /// drop (outside any borrow: it goes back to its allocator).
+    Orphaned(Option<IoBuf>),
+}
+
+/// The executor's I/O bookkeeping.
+pub(crate) struct IoCells {
+    cells: Vec<Cell>,
+    /// The first free cell, or `NONE`.
+    free: usize,
+    in_use: usize,
+    /// Per device index: futures waiting for room on its queue pair, oldest first, each by
+    /// its ticket.
+    room: Vec<VecDeque<(u64, Waker)>>,
+    /// Futures waiting for room, on every device.
+    pub(super) room_waiting: usize,
+    next_ticket: u64,
+}
+
+impl Default for IoCells {
+    fn default() -> Self {
+        IoCells {
+            cells: Vec::new(),
+            free: NONE,
+            in_use: 0,
+            room: Vec::new(),
+            room_waiting: 0,
+            next_ticket: 0,
+        }
+    }
+}
+
+impl IoCells {
+    /// I/Os in flight from futures, those of dropped futures included.
+    pub(super) fn in_use(&self) -> usize {
+        self.in_use
+    }
+
+    /// A cell for an I/O about to be submitted; returns its key.
+    #[inline(always)]
+    pub(super) fn insert(&mut self, waiter: Waiter) -> usize {
+        self.in_use += 1;
+        let key = self.free;
+        if key == NONE {
+            self.cells.push(Cell::Waiting(waiter));
+            return self.cells.len() - 1;
+        }
+        match std::mem::replace(&mut self.cells[key], Cell::Waiting(waiter)) {
+            Cell::Free { next } => self.free = next,
+            _ => unreachable!("the free list holds free cells only"),
+        }
+        key
+    }
+
+    #[inline]
+    fn free(&mut self, key: usize) -> Cell {
+        self.in_use -= 1;
+        let cell = std::mem::replace(&mut self.cells[key], Cell::Free { next: self.free });
+        self.free = key;
+        cell
+    }
+
+    /// The I/O of cell `key` was refused: its cell goes.
+    pub(super) fn remove(&mut self, key: usize) {
+        debug_assert!(matches!(self.cells[key], Cell::Waiting(_)));
+        self.free(key);
+    }
+
+    /// The completion of cell `key`'s I/O.
+    #[inline]
+    pub(super) fn complete(
+        &mut self,
+        key: usize,
+        result: Result<(), IoFailure>,
+        buf: Option<IoBuf>,
+    ) -> Completed {
+        let cell = &mut self.cells[key];
+        match cell {
+            Cell::Waiting(_) => match std::mem::replace(cell, Cell::Done(result, buf)) {
+                Cell::Waiting(waiter) => Completed::Waiting(waiter),
+                _ => unreachable!("matched just above"),
+            },
+            Cell::Orphaned => {
+                self.free(key);
+                Completed::Orphaned(buf)
+            }
+            Cell::Free { .. } | Cell::Done(..) => {
+                panic!("an I/O completed twice, or for no future (cell {key})")
+            }
+        }
+    }
+
+    /// The future of cell `key` polls it: `ready` made of its result and buffer if it
+    /// completed (the cell is free again), or pending, with `cx`'s task set to be woken.
+    #[inline(always)]
+    pub(super) fn poll<S, R>(
+        &mut self,
+        key: usize,
+        core: &Core<S>,
+        cx: &Context<'_>,
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> Poll<R> {
+        match &mut self.cells[key] {
+            Cell::Done(..) => match self.free(key) {
+                Cell::Done(result, buf) => Poll::Ready(ready(result, buf)),
+                _ => unreachable!("matched just above"),
+            },
+            Cell::Waiting(waiter) => {
+                if !waiter.will_wake(cx) {
+                    *waiter = Waiter::new(core, cx);
+                }
+                Poll::Pending
+            }
+            Cell::Free { .. } | Cell::Orphaned => {
+                unreachable!("a live future's cell is in use and not orphaned")
+            }
+        }
+    }
+
+    /// The future of cell `key` was dropped: a completion that came already is returned
+    /// (for the caller to drop outside the borrow); otherwise the cell waits for it,
+    /// orphaned.
+    pub(super) fn orphan(&mut self, key: usize) -> Option<Option<IoBuf>> {
+        match &self.cells[key] {
+            Cell::Done(..) => match self.free(key) {
+                Cell::Done(_, buf) => Some(buf),
+                _ => unreachable!("matched just above"),
+            },
+            Cell::Waiting(_) => {
+                // The waiter goes now (it may hold the task), the cell when the I/O ends.
+                let waiter = std::mem::replace(&mut self.cells[key], Cell::Orphaned);
+                drop(waiter);
+                None
+            }
+            Cell::Free { .. } | Cell::Orphaned => {
+                unreachable!("a live future's cell is in use and not orphaned")
+            }
+        }
+    }
+
+    fn queue(&mut self, device: DeviceId) -> &mut VecDeque<(u64, Waker)> {
+        let d = usize::from(device.index());
+        if self.room.len() <= d {
+            self.room.resize_with(d + 1, VecDeque::new);
+        }
+        &mut self.room[d]
+    }
+
+    /// Queues a future for room on `device`: at the back, or at the front for one whose
+    /// turn came and found the queue pair full again.
+    pub(super) fn wait_for_room(&mut self, device: DeviceId, waker: &Waker, front: bool) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let queue = self.queue(device);
+        if front {
+            queue.push_front((ticket, waker.clone()));
+        } else {
+            queue.push_back((ticket, waker.clone()));
+        }
+        self.room_waiting += 1;
+        ticket
+    }
+
+    /// Whether `ticket` is still in line; if so, it will be woken by `waker`.
+    pub(super) fn still_waiting(&mut self, device: DeviceId, ticket: u64, waker: &Waker) -> bool {
+        let queue = self.queue(device);
+        match queue.iter_mut().find(|(t, _)| *t == ticket) {
+            Some((_, w)) => {
+                if !w.will_wake(waker) {
+                    *w = waker.clone();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes `ticket` out of line (its future was dropped); false if its turn had come.
+    pub(super) fn leave(&mut self, device: DeviceId, ticket: u64) -> bool {
+        let queue = self.queue(device);
+        let Some(at) = queue.iter().position(|(t, _)| *t == ticket) else {
+            return false;
+        };
+        queue.remove(at);
+        self.room_waiting -= 1;
+        true
+    }
+
+    /// The first future in line for room on `device`, taken out of line.
+    #[inline]
+    pub(super) fn next_in_line(&mut self, device: DeviceId) -> Option<Waker> {
+        if self.room_waiting == 0 {
+            return None;
+        }
+        self.pop_in_line(device)
+    }
+
+    #[cold]
+    fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
+        let (_, waker) = self.queue(device).pop_front()?;
+        self.room_waiting -= 1;
+        Some(waker)
+    }
+
+    #[inline]
+    pub(super) fn others_waiting(&mut self, device: DeviceId) -> bool {
+        self.room_waiting > 0 && !self.queue(device).is_empty()
+    }
+
+    /// Devices with a line, for `Core::wake_for_room`.
+    pub(super) fn lines(&self) -> usize {
+        self.room.len()
+    }
+
+    pub(super) fn has_line(&self, d: usize) -> bool {
+        self.room.get(d).is_some_and(|queue| !queue.is_empty())
+    }
+}
