@@ -17,16 +17,13 @@ use hypoll_reactor::{
     RejectReason, SendError, StartError,
 };
 
-// Paths spelled out: the test includes this file by path, and the tree must resolve the
-// same from there as from `main.rs`.
-#[path = "policy.rs"]
-pub mod policy;
-#[path = "shard.rs"]
-mod shard;
-
-use policy::spin_then_wait;
-pub use shard::ShardStats;
-use shard::{Shard, Waiter};
+// The shard and the policy are the including crate's modules, beside this one: the
+// callback store (`shard.rs` here) and the async one (`hypoll-async`'s
+// `examples/logstore_async/shard.rs`) put theirs behind this same interface.
+use crate::policy::spin_then_wait;
+use crate::shard;
+pub use crate::shard::ShardStats;
+use crate::shard::{Shard, Waiter};
 
 /// Shards, one reactor each.
 pub const SHARDS: usize = 2;
