@@ -302,6 +302,8 @@ impl<P: Protocol> Shard<P> {
                 conn.interest = want;
             }
             self.report_end(key);
+            // It reads no more requests: a slot for a large one goes to the next in line.
+            self.leave_large_input(key, r.now_ns());
             return work + 1;
         }
         if finished {
