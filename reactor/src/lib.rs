@@ -9,6 +9,10 @@
 //! then spin, or wait for the interrupt) if I/O is outstanding, or spins briefly and then
 //! parks in epoll if nothing is.
 //!
+//! An application with a loop of its own drives a reactor itself instead: it builds one with
+//! [`Reactor::standalone`] and calls [`Reactor::poll`] (one turn) and [`Reactor::idle`] (what
+//! a turn without work does) from its loop, then [`Reactor::shut_down`].
+//!
 //! ```no_run
 //! use hypoll_reactor::{Device, ReactorConfig, ReactorSet};
 //!
@@ -89,7 +93,7 @@ pub use io::{
 };
 pub use reactor::{
     AfterBatch, ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning,
-    SendError, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
+    SendError, StandaloneConfig, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
 };
 pub use set::{
     InitError, PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ReactorStartError,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::cores::{CoreError, CoreList};
-use crate::reactor::{mailbox, ExitReport, Reactor, ReactorHandle, ReactorTuning};
+use crate::reactor::{build_policy, mailbox, ExitReport, Reactor, ReactorHandle, ReactorTuning};
 use hypoll_policy::{PolicySpecError, PollPolicy};
 
 /// Default mailbox size of each reactor.
@@ -253,11 +253,7 @@ impl<S: 'static, X: Send + 'static> ReactorSet<S, X> {
                         let cpu = crate::sys::ThreadCpuClock::current()
                             .map_err(ReactorStartError::CpuClock)?;
                         handles[index].stats_cell().set_cpu_clock(cpu);
-                        let policy = match &custom_policy {
-                            Some(factory) => (factory.0)(index),
-                            None => hypoll_policy::build(&policy_spec)
-                                .map_err(ReactorStartError::Policy)?,
-                        };
+                        let policy = build_policy(&policy_spec, custom_policy.as_ref(), index)?;
                         let mut reactor = Reactor::new(index, rx, handles.clone(), policy, tuning)
                             .map_err(ReactorStartError::Setup)?;
                         // A panicking init is reported like a failing one, so `start` never

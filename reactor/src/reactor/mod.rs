@@ -6,6 +6,7 @@
 //! - `api`: what embedders call to attach devices, add timers and pollers, and look inside;
 //! - `submit`: submitting an I/O, and the bounded wait queue of I/Os that found their queue
 //!   pair full;
+//! - `step`: the step API, for an embedder that drives a reactor from its own loop;
 //! - `turn`: the loop, one turn of it (messages, timers, pollers, completions), and shutdown;
 //! - `region`: memory the application registers with a device, and vectored I/O into it;
 //! - `recovery`: timeouts, aborts, resets, and abandoning what a device never completes;
@@ -17,6 +18,7 @@ mod handle;
 mod idle;
 mod recovery;
 mod region;
+mod step;
 mod submit;
 #[cfg(test)]
 mod tests;
@@ -43,6 +45,8 @@ pub(crate) use handle::mailbox;
 pub use handle::{ReactorHandle, SendError};
 use idle::WakeState;
 use recovery::Recovery;
+pub(crate) use step::build_policy;
+pub use step::StandaloneConfig;
 use submit::QueuedIo;
 
 /// Most messages run per loop turn, so a flood of messages cannot starve I/O.
@@ -232,6 +236,8 @@ pub struct Reactor<S = ()> {
     /// What the wait at the end of this turn (if any) makes of the next one.
     wake_next_turn: WakeState,
     stopping: bool,
+    /// The last `poll` found no work and no `idle` followed it yet (the step API).
+    idle_due: bool,
     /// Where `now_ns` comes from: CLOCK_MONOTONIC, or a simulation's virtual clock.
     clock: Clock,
     /// How the idle path blocks: the real thread, or a simulation's virtual time.
@@ -313,6 +319,7 @@ impl<S> Reactor<S> {
             wake_this_turn: WakeState::Awake,
             wake_next_turn: WakeState::Awake,
             stopping: false,
+            idle_due: false,
             clock: Clock::Monotonic,
             waiter: wait::Waiter::Real,
             abandoned: 0,

@@ -12,25 +12,18 @@ use super::{
     SHUTDOWN_POLL,
 };
 use crate::io::{DeviceId, IoDone, IoFailure};
-use crate::stats::STATS_PUBLISH_NS;
 use crate::timer::{TimerFn, Timers};
 
 impl<S> Reactor<S> {
     /// Runs until stopped, then drains or fails outstanding I/O. Returns the exit report.
+    /// The loop of a [`ReactorSet`](crate::ReactorSet) thread: `poll` and `idle` (the step
+    /// API) are the same pieces, less this loop's single clock read per turn.
     pub(crate) fn run(&mut self, state: &mut S) -> ExitReport {
         let mut turn_start_ns = self.clock.now_ns();
         while !self.me().wake.stop.load(Ordering::Acquire) {
-            self.now_ns = turn_start_ns;
-            // What the last turn's wait (if any) makes of this one; none yet for the next.
-            self.wake_this_turn = std::mem::take(&mut self.wake_next_turn);
-            let work = self.turn(state);
-            if self.now_ns - self.last_publish_ns >= STATS_PUBLISH_NS {
-                self.publish();
-            }
+            let work = self.step(state, turn_start_ns);
             if work == 0 {
                 self.when_idle();
-            } else {
-                self.idle_since_ns = None;
             }
             // One clock read per turn: this turn's end is the next one's start. A turn that
             // did work is busy; one that found none (its spin, sleep or park included) idle.
@@ -43,7 +36,7 @@ impl<S> Reactor<S> {
             }
             turn_start_ns = next_ns;
         }
-        self.shut_down(state)
+        self.stop_and_drain(state)
     }
 
     /// One loop turn at the clock's current time, for a simulation that steps reactors by
@@ -248,7 +241,7 @@ impl<S> Reactor<S> {
         callback(self, state, done);
     }
 
-    fn publish(&mut self) {
+    pub(super) fn publish(&mut self) {
         self.last_publish_ns = self.now_ns;
         self.me().stats.publish(
             &self.counters,
@@ -261,7 +254,7 @@ impl<S> Reactor<S> {
 
     /// Stops: runs what is queued, stops timers and pollers, lets outstanding I/O complete
     /// for up to the shutdown timeout, then deletes the queue pairs and fails the rest.
-    fn shut_down(&mut self, state: &mut S) -> ExitReport {
+    pub(super) fn stop_and_drain(&mut self, state: &mut S) -> ExitReport {
         self.stopping = true;
         while self.run_messages(state, MESSAGE_BATCH) > 0 {}
         self.pollers.clear();

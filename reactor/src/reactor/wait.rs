@@ -71,13 +71,9 @@ impl<S> Reactor<S> {
     pub(crate) fn sim_step(&mut self, state: &mut S) -> usize {
         debug_assert!(matches!(self.waiter, Waiter::Virtual(_)));
         debug_assert!(!self.sim_asleep());
-        self.now_ns = self.clock.now_ns();
-        self.wake_this_turn = std::mem::take(&mut self.wake_next_turn);
-        let work = self.turn(state);
+        let work = self.step(state, self.clock.now_ns());
         if work == 0 {
             self.when_idle();
-        } else {
-            self.idle_since_ns = None;
         }
         work
     }
