@@ -80,6 +80,9 @@ pub mod cores;
 pub mod io;
 mod reactor;
 mod set;
+/// The seeded fault simulation: behind the `sim` feature (off by default), so that its test
+/// doubles stay out of an embedder's API.
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod stats;
 mod sys;

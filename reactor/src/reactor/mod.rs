@@ -332,6 +332,7 @@ impl<S> Reactor<S> {
         })
     }
 
+    #[cfg(any(test, feature = "sim"))]
     /// Makes the reactor read `clock` instead of CLOCK_MONOTONIC (simulations step a
     /// reactor by hand on a virtual clock; see `crate::sim`).
     pub(crate) fn set_clock(&mut self, clock: Clock) {

@@ -2,12 +2,14 @@
 //! blocks through its `Waiter`: the real one sleeps the thread and waits in epoll; the
 //! simulation's ([`VirtualWaiter`]) moves a virtual clock instead, so the whole idle path
 //! (the policy's sleeps, interrupt waits, parks, the long-sleep bound) runs seeded and
-//! replays. Only the idle path consults the waiter: the I/O path pays nothing for it.
-
-use hypoll_nvme::Clock;
+//! replays. Only the idle path consults the waiter: the I/O path pays nothing for it. The
+//! virtual waiter exists only with the `sim` feature (and in the crate's own tests): without
+//! it the real waiter is the only one.
 
 use super::{Reactor, WakeState};
+#[cfg(any(test, feature = "sim"))]
 use crate::sim::waiter::{emulated_deadline_ns, Block};
+#[cfg(any(test, feature = "sim"))]
 use crate::sim::VirtualWaiter;
 
 /// How a reactor blocks.
@@ -16,48 +18,57 @@ pub(crate) enum Waiter {
     /// The thread sleeps (`clock_nanosleep`) or waits in epoll.
     #[default]
     Real,
-    /// Virtual time moves instead (the simulation).
+    /// Virtual time moves instead (the simulation, behind the `sim` feature).
+    #[cfg(any(test, feature = "sim"))]
     Virtual(Box<VirtualWaiter>),
 }
 
 impl<S> Reactor<S> {
+    #[cfg(any(test, feature = "sim"))]
     /// Runs the reactor on `waiter`'s virtual clock and waits through it.
     pub(crate) fn simulate(&mut self, waiter: VirtualWaiter) {
         // Before any device: whether one has an emulated interrupt line is decided at attach.
         debug_assert!(self.devices.is_empty());
-        self.set_clock(Clock::Virtual(waiter.clock().clone()));
+        self.set_clock(hypoll_nvme::Clock::Virtual(waiter.clock().clone()));
         self.waiter = Waiter::Virtual(Box::new(waiter));
     }
 
+    #[cfg(any(test, feature = "sim"))]
     /// The virtual waiter, in a simulation.
     pub(crate) fn virtual_waiter(&self) -> Option<&VirtualWaiter> {
         match &self.waiter {
             Waiter::Real => None,
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => Some(v),
         }
     }
 
     /// Whether a device without an interrupt fd has one in this reactor's world: an
     /// emulated device under a virtual waiter that gives it a line.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
     pub(super) fn emulated_interrupt(&self, qp: &(dyn hypoll_nvme::QueuePair + 'static)) -> bool {
         match &self.waiter {
             Waiter::Real => false,
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => v.costs().interrupts && emulated_deadline_ns(qp).is_some(),
         }
     }
 
+    #[cfg(any(test, feature = "sim"))]
     /// Whether a simulated reactor is still in a wait (not to be turned).
     pub(crate) fn sim_asleep(&self) -> bool {
         self.virtual_waiter()
             .is_some_and(|v| v.asleep(self.clock.now_ns()))
     }
 
+    #[cfg(any(test, feature = "sim"))]
     /// Tells a simulated reactor's waiter that a message arrived (it ends a block, not a
     /// timed sleep). Returns whether the reactor can take it now: awake, or woken by it.
     pub(crate) fn sim_deliver(&mut self) -> bool {
         let now_ns = self.clock.now_ns();
         match &mut self.waiter {
             Waiter::Real => true,
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => {
                 v.deliver_message(now_ns);
                 !v.asleep(now_ns)
@@ -65,6 +76,7 @@ impl<S> Reactor<S> {
         }
     }
 
+    #[cfg(any(test, feature = "sim"))]
     /// One step of a simulated reactor: a turn at the clock's time and, when it found no
     /// work, the idle path, whose waits put it to sleep in virtual time. Returns the work
     /// done.
@@ -80,6 +92,7 @@ impl<S> Reactor<S> {
 
     /// Sleeps until `until_ns`; nothing ends it early. `long_piece`: a bounded piece of a
     /// long sleep. Returns when it woke.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
     pub(super) fn sleep_until(&mut self, until_ns: u64, long_piece: bool) -> u64 {
         self.waited_from(self.now_ns);
         let woke_ns = match &mut self.waiter {
@@ -87,6 +100,7 @@ impl<S> Reactor<S> {
                 crate::sys::sleep_until_ns(until_ns);
                 self.clock.now_ns()
             }
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => v.sleep_until(self.now_ns, until_ns, long_piece),
         };
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
@@ -94,9 +108,11 @@ impl<S> Reactor<S> {
     }
 
     /// A stopping reactor's pause between polls for its last completions, until `until_ns`.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
     pub(super) fn wait_shutdown_poll(&mut self, until_ns: u64) {
         match &mut self.waiter {
             Waiter::Real => std::thread::sleep(super::SHUTDOWN_POLL),
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => v.clock().advance_to(until_ns),
         }
     }
@@ -105,12 +121,21 @@ impl<S> Reactor<S> {
     pub(super) fn thread_cpu_ns(&self) -> Option<u64> {
         match &self.waiter {
             Waiter::Real => self.me().stats.cpu_ns(),
+            #[cfg(any(test, feature = "sim"))]
             Waiter::Virtual(v) => Some(v.cpu_ns()),
         }
     }
 
+    /// Without the simulation the real waiter is the only one: the caller waits in epoll.
+    #[cfg(not(any(test, feature = "sim")))]
+    #[inline(always)]
+    pub(super) fn block_virtually(&mut self, _for_io: bool, _until_ns: Option<u64>) -> Option<u64> {
+        None
+    }
+
     /// Blocks in virtual time for what `park` computed: `Some` with when it wakes, or
     /// `None` when the waiter is the real one (the caller waits in epoll).
+    #[cfg(any(test, feature = "sim"))]
     pub(super) fn block_virtually(&mut self, for_io: bool, until_ns: Option<u64>) -> Option<u64> {
         let Waiter::Virtual(v) = &mut self.waiter else {
             return None;
