@@ -24,8 +24,8 @@ pub(crate) enum Waiter {
 }
 
 impl<S> Reactor<S> {
-    #[cfg(any(test, feature = "sim"))]
     /// Runs the reactor on `waiter`'s virtual clock and waits through it.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn simulate(&mut self, waiter: VirtualWaiter) {
         // Before any device: whether one has an emulated interrupt line is decided at attach.
         debug_assert!(self.devices.is_empty());
@@ -33,8 +33,8 @@ impl<S> Reactor<S> {
         self.waiter = Waiter::Virtual(Box::new(waiter));
     }
 
-    #[cfg(any(test, feature = "sim"))]
     /// The virtual waiter, in a simulation.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn virtual_waiter(&self) -> Option<&VirtualWaiter> {
         match &self.waiter {
             Waiter::Real => None,
@@ -54,16 +54,16 @@ impl<S> Reactor<S> {
         }
     }
 
-    #[cfg(any(test, feature = "sim"))]
     /// Whether a simulated reactor is still in a wait (not to be turned).
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim_asleep(&self) -> bool {
         self.virtual_waiter()
             .is_some_and(|v| v.asleep(self.clock.now_ns()))
     }
 
-    #[cfg(any(test, feature = "sim"))]
     /// Tells a simulated reactor's waiter that a message arrived (it ends a block, not a
     /// timed sleep). Returns whether the reactor can take it now: awake, or woken by it.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim_deliver(&mut self) -> bool {
         let now_ns = self.clock.now_ns();
         match &mut self.waiter {
@@ -76,10 +76,10 @@ impl<S> Reactor<S> {
         }
     }
 
-    #[cfg(any(test, feature = "sim"))]
     /// One step of a simulated reactor: a turn at the clock's time and, when it found no
     /// work, the idle path, whose waits put it to sleep in virtual time. Returns the work
     /// done.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim_step(&mut self, state: &mut S) -> usize {
         debug_assert!(matches!(self.waiter, Waiter::Virtual(_)));
         debug_assert!(!self.sim_asleep());
