@@ -38,7 +38,7 @@ fn a_sleeping_task_lets_its_reactor_park_and_wakes_on_time() {
 #[test]
 fn a_timeout_drops_a_slow_read_which_still_completes_under_the_device() {
     let _serial = serial();
-    // Reads take 20 ms on this device.
+    // The device is configured (`read_us`) so that every read outlasts the timeout below.
     let device = Device::open("emu:nand,size=16M,read_us=20000,jitter=0,tail_pct=0").unwrap();
     let set = start(1, Some((device, DeviceOptions::new(4))));
     let h = set.handles()[0].clone();

@@ -1,6 +1,7 @@
 //! What `async` costs over callbacks: 4 KiB reads on `null` at queue depth 1 and 128, on
 //! one reactor, through completion callbacks and through tasks awaiting I/O futures, side
-//! by side in one run (issue 23 asks for at most 25 ns more per I/O).
+//! by side in one run: the difference is what the executor and the futures add per I/O
+//! (figures and the budget in docs/results.md).
 //!
 //! `cargo bench -p hypoll-benches --bench async`
 

@@ -14,8 +14,9 @@ use hypoll_nbd::proto::*;
 use support::nbd::{closed, handshake, simple_reply};
 use support::serve::Serve;
 
-/// A server of export `mem`, backed by `disk`, configured with 300 ms writes: a write is
-/// surely in flight when a signal lands 100 ms after it is sent.
+/// A server of export `mem`, backed by `disk`, whose device is configured (`write_us`) with
+/// writes slow enough to be still in flight when a test signals the server shortly after
+/// sending them.
 fn serve_slow_writes(disk: &Path) -> Serve {
     let spec = format!(
         "mem=emu:dram,backing=file:{},size=1M,write_us=300000,jitter=0",
