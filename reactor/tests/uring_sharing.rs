@@ -1,0 +1,161 @@
+//! The `uring` device shared: several of them on one reactor, and one file open on several
+//! reactors at once. Each reactor owns its own ring; these check that nothing in a ring's
+//! setup, its interrupt eventfd or the reactor's wait mixes them up.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hypoll_reactor::{Device, DeviceId, IoBuf, IoDone, Reactor, StandaloneConfig};
+
+/// Longest any test here waits for its I/O.
+const PATIENCE: Duration = Duration::from_secs(20);
+const BLOCK_BYTES: usize = 4096;
+const FILE_BYTES: usize = 4 << 20;
+/// Blocks each device or reactor writes and reads back.
+const BLOCKS: u64 = 64;
+/// Room for every I/O a test keeps in flight at once (a reactor reads every range at once).
+const QUEUE_DEPTH: usize = 256;
+
+/// A file of `FILE_BYTES` in a directory of test `test`'s own, filled with data, not sparse: a hole would make the kernel's
+/// reads of it skip the disk.
+fn data_file(test: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hypoll-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, vec![0xa5u8; FILE_BYTES]).unwrap();
+    path
+}
+
+fn open(path: &Path) -> Device {
+    Device::open(&format!("uring:{}", path.display())).unwrap()
+}
+
+/// The bytes block `lba` holds once writer `who` wrote it.
+fn pattern(who: u8, lba: u64) -> Vec<u8> {
+    (0..BLOCK_BYTES)
+        .map(|i| who ^ (lba as u8) ^ (i as u8).wrapping_mul(31))
+        .collect()
+}
+
+#[derive(Default)]
+struct State {
+    done: u64,
+    failed: u64,
+    /// Reads whose bytes were not what their writer wrote.
+    wrong: u64,
+}
+
+fn reactor(policy: &str) -> Reactor<State> {
+    let cfg = StandaloneConfig {
+        policy: policy.to_string(),
+        ..StandaloneConfig::default()
+    };
+    Reactor::<State>::standalone(cfg).unwrap().0
+}
+
+/// Turns `r` until `want` I/Os completed.
+fn drive(r: &mut Reactor<State>, state: &mut State, want: u64) {
+    let deadline = Instant::now() + PATIENCE;
+    while state.done < want {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {want} I/Os after {PATIENCE:?}",
+            state.done
+        );
+        if r.poll(state) == 0 {
+            r.idle();
+        }
+    }
+}
+
+/// Writes `who`'s pattern to blocks `first..first + BLOCKS` of `dev`, all in flight at once.
+fn write_blocks(r: &mut Reactor<State>, dev: DeviceId, who: u8, first: u64) {
+    for lba in first..first + BLOCKS {
+        let buf = IoBuf::from_slice(&pattern(who, lba));
+        r.write(dev, lba, 1, buf, |_, s: &mut State, d| {
+            s.done += 1;
+            s.failed += u64::from(d.result.is_err());
+        })
+        .unwrap_or_else(|e| panic!("write {lba} refused: {:?}", e.reason));
+    }
+}
+
+/// Reads blocks `first..first + BLOCKS` of `dev` and counts those that are not `who`'s.
+fn read_blocks(r: &mut Reactor<State>, dev: DeviceId, who: u8, first: u64) {
+    for lba in first..first + BLOCKS {
+        let check = move |_: &mut Reactor<State>, s: &mut State, d: IoDone| {
+            s.done += 1;
+            match &d.result {
+                Ok(()) => {
+                    let right = d.buf.as_deref() == Some(&pattern(who, lba)[..]);
+                    s.wrong += u64::from(!right);
+                }
+                Err(_) => s.failed += 1,
+            }
+        };
+        r.read(dev, lba, 1, IoBuf::zeroed(BLOCK_BYTES), check)
+            .unwrap_or_else(|e| panic!("read {lba} refused: {:?}", e.reason));
+    }
+}
+
+#[test]
+fn several_uring_devices_on_one_reactor_keep_their_own_data() {
+    let (a, b) = (
+        data_file("uring-devices", "a.img"),
+        data_file("uring-devices", "b.img"),
+    );
+    // `interrupt` waits on both rings' eventfds at once; `classic` polls both rings.
+    for policy in ["interrupt", "classic"] {
+        let mut r = reactor(policy);
+        let dev_a = r.attach(&open(&a), QUEUE_DEPTH).unwrap();
+        let dev_b = r.attach(&open(&b), QUEUE_DEPTH).unwrap();
+        let mut state = State::default();
+        // The same blocks on both devices, written with different data, all in flight.
+        write_blocks(&mut r, dev_a, 1, 0);
+        write_blocks(&mut r, dev_b, 2, 0);
+        drive(&mut r, &mut state, 2 * BLOCKS);
+        read_blocks(&mut r, dev_a, 1, 0);
+        read_blocks(&mut r, dev_b, 2, 0);
+        drive(&mut r, &mut state, 4 * BLOCKS);
+        assert_eq!((state.failed, state.wrong), (0, 0), "policy {policy}");
+        if policy == "interrupt" {
+            assert!(r.counters().interrupt_waits > 0, "interrupt never waited");
+        }
+        let report = r.shut_down(&mut state);
+        assert_eq!(report.failed_ios, 0);
+    }
+    std::fs::remove_dir_all(a.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn one_file_on_several_reactors_at_once() {
+    let path = data_file("uring-shared", "shared.img");
+    const REACTORS: u8 = 3;
+    // Each reactor, on its own thread with its own ring on the same file, writes its own
+    // range, then (once all have written) reads every range back.
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(usize::from(REACTORS)));
+    let threads: Vec<_> = (0..REACTORS)
+        .map(|who| {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let policy = if who % 2 == 0 { "interrupt" } else { "classic" };
+                let mut r = reactor(policy);
+                let dev = r.attach(&open(&path), QUEUE_DEPTH).unwrap();
+                let mut state = State::default();
+                write_blocks(&mut r, dev, who, u64::from(who) * BLOCKS);
+                drive(&mut r, &mut state, BLOCKS);
+                barrier.wait();
+                for other in 0..REACTORS {
+                    read_blocks(&mut r, dev, other, u64::from(other) * BLOCKS);
+                }
+                drive(&mut r, &mut state, BLOCKS * (1 + u64::from(REACTORS)));
+                r.shut_down(&mut state);
+                (state.failed, state.wrong)
+            })
+        })
+        .collect();
+    for (who, t) in threads.into_iter().enumerate() {
+        assert_eq!(t.join().unwrap(), (0, 0), "reactor {who}");
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
