@@ -1,4 +1,5 @@
-//! The experiment that tells `adaptive` how long a batch under load may be.
+//! The experiment that tells `adaptive` how to wait under load: on the interrupt, or by
+//! sleeping through a batch, and how long a batch may be.
 //!
 //! Batching (sleeping through most of the queueing time with several I/Os outstanding)
 //! assumes a saturated device, whose queued commands keep it busy while the reactor sleeps.
@@ -7,28 +8,36 @@
 //! moderate queue depth, yet never queue, and every completion left unreaped while the
 //! reactor sleeps idles a unit, so batching makes it markedly slower than spinning.
 //!
-//! So the reactor tries both. Arms of at least [`ARM_LATENCIES`] mean latencies (and
-//! [`ARM_NS_MIN`]) alternately batch and do not (the per-I/O plan, which under load mostly
-//! spins, as classic does), in the order batch, not, not, batch: a drift in the device's
-//! latency then weighs on both alike. [`PAIRS`] pairs. Each arm's mean latency, as seen
-//! (lateness included), counts the I/Os submitted after its first quarter and completed
-//! within it: the device's queue takes a while to settle after a switch, and an arm is not
-//! to be charged for the one before it. (On a slow, noisy disk, shorter or longer arms
-//! alike left batching late past the budget in about half the pairs or more; see docs/lab/
-//! for the campaign.) At a fixed queue depth Little's law ties that mean to the
-//! throughput, so it is the one figure to compare.
+//! On a device with an interrupt, waiting for it comes first: the reactor wakes one
+//! interrupt wake-up after the first completion of a batch, never a timer's overshoot
+//! after it, and spins for none of the rest. Where completions arrive in bursts (a disk
+//! behind a hypervisor, a device that coalesces its interrupts) that is as cheap as any
+//! batch and less late; where every wake-up costs a large share of the latency, the trial
+//! refuses it and the batches are tried next.
 //!
-//! A batch length is refused when it was later than the other arm by more than the latency
-//! budget in at least [`WORSE_PAIRS`] of the pairs; one half as long is then tried at once,
-//! [`LEVELS`] lengths in all, past which the reactor does not batch. A wide device that does
-//! not queue loses to batching in every pair, by far more than the budget; so does the
-//! longest batch on a queueing device while the machine's wake-ups overshoot badly, by less
-//! (docs/lab/ has the figures). Where a batch is harmless, a refusal needs bad luck: the
-//! chance that at least [`WORSE_PAIRS`] of [`PAIRS`] coin flips come up "worse". On a device whose means scatter from
-//! arm to arm by more than the budget, a cost smaller than the noise is not always seen.
-//! The length found holds for [`HOLD_NS`], through pauses in the load; then trials start
-//! again from the longest, since the device's load and state change. A trial that the load
-//! leaves for [`STALE_NS`] starts again when it returns.
+//! So the reactor tries each way against not doing it. Arms of at least [`ARM_LATENCIES`]
+//! mean latencies (and [`ARM_NS_MIN`]) alternately wait that way and do not (the per-I/O
+//! plan, which under load mostly spins, as classic does), in the order try, not, not, try:
+//! a drift in the device's latency then weighs on both alike. [`PAIRS`] pairs. Each arm's
+//! mean latency, as seen (lateness included), counts the I/Os submitted after its first
+//! quarter and completed within it: the device's queue takes a while to settle after a
+//! switch, and an arm is not to be charged for the one before it. (On a slow, noisy disk,
+//! shorter or longer arms alike left batching late past the budget in about half the pairs
+//! or more; see docs/lab/ for the campaign.) At a fixed queue depth Little's law ties that
+//! mean to the throughput, so it is the one figure to compare.
+//!
+//! A way of waiting is refused when it was later than the other arm by more than the
+//! latency budget in at least [`WORSE_PAIRS`] of the pairs; the next is then tried at once:
+//! the interrupt (where the device has one), then [`LEVELS`] batch lengths, each half the
+//! one before, past which the reactor neither batches nor waits on the interrupt under load.
+//! A wide device that does not queue loses to batching in every pair, by far more than the
+//! budget; so does the longest batch on a queueing device while the machine's wake-ups
+//! overshoot badly, by less (docs/lab/ has the figures). Where a way is harmless, a refusal
+//! needs bad luck: the chance that at least [`WORSE_PAIRS`] of [`PAIRS`] coin flips come up
+//! "worse". On a device whose means scatter from arm to arm by more than the budget, a cost
+//! smaller than the noise is not always seen. The way found holds for [`HOLD_NS`], through
+//! pauses in the load; then trials start again from the first, since the device's load and
+//! state change. A trial that the load leaves for [`STALE_NS`] starts again when it returns.
 
 use super::ADAPTIVE_BATCH_FRACTION;
 
@@ -53,6 +62,29 @@ pub(crate) const HOLD_NS: u64 = 10_000_000_000;
 /// Batch lengths tried: the policy's fraction of the queueing time, then half of it, and so
 /// on, this many; past the last, no batching.
 pub(crate) const LEVELS: u32 = 3;
+/// The level that waits on the interrupt; the batch lengths are the levels after it.
+const INTERRUPT_LEVEL: u32 = 0;
+/// The level past every way of waiting: the per-I/O plan alone.
+const NO_LEVEL: u32 = LEVELS + 1;
+
+/// How a reactor under load waits for the oldest I/O, as the trial has it now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum LoadWait {
+    /// Block on the device's interrupt.
+    Interrupt,
+    /// Sleep through this share of the queueing time.
+    Batch(f64),
+}
+
+impl LoadWait {
+    /// The batch's share of the queueing time, if it is a batch.
+    pub(crate) fn fraction(self) -> Option<f64> {
+        match self {
+            LoadWait::Batch(f) => Some(f),
+            LoadWait::Interrupt => None,
+        }
+    }
+}
 
 /// One arm's completions: their latencies' sum and count.
 #[derive(Clone, Copy, Debug, Default)]
@@ -70,8 +102,8 @@ impl ArmTotal {
 /// The trial's state; see the module's documentation.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BatchTrial {
-    /// The batch length on trial or held: [`ADAPTIVE_BATCH_FRACTION`] halved this many times
-    /// ([`LEVELS`]: none).
+    /// The way of waiting on trial or held: [`INTERRUPT_LEVEL`], then batch lengths from
+    /// [`ADAPTIVE_BATCH_FRACTION`], each half the one before, then [`NO_LEVEL`].
     level: u32,
     /// Until when the level found is held, once a trial is over.
     held_until_ns: Option<u64>,
@@ -92,8 +124,8 @@ pub(crate) struct BatchTrial {
     pub(crate) trials: u64,
 }
 
-/// Whether arm `arm` of a trial batches: batch, not, not, batch, repeated.
-fn arm_batches(arm: u32) -> bool {
+/// Whether arm `arm` of a trial waits the way on trial: try, not, not, try, repeated.
+fn arm_tries(arm: u32) -> bool {
     matches!(arm % 4, 0 | 3)
 }
 
@@ -102,38 +134,49 @@ impl BatchTrial {
     /// arm and level stay in their ranges; a pair counts as worse at most once.
     fn assert_invariants(&self) {
         debug_assert!(self.held_until_ns.is_none() || self.arm.is_none());
-        debug_assert!(self.level <= LEVELS);
+        debug_assert!(self.level <= NO_LEVEL);
         debug_assert!(self
             .arm
-            .is_none_or(|arm| arm < 2 * PAIRS && self.level < LEVELS));
+            .is_none_or(|arm| arm < 2 * PAIRS && self.level < NO_LEVEL));
         // Each pair concluded so far counted once at most.
         debug_assert!(self.worse <= self.arm.map_or(PAIRS, |arm| arm / 2));
     }
 
-    /// The share of the queueing time a device that looks saturated is slept through now,
-    /// at `now_ns`, if any: the level found while it holds, otherwise the current arm of a
-    /// trial (started, moved on or concluded here). `mean_ns` is the device's mean latency
-    /// now, `budget_fraction` the latency budget, a fraction of the mean.
-    pub(crate) fn batch_fraction(
+    /// How a reactor under load on a device that looks saturated waits now, at `now_ns`, if
+    /// it does otherwise than by its per-I/O plan: the way found while it holds, otherwise
+    /// the current arm of a trial (started, moved on or concluded here). `mean_ns` is the
+    /// device's mean latency now, `budget_fraction` the latency budget, a fraction of the
+    /// mean; `interrupts` whether the device has an interrupt to wait on.
+    pub(crate) fn load_wait(
         &mut self,
         now_ns: u64,
         mean_ns: u64,
         budget_fraction: f64,
-    ) -> Option<f64> {
+        interrupts: bool,
+    ) -> Option<LoadWait> {
         self.assert_invariants();
-        let fraction = self.next_fraction(now_ns, mean_ns, budget_fraction);
+        let wait = self.next_wait(now_ns, mean_ns, budget_fraction, interrupts);
         self.assert_invariants();
-        // One of the lengths tried: the longest, halved at most LEVELS - 1 times.
-        debug_assert!(fraction.is_none_or(|f| {
-            f <= ADAPTIVE_BATCH_FRACTION
-                && f >= ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << (LEVELS - 1))
+        // One of the ways tried: the interrupt, or the longest batch halved at most
+        // LEVELS - 1 times.
+        debug_assert!(wait.is_none_or(|w| match w {
+            LoadWait::Interrupt => interrupts,
+            LoadWait::Batch(f) =>
+                f <= ADAPTIVE_BATCH_FRACTION
+                    && f >= ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << (LEVELS - 1)),
         }));
         debug_assert_eq!(self.asked_ns, now_ns);
-        fraction
+        wait
     }
 
-    /// [`BatchTrial::batch_fraction`], its invariants aside.
-    fn next_fraction(&mut self, now_ns: u64, mean_ns: u64, budget_fraction: f64) -> Option<f64> {
+    /// [`BatchTrial::load_wait`], its invariants aside.
+    fn next_wait(
+        &mut self,
+        now_ns: u64,
+        mean_ns: u64,
+        budget_fraction: f64,
+        interrupts: bool,
+    ) -> Option<LoadWait> {
         let stale = now_ns > self.asked_ns.saturating_add(STALE_NS);
         self.asked_ns = now_ns;
         // A pause in the load does not end a hold: the same load on the same device most
@@ -141,33 +184,33 @@ impl BatchTrial {
         // late batches or spinning.
         if let Some(until_ns) = self.held_until_ns {
             if now_ns < until_ns {
-                return self.fraction();
+                return self.wait(interrupts);
             }
-            // The device's load or state may have changed: from the longest batch again.
+            // The device's load or state may have changed: from the first way again.
             self.held_until_ns = None;
             self.arm = None;
         }
         let arm = match self.arm {
             Some(arm) if !stale => arm,
             _ => {
-                self.level = 0;
-                return self.start(now_ns, mean_ns);
+                self.level = if interrupts { INTERRUPT_LEVEL } else { 1 };
+                return self.start(now_ns, mean_ns, interrupts);
             }
         };
         let elapsed_ns = now_ns.saturating_sub(self.arm_start_ns);
         let over = (elapsed_ns >= self.arm_ns && self.current.ios >= ARM_IOS_MIN)
             || elapsed_ns >= ARM_GIVE_UP * self.arm_ns;
         if !over {
-            return self.arm_fraction(arm);
+            return self.arm_wait(arm, interrupts);
         }
         if arm % 2 == 1 {
-            let (batched, other) = if arm_batches(arm) {
+            let (tried, other) = if arm_tries(arm) {
                 (self.current, self.first)
             } else {
                 (self.first, self.current)
             };
-            if let (Some(batched_ns), Some(other_ns)) = (batched.mean_ns(), other.mean_ns()) {
-                self.worse += u32::from(batched_ns > other_ns * (1.0 + budget_fraction));
+            if let (Some(tried_ns), Some(other_ns)) = (tried.mean_ns(), other.mean_ns()) {
+                self.worse += u32::from(tried_ns > other_ns * (1.0 + budget_fraction));
             }
         } else {
             self.first = self.current;
@@ -175,41 +218,48 @@ impl BatchTrial {
         let next = arm + 1;
         if next < 2 * PAIRS {
             self.begin_arm(next, now_ns, mean_ns);
-            return self.arm_fraction(next);
+            return self.arm_wait(next, interrupts);
         }
         self.trials += 1;
         self.arm = None;
         // Pairs an arm of which saw too few completions are not counted either way: with
-        // too little evidence, the batch stays.
+        // too little evidence, the way on trial stays.
         if self.worse >= WORSE_PAIRS {
             self.level += 1;
-            if self.level < LEVELS {
-                return self.start(now_ns, mean_ns);
+            if self.level < NO_LEVEL {
+                return self.start(now_ns, mean_ns, interrupts);
             }
         }
         self.held_until_ns = Some(now_ns.saturating_add(HOLD_NS));
-        self.fraction()
+        self.wait(interrupts)
     }
 
-    /// The batch length of the current level, if it batches.
-    fn fraction(&self) -> Option<f64> {
-        (self.level < LEVELS).then(|| ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << self.level))
+    /// The way of waiting of the current level, if any; the interrupt only on a device that
+    /// has one (a trial found it on another device of the reactor's).
+    fn wait(&self, interrupts: bool) -> Option<LoadWait> {
+        match self.level {
+            INTERRUPT_LEVEL => interrupts.then_some(LoadWait::Interrupt),
+            NO_LEVEL => None,
+            batch => Some(LoadWait::Batch(
+                ADAPTIVE_BATCH_FRACTION / f64::from(1u32 << (batch - 1)),
+            )),
+        }
     }
 
-    /// What arm `arm` of a trial sleeps through.
-    fn arm_fraction(&self, arm: u32) -> Option<f64> {
-        if arm_batches(arm) {
-            self.fraction()
+    /// How arm `arm` of a trial waits.
+    fn arm_wait(&self, arm: u32, interrupts: bool) -> Option<LoadWait> {
+        if arm_tries(arm) {
+            self.wait(interrupts)
         } else {
             None
         }
     }
 
     /// A trial of the current level from `now_ns`.
-    fn start(&mut self, now_ns: u64, mean_ns: u64) -> Option<f64> {
+    fn start(&mut self, now_ns: u64, mean_ns: u64, interrupts: bool) -> Option<LoadWait> {
         self.worse = 0;
         self.begin_arm(0, now_ns, mean_ns);
-        self.arm_fraction(0)
+        self.arm_wait(0, interrupts)
     }
 
     /// Arm `arm` from `now_ns`, on a device whose mean latency is `mean_ns`.
@@ -235,9 +285,14 @@ impl BatchTrial {
         }
     }
 
-    /// The batch length held, once a trial has found it.
+    /// The way of waiting held, once a trial has found it, on a device with an interrupt.
+    pub(crate) fn held(&self) -> Option<LoadWait> {
+        self.held_until_ns.and_then(|_| self.wait(true))
+    }
+
+    /// The batch length held, once a trial has found one.
     pub(crate) fn held_fraction(&self) -> Option<f64> {
-        self.held_until_ns.and_then(|_| self.fraction())
+        self.held().and_then(LoadWait::fraction)
     }
 }
 
@@ -249,36 +304,62 @@ mod tests {
     /// A device fast enough for the shortest arms.
     const MEAN_NS: u64 = 50_000;
 
+    impl BatchTrial {
+        /// The batch length now on a device without an interrupt: the batch ladder alone.
+        fn batch_fraction(&mut self, now_ns: u64, mean_ns: u64, budget: f64) -> Option<f64> {
+            let wait = self.load_wait(now_ns, mean_ns, budget, false);
+            assert_ne!(wait, Some(LoadWait::Interrupt));
+            wait.and_then(LoadWait::fraction)
+        }
+    }
+
     /// Runs arms of 10 ms from `start_ns`, 100 completions each (75 counted), until
-    /// `trials` more trials are over, on a device whose latency, for an arm that sleeps
-    /// through a `fraction` of the queueing time (or none), is `latency_ns(fraction, arm)`.
-    /// Returns when it stopped and what each arm slept through.
+    /// `trials` more trials are over, on a device with (`interrupts`) or without an
+    /// interrupt whose latency, for an arm that waits `wait` (or by its plan), is
+    /// `latency_ns(wait, arm)`. Returns when it stopped and how each arm waited.
+    fn run_waits(
+        trial: &mut BatchTrial,
+        start_ns: u64,
+        trials: u64,
+        interrupts: bool,
+        latency_ns: impl Fn(Option<LoadWait>, u32) -> u64,
+    ) -> (u64, Vec<Option<LoadWait>>) {
+        let mut now_ns = start_ns;
+        let mut arms = Vec::new();
+        let until = trial.trials + trials;
+        let mut wait = trial.load_wait(now_ns, MEAN_NS, BUDGET, interrupts);
+        while trial.trials < until {
+            assert!(arms.len() < 1000, "the trials should end");
+            let arm = arms.len() as u32;
+            arms.push(wait);
+            for i in 0..100 {
+                let submit_ns = now_ns + i * (ARM_NS_MIN / 100);
+                trial.record(submit_ns, latency_ns(wait, arm));
+                let asked = trial.load_wait(submit_ns + 1, MEAN_NS, BUDGET, interrupts);
+                assert_eq!(asked, wait);
+            }
+            now_ns += ARM_NS_MIN;
+            wait = trial.load_wait(now_ns, MEAN_NS, BUDGET, interrupts);
+        }
+        (now_ns, arms)
+    }
+
+    /// [`run_waits`] on a device without an interrupt, with the batch lengths alone.
     fn run(
         trial: &mut BatchTrial,
         start_ns: u64,
         trials: u64,
         latency_ns: impl Fn(Option<f64>, u32) -> u64,
     ) -> (u64, Vec<Option<f64>>) {
-        let mut now_ns = start_ns;
-        let mut arms = Vec::new();
-        let until = trial.trials + trials;
-        let mut fraction = trial.batch_fraction(now_ns, MEAN_NS, BUDGET);
-        while trial.trials < until {
-            assert!(arms.len() < 1000, "the trials should end");
-            let arm = arms.len() as u32;
-            arms.push(fraction);
-            for i in 0..100 {
-                let submit_ns = now_ns + i * (ARM_NS_MIN / 100);
-                trial.record(submit_ns, latency_ns(fraction, arm));
-                assert_eq!(
-                    trial.batch_fraction(submit_ns + 1, MEAN_NS, BUDGET),
-                    fraction
-                );
-            }
-            now_ns += ARM_NS_MIN;
-            fraction = trial.batch_fraction(now_ns, MEAN_NS, BUDGET);
-        }
-        (now_ns, arms)
+        let (end_ns, arms) = run_waits(trial, start_ns, trials, false, |wait, arm| {
+            latency_ns(wait.and_then(LoadWait::fraction), arm)
+        });
+        (
+            end_ns,
+            arms.into_iter()
+                .map(|w| w.and_then(LoadWait::fraction))
+                .collect(),
+        )
     }
 
     /// 88 us, or `batched_ns` in an arm that batches.
@@ -440,5 +521,56 @@ mod tests {
             .batch_fraction(ARM_NS_MIN + STALE_NS + 1, MEAN_NS, BUDGET)
             .is_some());
         assert_eq!(trial.arm, Some(0));
+    }
+
+    /// 88 us, or `late_ns` in an arm that waits on the interrupt; a batch is always late.
+    fn interrupt_late(late_ns: u64) -> impl Fn(Option<LoadWait>, u32) -> u64 {
+        move |wait, _| match wait {
+            Some(LoadWait::Interrupt) => late_ns,
+            Some(LoadWait::Batch(_)) => 115_000,
+            None => 88_000,
+        }
+    }
+
+    #[test]
+    fn on_a_device_with_an_interrupt_the_interrupt_is_tried_first_and_kept_if_not_late() {
+        let mut trial = BatchTrial::default();
+        let (end_ns, arms) = run_waits(&mut trial, 1_000, 1, true, interrupt_late(89_000));
+        let expected: Vec<Option<LoadWait>> = (0..2 * PAIRS)
+            .map(|a| matches!(a % 4, 0 | 3).then_some(LoadWait::Interrupt))
+            .collect();
+        assert_eq!(arms, expected);
+        assert_eq!(trial.held(), Some(LoadWait::Interrupt));
+        assert_eq!(trial.held_fraction(), None);
+        // Held: every question under load is answered with the interrupt, and with nothing
+        // on a device of the reactor's that has none.
+        let ask_ns = end_ns + HOLD_NS / 2;
+        assert_eq!(
+            trial.load_wait(ask_ns, MEAN_NS, BUDGET, true),
+            Some(LoadWait::Interrupt)
+        );
+        assert_eq!(trial.load_wait(ask_ns + 1, MEAN_NS, BUDGET, false), None);
+        assert_eq!(trial.trials, 1);
+    }
+
+    #[test]
+    fn an_interrupt_late_past_the_budget_gives_way_to_the_batches() {
+        let mut trial = BatchTrial::default();
+        // The interrupt's wake-up makes its arms 10 % late; the batches are later still.
+        let (_, arms) = run_waits(
+            &mut trial,
+            1_000,
+            1 + u64::from(LEVELS),
+            true,
+            interrupt_late(96_800),
+        );
+        assert_eq!(arms.len(), (2 * PAIRS * (1 + LEVELS)) as usize);
+        let tried: Vec<LoadWait> = arms.iter().flatten().copied().collect();
+        let per_level = PAIRS as usize;
+        assert!(tried[..per_level].iter().all(|&w| w == LoadWait::Interrupt));
+        assert_eq!(tried[per_level], LoadWait::Batch(0.75));
+        assert_eq!(tried[tried.len() - 1], LoadWait::Batch(0.1875));
+        assert_eq!(trial.held(), None);
+        assert!(trial.held_until_ns.is_some());
     }
 }

@@ -30,12 +30,13 @@
 //!    again once the I/O outlives its bucket's p90), on a device that has one; without, the
 //!    I/O goes on to step 3 and sleeps.
 //! 2. **Load.** With several I/Os outstanding on a device whose mean latency is mostly
-//!    queueing (the published mean minus the service-time floor exceeds the floor), sleep
-//!    through three quarters of the queueing time: queued commands keep the device busy,
-//!    completions arrive in batches. A device merely wide looks the same, so a trial
-//!    (`batch_trial`) alternates batching and spinning and keeps the longest batch, of
-//!    3/4, 3/8 or 3/16 of the queueing time, that is not late past the budget; none if all
-//!    are.
+//!    queueing (the published mean minus the service-time floor exceeds the floor), wait
+//!    on the interrupt, or sleep through three quarters of the queueing time: queued
+//!    commands keep the device busy, completions arrive in batches. A device merely wide
+//!    looks the same, so a trial (`batch_trial`) alternates each way with spinning and
+//!    keeps the first that is not late past the budget: the interrupt (on a device that
+//!    has one; the wait is renewed on every decision while it holds), then a batch of 3/4,
+//!    3/8 or 3/16 of the queueing time; none if all are.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
 //!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
@@ -64,7 +65,7 @@ mod reservoir;
 #[cfg(test)]
 mod tests;
 
-use batch_trial::BatchTrial;
+use batch_trial::{BatchTrial, LoadWait};
 use calibration::Calibration;
 use distribution::Buckets;
 use interrupt_price::InterruptPrice;
@@ -300,6 +301,17 @@ impl Adaptive {
         if calibrated && ctx.interrupts && self.long_wait(bucket, elapsed_ns) {
             return Decision::WaitInterrupt;
         }
+        // Step 2: under load, the interrupt if the trial has it, on every decision (each
+        // wake-up renews the wait), whatever the I/O's own decision was.
+        let load = if calibrated {
+            self.load_wait(ctx, bucket)
+        } else {
+            None
+        };
+        if load == Some(LoadWait::Interrupt) {
+            self.current.settled = true;
+            return Decision::WaitInterrupt;
+        }
         // One sleep per I/O; once settled on spinning, it spins without recomputing. A spin
         // probe never sleeps (but may still wait on the interrupt for a slow-path I/O).
         if self.current.settled || self.probes.is_spin_probe(submit_ns) {
@@ -308,7 +320,7 @@ impl Adaptive {
         }
         self.current.settled = true;
         if calibrated {
-            let decision = self.plan_sleep(ctx, bucket, elapsed_ns);
+            let decision = self.plan_sleep(ctx, bucket, elapsed_ns, load);
             if decision != Decision::Spin {
                 return decision;
             }

@@ -1,8 +1,9 @@
-//! The sleep plan of `adaptive` for one I/O: under load a batch, sleeping through part of
-//! the device's queueing time; otherwise a sleep to the latest wake-up whose expected
+//! The sleep plan of `adaptive` for one I/O: under load the interrupt or a batch, sleeping
+//! through part of the device's queueing time, as the trial found; otherwise a sleep to the latest wake-up whose expected
 //! lateness, over the learnt latencies and the overshoot's spread together, stays within
 //! the budget (the plans cached per bucket, sleep kind and load class).
 
+use super::batch_trial::LoadWait;
 use super::reservoir::Reservoir;
 use super::{Adaptive, ADAPTIVE_RESERVOIR};
 use crate::policy::{Decision, PollContext};
@@ -160,43 +161,60 @@ impl Adaptive {
         wake_ns
     }
 
+    /// The device's queueing time: the mean of every completion in `bucket`, as the reactor
+    /// publishes it, less the service-time floor.
+    fn queueing_ns(&self, ctx: &PollContext<'_>, bucket: Bucket) -> u64 {
+        // Little's law pins that mean at a fixed queue depth (depth / throughput), however
+        // long the reactor sleeps, as long as the device keeps busy. The learnt distribution
+        // cannot be used here: under load it holds the completions seen while polling and
+        // the stand-ins, in a mix the sleeps themselves set, and its median can fall far
+        // below the true latency; the batching sleeps then stop paying and the reactor
+        // spins (see docs/lab/ for the campaign that showed it).
+        ctx.stats
+            .bucket(bucket)
+            .mean_ns
+            .saturating_sub(self.buckets[bucket.index()].floor_ns)
+    }
+
+    /// Step 2 of the module documentation: how the reactor waits under load, if the device
+    /// looks saturated and the trial has a way other than the per-I/O plan (a device
+    /// merely wide looks the same, hence the trial). Asked on every decision at depth, so
+    /// that a wait on the interrupt is renewed after each wake-up, as `interrupt` does.
+    pub(super) fn load_wait(&mut self, ctx: &PollContext<'_>, bucket: Bucket) -> Option<LoadWait> {
+        let floor_ns = self.buckets[bucket.index()].floor_ns;
+        if ctx.outstanding < 2 || self.queueing_ns(ctx, bucket) <= floor_ns {
+            return None;
+        }
+        let published_mean_ns = ctx.stats.bucket(bucket).mean_ns;
+        let budget_fraction = self.budget_pct / 100.0;
+        self.batch_trial.load_wait(
+            ctx.now_ns,
+            published_mean_ns,
+            budget_fraction,
+            ctx.interrupts,
+        )
+    }
+
     /// Steps 2 and 3 of the module documentation for the current I/O, `elapsed_ns` in
-    /// flight in `bucket`, once the overshoot is calibrated: a batch under load, else the
-    /// budgeted sleep, if it pays (and, for a lone I/O, if the lateness check lets it
+    /// flight in `bucket`, once the overshoot is calibrated: the batch `load` asks for, else
+    /// the budgeted sleep, if it pays (and, for a lone I/O, if the lateness check lets it
     /// sleep); otherwise spin.
     pub(super) fn plan_sleep(
         &mut self,
         ctx: &PollContext<'_>,
         bucket: Bucket,
         elapsed_ns: u64,
+        load: Option<LoadWait>,
     ) -> Decision {
         debug_assert!(self.calibration.calibrated());
         debug_assert!(self.current.settled);
         let median_ov_ns = self.calibration.median_overshoot_ns();
-        let floor_ns = self.buckets[bucket.index()].floor_ns;
-        let published_mean_ns = ctx.stats.bucket(bucket).mean_ns;
-        // How much of the latency is queueing: the mean of every completion, as the
-        // reactor publishes it, less the service-time floor. Little's law pins that
-        // mean at a fixed queue depth (depth / throughput), however long the reactor
-        // sleeps, as long as the device keeps busy. The learnt distribution cannot be
-        // used here: under load it holds the completions seen while polling and the
-        // stand-ins, in a mix the sleeps themselves set, and its median can fall far
-        // below the true latency; the batching sleeps then stop paying and the reactor
-        // spins (see docs/lab/ for the campaign that showed it).
-        let queueing_ns = published_mean_ns.saturating_sub(floor_ns);
+        let queueing_ns = self.queueing_ns(ctx, bucket);
         // A budgeted sleep is interruptible where the device can interrupt, once the
         // interrupt's price is known; a batching one never is: it means to sleep through
         // completions.
         let interruptible = self.interruptible && ctx.interrupts && self.irq.cost_ns().is_some();
-        // It looks saturated; how long a batch may be there, if any, a trial says (a
-        // device merely wide looks the same).
-        let batch_fraction = if ctx.outstanding >= 2 && queueing_ns > floor_ns {
-            let budget_fraction = self.budget_pct / 100.0;
-            self.batch_trial
-                .batch_fraction(ctx.now_ns, published_mean_ns, budget_fraction)
-        } else {
-            None
-        };
+        let batch_fraction = load.and_then(LoadWait::fraction);
         let batching = batch_fraction.is_some();
         let (sleep_ns, bound_ns, interruptible) = if let Some(fraction) = batch_fraction {
             // Saturated: queued commands keep the device busy while we sleep. A late

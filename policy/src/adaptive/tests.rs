@@ -116,13 +116,25 @@ fn decide_published(
     outstanding: usize,
     mean_ns: u64,
 ) -> Decision {
+    decide_published_on(policy, submit_ns, now_ns, outstanding, mean_ns, true)
+}
+
+/// [`decide_published`] on a device with (`interrupts`) or without an interrupt line.
+fn decide_published_on(
+    policy: &mut Adaptive,
+    submit_ns: u64,
+    now_ns: u64,
+    outstanding: usize,
+    mean_ns: u64,
+    interrupts: bool,
+) -> Decision {
     let oldest = InFlight {
         bucket: Some(READ_4K),
         submit_ns,
         slept: false,
     };
     let published = snapshot(stats(mean_ns, mean_ns / 2));
-    decide_ctx(policy, &published, oldest, now_ns, outstanding, true)
+    decide_ctx(policy, &published, oldest, now_ns, outstanding, interrupts)
 }
 
 /// A full reservoir of latencies evenly spread over `from_ns..from_ns + width_ns`.
@@ -758,20 +770,44 @@ fn long_waits_without_an_interrupt_line_sleep_instead() {
     }
 }
 
+/// 9 us of service seen once, then a 48 us mean under load (39 us of queueing), with
+/// learnt samples of 20 us, calibrated.
+fn saturated(p: &mut Adaptive) {
+    observe(p, 9_000, false);
+    for _ in 0..ADAPTIVE_RESERVOIR {
+        observe(p, 20_000, false);
+    }
+    calibrate(p, 5_000, 7_000);
+}
+
+#[test]
+fn a_saturated_device_with_an_interrupt_waits_on_it_at_every_decision() {
+    let mut p = Adaptive::default();
+    saturated(&mut p);
+    // The trial's first arm waits on the interrupt, renewed after every wake-up for the
+    // same oldest I/O (a completion of another ended the wait).
+    for now_ns in [40_000, 45_000, 50_000] {
+        let d = decide_published_on(&mut p, 0, now_ns, 32, 48_000, true);
+        assert_eq!(d, Decision::WaitInterrupt, "at {now_ns}");
+    }
+    // The same device seen without its interrupt line batches instead (a held interrupt
+    // is no answer there).
+    let d = decide_published_on(&mut p, 1, 60_000, 32, 48_000, false);
+    assert!(matches!(d, Decision::Sleep(_) | Decision::Spin), "{d:?}");
+    // At one outstanding I/O it is not queueing: no wait under load.
+    let d = decide_published_on(&mut p, 2, 80_000, 1, 48_000, true);
+    assert_ne!(d, Decision::WaitInterrupt);
+}
+
 #[test]
 fn a_saturated_device_is_slept_through_in_batches() {
     let mut p = Adaptive::default();
-    // Service 9 us seen once, then a 48 us mean under load: 39 us of queueing. The
-    // learnt samples say 20 us (under load they mix polled completions and stand-ins,
+    // The learnt samples say 20 us (under load they mix polled completions and stand-ins,
     // in a proportion the sleeps set): the batch follows the published mean, which
-    // Little's law pins.
-    observe(&mut p, 9_000, false);
-    for _ in 0..ADAPTIVE_RESERVOIR {
-        observe(&mut p, 20_000, false);
-    }
-    calibrate(&mut p, 5_000, 7_000);
+    // Little's law pins. A device without an interrupt: the batch ladder alone.
+    saturated(&mut p);
     let median_ov = p.overshoot_plan_ns().unwrap();
-    match decide_published(&mut p, 0, 40_000, 32, 48_000) {
+    match decide_published_on(&mut p, 0, 40_000, 32, 48_000, false) {
         Decision::Sleep(d) => {
             let expected = (39_000.0 * ADAPTIVE_BATCH_FRACTION) as u64 - median_ov;
             assert_eq!(d.as_nanos() as u64, expected);
@@ -779,7 +815,7 @@ fn a_saturated_device_is_slept_through_in_batches() {
         other => panic!("expected a batch sleep, got {other:?}"),
     }
     // The same latencies at one outstanding I/O are not queueing: no batching.
-    let d = decide_published(&mut p, 1, 40_000, 1, 48_000);
+    let d = decide_published_on(&mut p, 1, 40_000, 1, 48_000, false);
     assert!(
         !matches!(d, Decision::Sleep(x) if x.as_nanos() > 20_000),
         "{d:?}"
@@ -794,21 +830,23 @@ fn batching_lasts_through_a_long_saturated_run() {
         observe(&mut p, 48_000, false);
     }
     calibrate(&mut p, 5_000, 7_000);
-    // A minute of decisions at depth 32: the floor must not drift up to the mean.
+    // A minute of decisions at depth 32, on a device without an interrupt: the floor must
+    // not drift up to the mean.
     for i in 1..=600u64 {
         let submit_ns = i * 100_000_000;
-        decide_published(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000);
+        decide_published_on(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000, false);
     }
     // (Two seconds later, so that the batch trial starts afresh, in a batching arm.)
     let submit_ns = 62_000_000_000;
-    let last = decide_published(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000);
+    let last = decide_published_on(&mut p, submit_ns, submit_ns + 40_000, 32, 48_000, false);
     assert!(
         matches!(last, Decision::Sleep(d) if d.as_nanos() > 20_000),
         "{last:?}"
     );
 }
 
-/// Runs `ios` I/Os at depth 4 on a device whose published mean is 88 us, one decided for
+/// Runs `ios` I/Os at depth 4 on a device without an interrupt (the batch ladder alone)
+/// whose published mean is 88 us, one decided for
 /// every 20 us: an I/O given one of the `batches` (sleep lengths) is seen
 /// `batched_latency_ns` after submission, any other at 88 us. Returns how many were
 /// batched.
@@ -821,7 +859,7 @@ fn run_at_depth_4(
     let mut batched = 0;
     for i in 0..ios {
         let submit_ns = 1_000_000 + i * 20_000;
-        let d = decide_published(p, submit_ns, submit_ns + 10_000, 4, 88_000);
+        let d = decide_published_on(p, submit_ns, submit_ns + 10_000, 4, 88_000, false);
         let batch = batches.contains(&d);
         batched += u64::from(batch);
         let latency_ns = if batch { batched_latency_ns } else { 88_000 };
