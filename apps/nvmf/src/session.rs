@@ -399,8 +399,13 @@ impl Session {
     }
 
     fn pdu_error(&mut self, e: PduError, input: &[u8], out: &mut Vec<u8>) -> Step {
+        let pdu = if e.in_common_header() {
+            &input[..COMMON_HEADER_BYTES]
+        } else {
+            input
+        };
         match e.fes() {
-            Some(fes) => self.fatal(Fatal::new(fes, e.fei(), e.to_string()), input, out),
+            Some(fes) => self.fatal(Fatal::new(fes, e.fei(), e.to_string()), pdu, out),
             None => Step::Close(self.close(Close::Protocol(e.to_string()))),
         }
     }
@@ -438,7 +443,11 @@ impl Session {
     /// What must hold between steps.
     fn invariants(&self) -> bool {
         let l = self.target.config().limits;
-        let entries = self.queue.as_ref().map_or(1, |q| usize::from(q.entries));
+        // A closed session keeps the commands of the queue it was.
+        let entries = self
+            .queue
+            .as_ref()
+            .map_or(usize::from(l.queue_entries_max), |q| usize::from(q.entries));
         self.cmds.len() <= entries
             && self.r2ts_active <= l.r2ts_max
             && self.solicited_bytes <= u64::from(l.r2t_bytes_max)

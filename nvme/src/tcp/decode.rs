@@ -103,6 +103,16 @@ impl PduError {
         })
     }
 
+    /// Whether the error was found in the common header alone (before the rest of the PDU
+    /// arrived): a termination request then echoes those 8 bytes, so what it says does not
+    /// depend on how the stream was cut.
+    pub fn in_common_header(&self) -> bool {
+        !matches!(
+            self,
+            PduError::HeaderDigest { .. } | PduError::Field { .. } | PduError::Unsupported { .. }
+        )
+    }
+
     /// The fatal error information: the faulty field's offset for FES 1 and 6, else 0.
     pub fn fei(&self) -> u32 {
         match self {

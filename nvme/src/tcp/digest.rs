@@ -9,9 +9,7 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
 /// The digest of data held in pieces, as if they were one run (a read's data in several
 /// device buffers).
 pub fn crc32c_pieces<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> u32 {
-    pieces
-        .into_iter()
-        .fold(0, crc32c::crc32c_append)
+    pieces.into_iter().fold(0, crc32c::crc32c_append)
 }
 
 /// Whether the little-endian digest in `stored` matches `bytes`.

@@ -59,8 +59,23 @@ fn malformed_headers_get_the_prescribed_fes_and_the_header_back() {
             fei: 2
         }]
     );
-    // The termination request carries the offending header.
-    assert_eq!(&out[24..24 + 70], &pdu[..70]);
+    // The termination request carries what was checked of the offending header: the
+    // common header, whatever else has arrived.
+    assert_eq!(&out[24..], &pdu[..8]);
+    // A fault past the common header: the header is all there, and comes back whole.
+    let mut c = Conn::new(&t);
+    let mut req = c.host.ic_req(0);
+    req[8] = 1; // PFV
+    let mut out = Vec::new();
+    c.s.step(&req, 0, &mut out);
+    assert_eq!(
+        c.decode(&out),
+        [Reply::Term {
+            fes: Fes::UnsupportedParameter as u16,
+            fei: 8
+        }]
+    );
+    assert_eq!(&out[24..], &req[..]);
 
     // An in-capsule payload beyond the admin queue's limit is refused from the header.
     let mut c = Conn::new(&t);
