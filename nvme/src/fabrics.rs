@@ -44,6 +44,7 @@ pub mod cns {
 pub mod log_page {
     pub const ERROR: u8 = 0x01;
     pub const SMART: u8 = 0x02;
+    pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const DISCOVERY: u8 = 0x70;
 }
 

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use hypoll_nvme::fabrics::{DISCOVERY_NQN, NQN_BYTES_MAX};
+use hypoll_nvme::fabrics::{CONNECT_DATA_BYTES, DISCOVERY_NQN, NQN_BYTES_MAX};
 use hypoll_nvme::tcp::{Digests, MAXH2CDATA_BYTES_MIN};
 use thiserror::Error;
 
@@ -222,12 +222,13 @@ impl TargetConfig {
         if l.queue_entries_max < 2 {
             return bad("queue_entries_max", "at least 2 (MQES is 0's based)");
         }
-        if l.in_capsule_bytes_max > ADMIN_IN_CAPSULE_BYTES.max(1 << 20)
-            || !l.in_capsule_bytes_max.is_multiple_of(16)
-        {
+        let icd = l.in_capsule_bytes_max;
+        if !(CONNECT_DATA_BYTES as u32..=1 << 20).contains(&icd) || !icd.is_multiple_of(16) {
+            // A host sends an I/O queue's Connect data in the capsule when it fits the
+            // I/O queues' capsules (Linux does), and the target takes it only so.
             return bad(
                 "in_capsule_bytes_max",
-                "a multiple of 16 bytes, at most 1 MiB",
+                "a multiple of 16 bytes from 1 KiB (a Connect's data) to 1 MiB",
             );
         }
         if l.maxh2cdata_bytes < MAXH2CDATA_BYTES_MIN || !l.maxh2cdata_bytes.is_multiple_of(4) {
@@ -249,5 +250,79 @@ impl TargetConfig {
             return bad("aers_max", "at least 1 (AERL is 0's based)");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns() -> NamespaceConfig {
+        NamespaceConfig {
+            block_bytes: 4096,
+            blocks: 16,
+            read_only: false,
+            volatile_cache: false,
+            write_zeroes: false,
+            deallocate: false,
+            uuid: NamespaceConfig::uuid_for("a"),
+        }
+    }
+
+    type Change = dyn Fn(&mut TargetConfig);
+
+    #[test]
+    fn configurations_are_checked() {
+        let mut c = TargetConfig::new("nqn.2026-12.io.hypoll:a");
+        c.namespaces = vec![ns()];
+        assert_eq!(c.check(), Ok(()));
+        let refused = |f: &Change| {
+            let mut c = c.clone();
+            f(&mut c);
+            c.check().unwrap_err()
+        };
+        assert!(matches!(
+            refused(&|c| c.subsystem_nqn = DISCOVERY_NQN.into()),
+            ConfigError::SubsystemNqn(_)
+        ));
+        assert!(matches!(
+            refused(&|c| c.serial = "x".repeat(21)),
+            ConfigError::Text { .. }
+        ));
+        assert!(matches!(
+            refused(&|c| c.namespaces[0].block_bytes = 1000),
+            ConfigError::Namespace { nsid: 1, .. }
+        ));
+        assert!(matches!(
+            refused(&|c| c.namespaces[0].blocks = u64::MAX),
+            ConfigError::Namespace { .. }
+        ));
+        let limits: [(&str, &Change); 6] = [
+            ("in_capsule_bytes_max", &|c| {
+                c.limits.in_capsule_bytes_max = 512
+            }),
+            ("maxh2cdata_bytes", &|c| c.limits.maxh2cdata_bytes = 4094),
+            ("transfer_bytes_max", &|c| {
+                c.limits.transfer_bytes_max = 3 << 12
+            }),
+            ("r2t_bytes_max", &|c| c.limits.r2t_bytes_max = 4096),
+            ("queue_entries_max", &|c| c.limits.queue_entries_max = 1),
+            ("aers_max", &|c| c.limits.aers_max = 0),
+        ];
+        for (field, f) in limits {
+            assert!(
+                matches!(refused(f), ConfigError::Limit { field: got, .. } if got == field),
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn uuids_depend_on_the_name_only() {
+        let a = NamespaceConfig::uuid_for("a");
+        assert_eq!(a, NamespaceConfig::uuid_for("a"));
+        assert_ne!(a, NamespaceConfig::uuid_for("b"));
+        assert_eq!(a[6] >> 4, 4, "version 4 layout");
+        assert_eq!(a[8] >> 6, 0b10, "RFC 4122 variant");
     }
 }

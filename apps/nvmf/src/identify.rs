@@ -17,6 +17,7 @@ pub const VERSION: u32 = 0x0001_0300;
 pub const ERROR_LOG_ENTRY_BYTES: usize = 64;
 pub const SMART_LOG_BYTES: usize = 512;
 pub const DISCOVERY_RECORD_BYTES: usize = 1024;
+pub const FIRMWARE_LOG_BYTES: usize = 512;
 /// Keep Alive Support granularity (KAS), in 100 ms units: the timer counts in these.
 pub const KAS_100MS: u16 = 1;
 /// The firmware revision Identify reports: the crate's version.
@@ -85,6 +86,7 @@ pub fn controller(cfg: &TargetConfig, cntlid: u16, discovery: bool) -> Vec<u8> {
     } else {
         CNTRLTYPE_IO
     };
+    b[260] = 1 << 1; // FRMW: one firmware slot
     b[258] = 3; // ACL (the Abort command is not served, but the field is 0's based)
     b[259] = l.aers_max - 1; // AERL
     b[261] = 1 << 2; // LPA: extended data for Get Log Page (offsets, 32-bit counts)
@@ -159,6 +161,14 @@ pub fn namespace_descriptors(ns: &NamespaceConfig) -> Vec<u8> {
 /// Error Information log (01h): one entry, empty (no error is recorded).
 pub fn error_log() -> Vec<u8> {
     vec![0u8; ERROR_LOG_ENTRY_BYTES]
+}
+
+/// Firmware Slot Information log (03h): slot 1 active, holding this firmware.
+pub fn firmware_log() -> Vec<u8> {
+    let mut b = vec![0u8; FIRMWARE_LOG_BYTES];
+    b[0] = 1; // AFI: slot 1 is active
+    put_text(&mut b, 8, 8, FIRMWARE);
+    b
 }
 
 /// SMART / Health Information log (02h): no warning, spare at its full, nothing counted

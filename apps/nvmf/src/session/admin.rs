@@ -262,6 +262,7 @@ impl Session {
             }
             (log_page::ERROR, false) => identify::error_log(),
             (log_page::SMART, false) => identify::smart_log(),
+            (log_page::FIRMWARE_SLOT, false) => identify::firmware_log(),
             _ => return Err(Status::INVALID_LOG_PAGE),
         };
         if offset > log.len() as u64 {

@@ -328,6 +328,10 @@ fn logs_and_features() {
     );
     let smart = c.data(&c.host.get_log_page(4, log_page::SMART, 512, 0));
     assert_eq!((smart[3], smart[4]), (100, 10));
+    let fw = c.data(&c.host.get_log_page(4, log_page::FIRMWARE_SLOT, 512, 0));
+    assert_eq!((fw[0], &fw[8..13]), (1, &b"0.1.0"[..]));
+    let r = c.ask(&c.host.get_log_page(4, 0x0c, 512, 0));
+    assert_eq!(r.status(), Status::INVALID_LOG_PAGE, "no ANA log");
     // Past the log's end the page reads zeroes; an offset past it is refused.
     let part = c.data(&c.host.get_log_page(5, log_page::SMART, 16, 0));
     assert_eq!(part.len(), 16);
