@@ -19,7 +19,7 @@ pub const NAMESPACES_MAX: usize = 1024;
 pub const DISCOVERY_ENTRIES_MAX: usize = 64;
 
 /// One namespace: an export's block device as the host sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NamespaceConfig {
     /// Logical block size: a power of two from 512 to 4096 bytes.
     pub block_bytes: u32,

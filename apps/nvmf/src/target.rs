@@ -76,6 +76,8 @@ pub(crate) struct QueuesInUse;
 #[derive(Debug)]
 pub struct Target {
     config: TargetConfig,
+    /// The optional NVM commands the namespaces' devices allow (Identify's ONCS).
+    oncs: u16,
     namespace_ready: Box<[AtomicBool]>,
     registry: Mutex<Registry>,
 }
@@ -104,6 +106,7 @@ impl Target {
             .map(|_| AtomicBool::new(true))
             .collect();
         Ok(Arc::new(Target {
+            oncs: crate::identify::oncs(&config),
             config,
             namespace_ready,
             registry: Mutex::new(Registry::default()),
@@ -112,6 +115,10 @@ impl Target {
 
     pub fn config(&self) -> &TargetConfig {
         &self.config
+    }
+
+    pub(crate) fn oncs(&self) -> u16 {
+        self.oncs
     }
 
     pub fn subsystem_nqn(&self) -> &str {

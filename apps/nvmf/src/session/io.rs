@@ -178,9 +178,8 @@ impl Session {
         data_range: Range<usize>,
         out: &mut Vec<u8>,
     ) -> Result<Step, Status> {
-        let target = self.target.clone();
-        let cfg = target.config();
-        let oncs = crate::identify::oncs(cfg);
+        let oncs = self.target.oncs();
+        let transfer_bytes_max = self.target.config().limits.transfer_bytes_max;
         let op = sqe.opcode;
         let supported = match op {
             opcode::FLUSH | opcode::WRITE | opcode::READ => true,
@@ -194,10 +193,11 @@ impl Session {
         let index = self
             .namespace_index(sqe.nsid)
             .ok_or(Status::INVALID_NAMESPACE)?;
-        if !target.namespace_ready(index) {
+        if !self.target.namespace_ready(index) {
             return Err(Status::NAMESPACE_NOT_READY);
         }
-        let ns = &cfg.namespaces[index];
+        // A copy: the checks below change the session.
+        let ns = self.target.config().namespaces[index];
         let writes = matches!(op, opcode::WRITE | opcode::WRITE_ZEROES)
             || (op == opcode::DATASET_MANAGEMENT && sqe.cdw11 & DSM_ATTR_DEALLOCATE != 0);
         if writes && ns.read_only {
@@ -246,7 +246,7 @@ impl Session {
                     return Err(Status::LBA_OUT_OF_RANGE);
                 }
                 let bytes = u64::from(blocks) * u64::from(ns.block_bytes);
-                if bytes > u64::from(cfg.limits.transfer_bytes_max) {
+                if bytes > u64::from(transfer_bytes_max) {
                     return Err(Status::INVALID_FIELD);
                 }
                 let bytes = bytes as u32;
