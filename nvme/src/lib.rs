@@ -25,6 +25,7 @@ pub mod command;
 pub mod config;
 pub mod device;
 pub mod emu;
+pub mod fabrics;
 pub mod null;
 mod pool;
 pub mod qpair;
@@ -32,6 +33,7 @@ pub mod region;
 pub mod spec;
 pub mod sync;
 pub mod sys;
+pub mod tcp;
 pub mod uring;
 pub mod vfio;
 

@@ -91,6 +91,51 @@ impl SubmissionEntry {
     pub fn block_count(&self) -> u32 {
         (self.cdw12 & 0xffff) + 1
     }
+
+    /// The entry as it travels (little-endian, the layout of the Base spec's figure): what
+    /// a fabrics command capsule carries.
+    pub fn to_le_bytes(&self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b[0] = self.opcode;
+        b[1] = self.flags;
+        b[2..4].copy_from_slice(&self.cid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.nsid.to_le_bytes());
+        b[8..12].copy_from_slice(&self.cdw2.to_le_bytes());
+        b[12..16].copy_from_slice(&self.cdw3.to_le_bytes());
+        b[16..24].copy_from_slice(&self.mptr.to_le_bytes());
+        b[24..32].copy_from_slice(&self.prp1.to_le_bytes());
+        b[32..40].copy_from_slice(&self.prp2.to_le_bytes());
+        let dwords = [
+            self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15,
+        ];
+        for (i, d) in dwords.iter().enumerate() {
+            b[40 + 4 * i..44 + 4 * i].copy_from_slice(&d.to_le_bytes());
+        }
+        b
+    }
+
+    /// The inverse of [`SubmissionEntry::to_le_bytes`].
+    pub fn from_le_bytes(b: &[u8; 64]) -> SubmissionEntry {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        SubmissionEntry {
+            opcode: b[0],
+            flags: b[1],
+            cid: u16::from_le_bytes([b[2], b[3]]),
+            nsid: u32_at(4),
+            cdw2: u32_at(8),
+            cdw3: u32_at(12),
+            mptr: u64_at(16),
+            prp1: u64_at(24),
+            prp2: u64_at(32),
+            cdw10: u32_at(40),
+            cdw11: u32_at(44),
+            cdw12: u32_at(48),
+            cdw13: u32_at(52),
+            cdw14: u32_at(56),
+            cdw15: u32_at(60),
+        }
+    }
 }
 
 /// A 16-byte completion queue entry (Base spec, "Common Completion Queue Entry Layout").
@@ -124,6 +169,31 @@ impl CompletionEntry {
     pub fn pack_status(status: Status, phase: bool) -> u16 {
         (status.to_field() << 1) | u16::from(phase)
     }
+
+    /// The entry as it travels (little-endian): what a fabrics response capsule carries.
+    pub fn to_le_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&self.dw0.to_le_bytes());
+        b[4..8].copy_from_slice(&self.dw1.to_le_bytes());
+        b[8..10].copy_from_slice(&self.sq_head.to_le_bytes());
+        b[10..12].copy_from_slice(&self.sq_id.to_le_bytes());
+        b[12..14].copy_from_slice(&self.cid.to_le_bytes());
+        b[14..16].copy_from_slice(&self.status_phase.to_le_bytes());
+        b
+    }
+
+    /// The inverse of [`CompletionEntry::to_le_bytes`].
+    pub fn from_le_bytes(b: &[u8; 16]) -> CompletionEntry {
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        CompletionEntry {
+            dw0: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            dw1: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            sq_head: u16_at(8),
+            sq_id: u16_at(10),
+            cid: u16_at(12),
+            status_phase: u16_at(14),
+        }
+    }
 }
 
 /// Status Code Type values (Base spec, "Status Code Type Values").
@@ -150,15 +220,42 @@ impl Status {
     pub const ABORT_REQUESTED: Status = Status::generic(0x07);
     /// What a controller reset does to every outstanding command: its queue is deleted.
     pub const ABORTED_SQ_DELETION: Status = Status::generic(0x08);
+    pub const COMMAND_ID_CONFLICT: Status = Status::generic(0x03).no_retry();
     pub const INVALID_NAMESPACE: Status = Status::generic(0x0b).no_retry();
+    /// A command the controller's state does not allow yet (an admin command before
+    /// CC.EN, a command before Connect).
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status::generic(0x0c).no_retry();
+    pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(0x0f).no_retry();
+    pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = Status::generic(0x11).no_retry();
+    pub const SGL_OFFSET_INVALID: Status = Status::generic(0x16).no_retry();
+    pub const NAMESPACE_WRITE_PROTECTED: Status = Status::generic(0x20).no_retry();
+    /// What NVMe/TCP answers a command whose data failed its digest: worth a retry.
+    pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22);
     pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80).no_retry();
     pub const CAPACITY_EXCEEDED: Status = Status::generic(0x81).no_retry();
+    pub const NAMESPACE_NOT_READY: Status = Status::generic(0x82);
+    pub const AER_LIMIT_EXCEEDED: Status = Status::command_specific(0x05).no_retry();
+    pub const INVALID_LOG_PAGE: Status = Status::command_specific(0x09).no_retry();
+    pub const FEATURE_NOT_SAVEABLE: Status = Status::command_specific(0x0d).no_retry();
+    /// NVMe over Fabrics' Connect statuses (command specific).
+    pub const CONNECT_INCOMPATIBLE_FORMAT: Status = Status::command_specific(0x80).no_retry();
+    pub const CONNECT_CONTROLLER_BUSY: Status = Status::command_specific(0x81).no_retry();
+    pub const CONNECT_INVALID_PARAMETERS: Status = Status::command_specific(0x82).no_retry();
+    pub const CONNECT_INVALID_HOST: Status = Status::command_specific(0x84).no_retry();
     pub const WRITE_FAULT: Status = Status::media(0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::media(0x81);
 
     pub const fn generic(sc: u8) -> Status {
         Status {
             sct: sct::GENERIC,
+            sc,
+            dnr: false,
+        }
+    }
+
+    pub const fn command_specific(sc: u8) -> Status {
+        Status {
+            sct: sct::COMMAND_SPECIFIC,
             sc,
             dnr: false,
         }
@@ -203,9 +300,24 @@ impl Status {
             (sct::GENERIC, 0x06) => "Internal Error",
             (sct::GENERIC, 0x07) => "Command Abort Requested",
             (sct::GENERIC, 0x08) => "Command Aborted due to SQ Deletion",
+            (sct::GENERIC, 0x03) => "Command ID Conflict",
             (sct::GENERIC, 0x0b) => "Invalid Namespace or Format",
+            (sct::GENERIC, 0x0c) => "Command Sequence Error",
+            (sct::GENERIC, 0x0f) => "Data SGL Length Invalid",
+            (sct::GENERIC, 0x11) => "SGL Descriptor Type Invalid",
+            (sct::GENERIC, 0x16) => "SGL Offset Invalid",
+            (sct::GENERIC, 0x20) => "Namespace is Write Protected",
+            (sct::GENERIC, 0x22) => "Transient Transport Error",
             (sct::GENERIC, 0x80) => "LBA Out of Range",
             (sct::GENERIC, 0x81) => "Capacity Exceeded",
+            (sct::GENERIC, 0x82) => "Namespace Not Ready",
+            (sct::COMMAND_SPECIFIC, 0x05) => "Asynchronous Event Request Limit Exceeded",
+            (sct::COMMAND_SPECIFIC, 0x09) => "Invalid Log Page",
+            (sct::COMMAND_SPECIFIC, 0x0d) => "Feature Identifier Not Saveable",
+            (sct::COMMAND_SPECIFIC, 0x80) => "Connect Incompatible Format",
+            (sct::COMMAND_SPECIFIC, 0x81) => "Connect Controller Busy",
+            (sct::COMMAND_SPECIFIC, 0x82) => "Connect Invalid Parameters",
+            (sct::COMMAND_SPECIFIC, 0x84) => "Connect Invalid Host",
             (sct::MEDIA, 0x80) => "Write Fault",
             (sct::MEDIA, 0x81) => "Unrecovered Read Error",
             _ => "unknown status",
@@ -311,6 +423,43 @@ mod tests {
         assert_eq!(sqe.cdw11, 0x1);
         assert_eq!(sqe.slba(), 0x1_2345_6789);
         assert_eq!(sqe.block_count(), 8);
+    }
+
+    #[test]
+    fn entries_travel_little_endian_in_the_spec_layout() {
+        let mut sqe = SubmissionEntry {
+            opcode: 0x02,
+            flags: 0x40,
+            cid: 0x1234,
+            nsid: 1,
+            prp1: 0x1122_3344_5566_7788,
+            prp2: 0x5a00_0000_0000_1000,
+            cdw15: 0xdead_beef,
+            ..Default::default()
+        };
+        sqe.set_slba(0x0102_0304_0506);
+        let b = sqe.to_le_bytes();
+        assert_eq!(&b[..4], &[0x02, 0x40, 0x34, 0x12]);
+        assert_eq!(b[24], 0x88, "SGL1/PRP1 starts at byte 24");
+        assert_eq!(
+            b[39], 0x5a,
+            "the SGL identifier is the descriptor's last byte"
+        );
+        assert_eq!(&b[40..44], &[0x06, 0x05, 0x04, 0x03], "CDW10 at byte 40");
+        assert_eq!(&b[60..], &0xdead_beef_u32.to_le_bytes());
+        assert_eq!(SubmissionEntry::from_le_bytes(&b), sqe);
+
+        let cqe = CompletionEntry {
+            dw0: 7,
+            dw1: 0,
+            sq_head: 3,
+            sq_id: 1,
+            cid: 0xabcd,
+            status_phase: CompletionEntry::pack_status(Status::LBA_OUT_OF_RANGE, false),
+        };
+        let b = cqe.to_le_bytes();
+        assert_eq!(&b[12..14], &[0xcd, 0xab]);
+        assert_eq!(CompletionEntry::from_le_bytes(&b), cqe);
     }
 
     #[test]
