@@ -2,7 +2,7 @@
 //! budget of seeds with faults on, plus every seed that once found a bug.
 //! `hypoll sim --seeds N` runs more; `hypoll sim --seed N` replays one.
 
-use hypoll_reactor::sim::{policies, run, run_threaded, SimConfig, SimReport, WaitsSeen};
+use hypoll_reactor::sim::{policies, run, run_threaded, MailSeen, SimConfig, SimReport, WaitsSeen};
 
 /// Seeds the suite runs every time: enough to see every fault, few enough for a debug build
 /// on a small shared machine.
@@ -87,6 +87,7 @@ const POLICY_SEED_BUDGET: u64 = 25;
 #[test]
 fn every_policy_waits_in_virtual_time_and_keeps_every_io() {
     let mut waits = WaitsSeen::default();
+    let mut mail = MailSeen::default();
     for policy in policies() {
         let cfg = SimConfig {
             policy: policy.clone(),
@@ -99,12 +100,26 @@ fn every_policy_waits_in_virtual_time_and_keeps_every_io() {
             waits.sleeps += report.waits.sleeps;
             waits.interrupt_blocks += report.waits.interrupt_blocks;
             waits.parks += report.waits.parks;
+            mail.add(&report.mail);
         }
     }
     // The idle path ran: every kind of wait, many times.
     assert!(waits.sleeps >= 100, "{waits:?}");
     assert!(waits.interrupt_blocks >= 100, "{waits:?}");
     assert!(waits.parks >= 100, "{waits:?}");
+    // Messages and timers woke waiting reactors (each run checked that every one ran
+    // exactly once, in time): messages came in bursts to blocked and to sleeping
+    // reactors, mailboxes filled, timers ran and were cancelled.
+    for (what, n) in [
+        ("messages to blocked reactors", mail.to_blocked),
+        ("messages to sleeping reactors", mail.to_sleeping),
+        ("messages refused by a full mailbox", mail.refused),
+        ("timer runs", mail.timer_runs),
+        ("timers cancelled", mail.cancels),
+        ("wake-ups for a message or timer", mail.woken),
+    ] {
+        assert!(n >= 100, "only {n} {what}: {mail:?}");
+    }
 }
 
 #[test]

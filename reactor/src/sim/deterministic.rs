@@ -11,6 +11,7 @@ use super::check::{check_accounting, final_check};
 use super::config::{SimConfig, SimFailure, SimReport};
 use super::draw::{mix, recovery_mode, Rng};
 use super::limited::device_for;
+use super::mail::{Mail, WakeBounds, MAILBOX_CAPACITY};
 use super::model::{Model, Shared};
 use super::waiter::{VirtualWaiter, WaitCosts};
 use super::workload::{submit_random, SubmitOutcome};
@@ -116,7 +117,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut receivers = Vec::new();
     let mut handles = Vec::new();
     for i in 0..cfg.reactors {
-        let (handle, rx) = mailbox(i, i, 16).map_err(|e| fail(format!("mailbox: {e}")))?;
+        let (handle, rx) =
+            mailbox(i, i, MAILBOX_CAPACITY).map_err(|e| fail(format!("mailbox: {e}")))?;
         handles.push(handle);
         receivers.push(rx);
     }
@@ -133,6 +135,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         reactors.push(r);
     }
 
+    // Messages and timers (see `mail`): their own stream of draws from the seed.
+    let bounds = WakeBounds::new(&costs, &tuning);
+    let mut mail = Mail::new(seed, cfg.reactors, cfg.messages_per_reactor, bounds);
     let mut left: Vec<usize> = vec![cfg.ios_per_reactor; cfg.reactors];
     let mut queue_full = 0u64;
     let mut steps = 0u64;
@@ -166,11 +171,12 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             }
         }
         let all_issued = left.iter().all(|&n| n == 0);
-        if all_issued && reactors.iter().all(|r| r.outstanding() == 0) {
+        if all_issued && reactors.iter().all(|r| r.outstanding() == 0) && mail.done() {
             break;
         }
         let i = rng.below(cfg.reactors as u64) as usize;
         trace = mix(mix(trace, i as u64), vclock.now_ns());
+        mail.maybe_post(i, vclock.now_ns(), &mut reactors[i], &handles[i]);
         if left[i] > 0 && rng.pct(45) {
             // A submission comes to a reactor as a message would: it ends a park or an
             // interrupt wait, but waits for a timed sleep to end.
@@ -197,12 +203,17 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                 Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
             }
         } else if !reactors[i].sim_asleep() {
+            let queued = mail.queued(i);
             let work = reactors[i].sim_step(&mut ());
             trace = mix(trace, work as u64);
+            mail.after_turn(i, queued, vclock.now_ns()).map_err(fail)?;
         }
         vclock.advance_by(rng.below(step_ns_max + 1));
         if let Some(e) = model.lock().errors.first() {
             return Err(fail(e.clone()));
+        }
+        if let Some(e) = mail.error() {
+            return Err(fail(e));
         }
     }
 
@@ -225,7 +236,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         report.waits.add(&seen);
         trace = mix(trace, waiter.trace());
     }
-    report.trace_hash = trace;
+    mail.final_check().map_err(fail)?;
+    report.mail = mail.seen();
+    report.trace_hash = mix(trace, mail.trace());
     check_accounting(&model, report.ios).map_err(fail)?;
     {
         let m = model.lock();
