@@ -80,6 +80,30 @@ fn a_seed_replays_the_same_run() {
     }
 }
 
+/// Seeds that once found a bug under one policy, with what they found. They run with the
+/// per-policy budget.
+const POLICY_REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
+    // A timed sleep ran its course past a timer due in it (late by the rest of the sleep,
+    // up to the long-sleep bound); a block was armed for the timer, a sleep was not. Found
+    // by the messages' timers once the hybrid policies slept in the simulation.
+    (8, "hybrid", "a timed sleep ran past a due timer"),
+    (0, "uring-hybrid", "a timed sleep ran past a due timer"),
+    (16, "interrupt", "a timed sleep ran past a due timer"),
+];
+
+#[test]
+fn every_policy_regression_seed_passes() {
+    for &(seed, policy, found) in POLICY_REGRESSION_SEEDS {
+        let cfg = SimConfig {
+            policy: policy.to_owned(),
+            ..SimConfig::default()
+        };
+        if let Err(failure) = run(seed, &cfg) {
+            panic!("{failure} (once found: {found})");
+        }
+    }
+}
+
 /// Seeds per policy the suite runs with every built-in policy deciding how the reactors
 /// wait (about 10 s for the nine in a debug build; `hypoll sim --seeds 100000` runs more).
 const POLICY_SEED_BUDGET: u64 = 25;

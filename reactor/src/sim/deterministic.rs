@@ -108,11 +108,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
 
     let clock = Clock::Virtual(vclock.clone());
     // How late a reactor may notice that something is due: the turns it takes (a reactor
-    // is turned about once every `reactors` steps; allow 64 of those), plus one timed sleep
-    // begun just before (at most the long-sleep bound: nothing ends it early), late by the
-    // machine's costs. A block ends at its timer or timeout.
-    let late_ns_max =
-        64 * cfg.reactors as u64 * step_ns_max + tuning.long_sleep_ns + costs.late_ns_max();
+    // is turned about once every `reactors` steps; allow 64 of those), late by the machine's
+    // costs. Every wait ends at the next timeout: a block is armed for it, a timed sleep is
+    // cut short there.
+    let late_ns_max = 64 * cfg.reactors as u64 * step_ns_max + costs.late_ns_max();
     let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
         history: vec![Vec::new(); blocks as usize],
         // Timeouts, each noticed late at most by `late_ns_max`.

@@ -11,10 +11,11 @@
 //! - every turn runs what is due: the oldest [`MESSAGE_BATCH`] messages queued before it (so
 //!   each message within `1 + k / MESSAGE_BATCH` turns, `k` the messages ahead of it), and
 //!   every timer due by the turn's time;
-//! - a reactor that waits wakes for them in time ([`WakeBounds`]): a block (a park or an
-//!   interrupt wait) ends an interrupt's latency after a message arrives and an overshoot
-//!   after a timer falls due; a timed sleep, which nothing ends early, lasts at most the
-//!   long-sleep bound past its start, late by an overshoot.
+//! - a reactor that waits wakes for them in time ([`WakeBounds`]): any wait ends at the
+//!   next timer, late by an overshoot (a block is armed for it, a timed sleep ends no later);
+//!   a block (a park or an interrupt wait) ends an interrupt's latency after a message
+//!   arrives; a timed sleep, which no message ends, lasts at most the long-sleep bound past
+//!   its start, late by an overshoot.
 //!
 //! Together: each message and due timer runs within its wake bound of virtual time plus
 //! the turns the simulation gives other reactors meanwhile (the reactor is not asleep
@@ -43,13 +44,13 @@ const TICKS_MAX: u64 = 4;
 /// How late a waiting reactor may wake for what is due (virtual ns; see the module's note).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WakeBounds {
+    /// A timer that fell due during a wait of either kind: the wake-up's overshoot.
+    pub(super) timer_ns: u64,
     /// A message that came during a block: the eventfd's wake-up, an interrupt's latency.
     pub(super) block_message_ns: u64,
-    /// A timer that fell due during a block: the timer's own overshoot.
-    pub(super) block_timer_ns: u64,
-    /// Anything that came during a timed sleep: the rest of the sleep, at most the
-    /// long-sleep bound, and the sleep's overshoot.
-    pub(super) sleep_ns: u64,
+    /// A message that came during a timed sleep: the rest of the sleep, at most the
+    /// long-sleep bound, and its overshoot.
+    pub(super) sleep_message_ns: u64,
 }
 
 impl WakeBounds {
@@ -57,9 +58,9 @@ impl WakeBounds {
         // The virtual waiter wakes a timed wait late by an overshoot of up to twice its base.
         let overshoot_ns_max = 2 * costs.overshoot_ns;
         WakeBounds {
+            timer_ns: overshoot_ns_max,
             block_message_ns: costs.interrupt_ns,
-            block_timer_ns: overshoot_ns_max,
-            sleep_ns: tuning.long_sleep_ns + overshoot_ns_max,
+            sleep_message_ns: tuning.long_sleep_ns + overshoot_ns_max,
         }
     }
 }
@@ -330,9 +331,9 @@ fn woke_for(r: &Reactor, log: &mut Log, due_ns: u64, message: bool, what: &str) 
     }
     let late_ns = w.woke_ns - due_ns.max(w.from_ns);
     let bound_ns = match (w.kind, message) {
+        (_, false) => log.bounds.timer_ns,
         (WaitKind::Block, true) => log.bounds.block_message_ns,
-        (WaitKind::Block, false) => log.bounds.block_timer_ns,
-        (WaitKind::Sleep, _) => log.bounds.sleep_ns,
+        (WaitKind::Sleep, true) => log.bounds.sleep_message_ns,
     };
     log.seen.woken += 1;
     log.seen.wake_late_ns_max = log.seen.wake_late_ns_max.max(late_ns);

@@ -57,8 +57,9 @@ impl WaitCosts {
 pub struct WaitsSeen {
     /// Timed sleeps that could not end early.
     pub sleeps: u64,
-    /// Of those, the pieces of a long sleep on a device without interrupts.
-    pub long_sleep_pieces: u64,
+    /// Of those, the pieces that were not an I/O's sleep: a long sleep's bounded piece on a
+    /// device without interrupts, or a sleep cut short at the next timer or timeout.
+    pub sleep_pieces: u64,
     /// Blocks on the device interrupts (with or without a deadline).
     pub interrupt_blocks: u64,
     /// Of those, how many ended before their deadline (or had none).
@@ -72,7 +73,7 @@ pub struct WaitsSeen {
 impl WaitsSeen {
     pub(super) fn add(&mut self, o: &WaitsSeen) {
         self.sleeps += o.sleeps;
-        self.long_sleep_pieces += o.long_sleep_pieces;
+        self.sleep_pieces += o.sleep_pieces;
         self.interrupt_blocks += o.interrupt_blocks;
         self.interrupt_blocks_early += o.interrupt_blocks_early;
         self.parks += o.parks;
@@ -203,12 +204,12 @@ impl VirtualWaiter {
         }
     }
 
-    /// A timed sleep until `until_ns` that nothing ends early; `long_piece`: a piece of a
-    /// long sleep on a device without interrupts. Returns when it wakes.
-    pub(crate) fn sleep_until(&mut self, now_ns: u64, until_ns: u64, long_piece: bool) -> u64 {
+    /// A timed sleep until `until_ns` that nothing ends early; `piece`: not an I/O's sleep,
+    /// a piece of one (see [`WaitsSeen::sleep_pieces`]). Returns when it wakes.
+    pub(crate) fn sleep_until(&mut self, now_ns: u64, until_ns: u64, piece: bool) -> u64 {
         let woke_ns = until_ns.max(now_ns) + self.overshoot_ns();
         self.seen.sleeps += 1;
-        self.seen.long_sleep_pieces += u64::from(long_piece);
+        self.seen.sleep_pieces += u64::from(piece);
         self.seen.sleep_ns_max = self.seen.sleep_ns_max.max(until_ns.saturating_sub(now_ns));
         self.cpu_ns += self.costs.sleep_cpu_ns;
         self.record(1, now_ns, until_ns, woke_ns);
