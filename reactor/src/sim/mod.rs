@@ -38,7 +38,9 @@
 //! their checks), `check` (the checks after a run),
 //! `waiter` (the virtual waiter: sleeps, interrupt waits and parks in virtual time, with
 //! the machine's costs drawn per seed), `deterministic` ([`run`]) and `threaded`
-//! ([`run_threaded`]).
+//! ([`run_threaded`]). Apart from the simulation, `stepped` ([`SimReactor`]) drives one
+//! reactor in virtual time, for tests of how a reactor waits that would otherwise measure
+//! the real clock and CPU.
 //!
 //! The deterministic run takes the reactors through their idle path too: each runs
 //! [`SimConfig::policy`], and its waits put it to sleep in virtual time (see `waiter`).
@@ -56,6 +58,7 @@ mod draw;
 mod limited;
 mod mail;
 mod model;
+mod stepped;
 mod threaded;
 pub(crate) mod waiter;
 mod workload;
@@ -67,6 +70,7 @@ pub use config::{SimConfig, SimFailure, SimReport};
 pub use deterministic::run;
 pub use limited::LimitedController;
 pub use mail::MailSeen;
+pub use stepped::SimReactor;
 pub use threaded::run_threaded;
 pub use waiter::{VirtualWaiter, WaitCosts, WaitsSeen};
 
