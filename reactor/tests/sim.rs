@@ -105,7 +105,7 @@ fn every_policy_regression_seed_passes() {
 }
 
 /// Seeds per policy the suite runs with every built-in policy deciding how the reactors
-/// wait (about 10 s for the nine in a debug build; `hypoll sim --seeds 100000` runs more).
+/// wait (the suite's time: docs/operations.md; `hypoll sim --seeds 100000` runs more).
 const POLICY_SEED_BUDGET: u64 = 25;
 
 #[test]
