@@ -175,7 +175,9 @@ impl<S> Reactor<S> {
     /// [`ReactorTuning::long_sleep_ns`](super::ReactorTuning::long_sleep_ns), blocks on the device interrupts as well: a
     /// completion ends it early, and then it is an interrupt wait, not the I/O's one sleep
     /// (the policy decides again). Without interrupt lines an interruptible sleep is a timed
-    /// one, and a long sleep lasts `long_sleep_ns`, after which the policy decides again.
+    /// one, and a long sleep lasts `long_sleep_ns`, after which the policy decides again. A
+    /// timed sleep ends at the next timer or timeout if that comes first (a block is armed
+    /// for them): then too the policy decides again.
     fn sleep_for(&mut self, key: usize, duration: Duration, interruptible: bool) {
         // It sleeps for a live I/O: the oldest, one the device still owes.
         debug_assert!(self
@@ -186,11 +188,19 @@ impl<S> Reactor<S> {
         let decided_ns = self.now_ns;
         let long = requested_ns > self.tuning.long_sleep_ns;
         let on_interrupts = (interruptible || long) && self.interrupts_armable();
-        if long && !on_interrupts {
-            // No interrupt to end it early: sleep a bounded piece, then poll.
-            self.sleep_until(decided_ns.saturating_add(self.tuning.long_sleep_ns), true);
-            debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
-            return;
+        let until_ns = decided_ns.saturating_add(requested_ns);
+        if !on_interrupts {
+            // Only its end wakes a timed sleep: it ends no later than the next timer or
+            // timeout (they would run late by the rest of it), nor past the long-sleep bound.
+            // Cut short, it is a piece, not the I/O's sleep: the reactor polls, runs what is
+            // due, and the policy decides again.
+            let bound_ns = long.then(|| decided_ns.saturating_add(self.tuning.long_sleep_ns));
+            let end_ns = [bound_ns, self.next_due_ns()].into_iter().flatten().min();
+            if let Some(end_ns) = end_ns.filter(|&end_ns| end_ns < until_ns) {
+                self.sleep_until(end_ns, true);
+                debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
+                return;
+            }
         }
         // Measure what a sleep costs the thread in CPU, from the OS, on a sample of sleeps:
         // the reading itself is a syscall.
@@ -200,7 +210,6 @@ impl<S> Reactor<S> {
         } else {
             None
         };
-        let until_ns = decided_ns.saturating_add(requested_ns);
         let woke_ns = if on_interrupts {
             self.arm_interrupts();
             self.park(true, Some(until_ns))
@@ -235,16 +244,22 @@ impl<S> Reactor<S> {
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
     }
 
+    /// When the reactor must next be awake for work of its own: its next timer, or its next
+    /// timeout or recovery step (a lost command never interrupts, and an I/O waiting behind
+    /// quarantined slots has nothing else to wake it).
+    fn next_due_ns(&mut self) -> Option<u64> {
+        let next_timer_ns = self.timers.next_deadline_ns();
+        match self.recovery_due_ns() {
+            Some(due_ns) => Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns))),
+            None => next_timer_ns,
+        }
+    }
+
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts; with `until_ns`, no later than then.
     /// Returns when it woke.
     fn park(&mut self, for_io: bool, until_ns: Option<u64>) -> u64 {
-        let mut next_timer_ns = self.timers.next_deadline_ns();
-        // A lost command never interrupts, and an I/O waiting behind quarantined slots has
-        // nothing to wake it: wake for the next timeout.
-        if let Some(due_ns) = self.recovery_due_ns() {
-            next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
-        }
+        let next_timer_ns = self.next_due_ns();
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
                 Some(deadline_ns) => self.timer_fd.arm_at(deadline_ns),

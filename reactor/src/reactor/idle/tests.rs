@@ -1,7 +1,11 @@
 //! How the idle path carries out a policy's decision on a device that cannot interrupt: the
-//! emulator on a virtual clock has no interrupt line, as an IOPOLL ring has none.
+//! emulator on a virtual clock has no interrupt line (unless a virtual waiter gives it one),
+//! as an IOPOLL ring has none.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hypoll_nvme::{IoBuf, VirtualClock};
 use hypoll_policy::{Decision, PollContext, PollPolicy};
@@ -9,6 +13,8 @@ use hypoll_policy::{Decision, PollContext, PollPolicy};
 use super::super::tests::{emu, reactor};
 use super::super::{mailbox, Reactor, ReactorTuning};
 use crate::io::Device;
+use crate::sim::waiter::{LastWait, WaitKind};
+use crate::sim::{VirtualWaiter, WaitCosts};
 
 /// A policy that asks to wait for the interrupt whatever it is told.
 struct AlwaysWait;
@@ -61,4 +67,66 @@ fn the_interrupt_policy_is_told_there_is_no_interrupt_and_does_not_ask_to_wait()
     let mut r = reactor(&clock, "interrupt");
     one_idle_step_with_a_read_outstanding(&mut r, &clock);
     assert_eq!(r.counters.interrupt_waits_spun, 0);
+}
+
+/// A policy that asks for one timed sleep of `sleep_ns` per I/O, then spins.
+struct SleepOnce {
+    sleep_ns: u64,
+}
+
+impl PollPolicy for SleepOnce {
+    fn name(&self) -> &str {
+        "sleep-once"
+    }
+
+    fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
+        if ctx.oldest.slept {
+            Decision::Spin
+        } else {
+            Decision::sleep_ns(self.sleep_ns)
+        }
+    }
+}
+
+/// A reactor under `SleepOnce` on a virtual waiter with exact timers, with a timer `timer`
+/// ahead if any, after one idle step with a read outstanding: its last wait, its counted
+/// sleeps and when the timer ran (turned once more when the wait ends).
+fn a_timed_sleep(sleep_ns: u64, timer: Option<Duration>) -> (LastWait, u64, Option<u64>) {
+    let clock = VirtualClock::new(1_000_000_000);
+    let (handle, rx) = mailbox(0, 0, 16).unwrap();
+    let policy = Box::new(SleepOnce { sleep_ns });
+    let mut r = Reactor::new(0, rx, Arc::new([handle]), policy, ReactorTuning::default()).unwrap();
+    let costs = WaitCosts {
+        overshoot_ns: 0,
+        sleep_cpu_ns: 0,
+        interrupt_ns: 0,
+        wait_ns_max: 1_000_000,
+        interrupts: false,
+    };
+    r.simulate(VirtualWaiter::new(clock.clone(), costs, 1));
+    let fired = Rc::new(Cell::new(None));
+    if let Some(delay) = timer {
+        let fired = fired.clone();
+        r.after(delay, move |r, _| fired.set(Some(r.now_ns())));
+    }
+    one_idle_step_with_a_read_outstanding(&mut r, &clock);
+    let wait = r.virtual_waiter().unwrap().last_wait().unwrap();
+    assert_eq!(wait.kind, WaitKind::Sleep);
+    clock.advance_to(wait.woke_ns);
+    r.sim_turn(&mut ());
+    (wait, r.counters.sleeps, fired.get())
+}
+
+#[test]
+fn a_timed_sleep_ends_at_the_next_timer() {
+    // Nothing due: the sleep runs its course, the I/O's one sleep.
+    let (wait, sleeps, _) = a_timed_sleep(500_000, None);
+    assert_eq!(wait.woke_ns - wait.from_ns, 500_000);
+    assert_eq!(sleeps, 1);
+    // A timer due first cuts it short (nothing else would wake it for the timer): a piece,
+    // not the I/O's sleep, and the timer runs in the turn after it.
+    let (wait, sleeps, fired_ns) = a_timed_sleep(500_000, Some(Duration::from_micros(50)));
+    assert_eq!(wait.woke_ns - wait.from_ns, 50_000);
+    assert_eq!(sleeps, 0);
+    assert_eq!(fired_ns, Some(wait.woke_ns));
 }
