@@ -76,7 +76,8 @@ impl Geometry {
         // pages so the segment limit below is too.
         let transfer = ns.transfer_bytes_max.min(REQUEST_BYTES_MAX) & !(SEGMENT_BYTES_MIN - 1);
         let transfer = transfer.max(SEGMENT_BYTES_MIN);
-        let size_max = (transfer / DATA_SEGMENTS_MAX).max(SEGMENT_BYTES_MIN) & !(SEGMENT_BYTES_MIN - 1);
+        let size_max =
+            (transfer / DATA_SEGMENTS_MAX).max(SEGMENT_BYTES_MIN) & !(SEGMENT_BYTES_MIN - 1);
         let seg_max = (transfer / size_max).clamp(1, DATA_SEGMENTS_MAX);
         // One command's block count is 16 bits (NVMe's NLB): a range is at most that many
         // blocks, in sectors.
@@ -194,10 +195,16 @@ mod tests {
         assert_eq!(u32_at(offset_of!(C, blk_size)), 4096);
         assert_eq!(u16_at(offset_of!(C, min_io_size)), 8);
         assert_eq!(u16_at(offset_of!(C, num_queues)), 3);
-        assert_eq!(u32_at(offset_of!(C, max_discard_sectors)), g.range_sectors_max);
+        assert_eq!(
+            u32_at(offset_of!(C, max_discard_sectors)),
+            g.range_sectors_max
+        );
         assert_eq!(u32_at(offset_of!(C, max_discard_seg)), RANGES_MAX);
         assert_eq!(u32_at(offset_of!(C, discard_sector_alignment)), 8);
-        assert_eq!(u32_at(offset_of!(C, max_write_zeroes_sectors)), g.range_sectors_max);
+        assert_eq!(
+            u32_at(offset_of!(C, max_write_zeroes_sectors)),
+            g.range_sectors_max
+        );
         assert_eq!(u32_at(offset_of!(C, max_write_zeroes_seg)), RANGES_MAX);
         assert_eq!(c[offset_of!(C, write_zeroes_may_unmap)], 1);
     }
@@ -207,9 +214,15 @@ mod tests {
         for transfer in [4096, 128 << 10, 132 << 10, 1 << 20, 8 << 20, u32::MAX] {
             let g = Geometry::new(&ns(512, transfer), false, false, false, 1);
             assert!(g.seg_max >= 1 && g.seg_max <= DATA_SEGMENTS_MAX, "{g:?}");
-            assert!(g.size_max >= SEGMENT_BYTES_MIN && g.size_max % 4096 == 0, "{g:?}");
+            assert!(
+                g.size_max >= SEGMENT_BYTES_MIN && g.size_max.is_multiple_of(4096),
+                "{g:?}"
+            );
             assert_eq!(g.request_bytes_max, g.seg_max * g.size_max);
-            assert!(g.request_bytes_max <= transfer.max(4096).min(REQUEST_BYTES_MAX), "{g:?}");
+            assert!(
+                g.request_bytes_max <= transfer.clamp(4096, REQUEST_BYTES_MAX),
+                "{g:?}"
+            );
         }
     }
 

@@ -24,7 +24,9 @@ pub enum Op {
     GetId,
     Discard,
     /// `unmap`: the blocks may be deallocated, as long as they read back as zeroes.
-    WriteZeroes { unmap: bool },
+    WriteZeroes {
+        unmap: bool,
+    },
 }
 
 /// A well-formed request, within the device's limits.
@@ -73,9 +75,17 @@ pub enum RequestError {
     #[error("a read or write of no data")]
     NoData,
     #[error("{bytes} bytes at sector {sector} is not whole blocks of {block_bytes} bytes")]
-    NotWholeBlocks { sector: u64, bytes: u64, block_bytes: u32 },
+    NotWholeBlocks {
+        sector: u64,
+        bytes: u64,
+        block_bytes: u32,
+    },
     #[error("sectors {sector}..+{sectors} run past the capacity, {capacity} sectors")]
-    PastCapacity { sector: u64, sectors: u64, capacity: u64 },
+    PastCapacity {
+        sector: u64,
+        sectors: u64,
+        capacity: u64,
+    },
     #[error("the export is read-only")]
     ReadOnly,
     #[error("a flush that carries data")]
@@ -130,25 +140,29 @@ pub fn parse<M: GuestMemory + ?Sized>(
     let refuse = |error| ParseError::Refused { status, error };
     let request = parse_body(mem, chain, geometry, status).map_err(refuse)?;
     // What a request hands on lies inside guest memory and within the limits.
-    debug_assert!(chain[request.data.clone()]
-        .iter()
-        .all(|b| mem.check_range(GuestAddress(b.addr), b.len as usize, access(b))));
+    debug_assert!(chain[request.data.clone()].iter().all(|b| mem.check_range(
+        GuestAddress(b.addr),
+        b.len as usize,
+        access(b)
+    )));
     debug_assert!(request.sector.saturating_add(request.sectors) <= geometry.capacity_sectors);
     Ok(request)
 }
 
 /// Where the status byte is: the last byte of the last buffer, which must be writable and
 /// in guest memory, or nothing in the chain can be answered.
-fn status_of<M: GuestMemory + ?Sized>(mem: &M, chain: &[Buffer]) -> Result<GuestAddress, ChainError> {
+fn status_of<M: GuestMemory + ?Sized>(
+    mem: &M,
+    chain: &[Buffer],
+) -> Result<GuestAddress, ChainError> {
     let last = chain.last().ok_or(ChainError::NoStatus)?;
     if !last.writable || last.len == 0 {
         return Err(ChainError::NoStatus);
     }
-    let addr = last.addr.checked_add(u64::from(last.len) - 1).ok_or(
-        ChainError::StatusOutsideMemory {
-            addr: last.addr,
-        },
-    )?;
+    let addr = last
+        .addr
+        .checked_add(u64::from(last.len) - 1)
+        .ok_or(ChainError::StatusOutsideMemory { addr: last.addr })?;
     if !mem.check_range(GuestAddress(addr), 1, Permissions::Write) {
         return Err(ChainError::StatusOutsideMemory { addr });
     }
@@ -307,7 +321,9 @@ fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, Requ
         bytes,
         block_bytes: geometry.block_bytes,
     };
-    if bytes % u64::from(geometry.block_bytes) != 0 || sector % block_sectors != 0 {
+    if !bytes.is_multiple_of(u64::from(geometry.block_bytes))
+        || !sector.is_multiple_of(block_sectors)
+    {
         return Err(not_whole);
     }
     let sectors = bytes / SECTOR_BYTES;
@@ -330,7 +346,7 @@ fn read_range<M: GuestMemory + ?Sized>(
 ) -> Result<(u64, u32, u32), RequestError> {
     let bytes: u64 = data.iter().map(|b| u64::from(b.len)).sum();
     let count = bytes / u64::from(RANGE_BYTES);
-    if count > u64::from(RANGES_MAX) && bytes % u64::from(RANGE_BYTES) == 0 {
+    if count > u64::from(RANGES_MAX) && bytes.is_multiple_of(u64::from(RANGE_BYTES)) {
         return Err(RequestError::TooManyRanges {
             count,
             max: RANGES_MAX,

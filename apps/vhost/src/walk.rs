@@ -55,7 +55,9 @@ pub enum ChainError {
     IndirectNested,
     #[error("an indirect descriptor that also has NEXT set")]
     IndirectWithNext,
-    #[error("an indirect table of {len} bytes (a whole number of descriptors, 1 to the queue's size)")]
+    #[error(
+        "an indirect table of {len} bytes (a whole number of descriptors, 1 to the queue's size)"
+    )]
     IndirectTableSize { len: u32 },
     #[error("the request's last buffer is not a device-writable byte (no status to answer in)")]
     NoStatus,

@@ -133,11 +133,16 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     if queue.try_set_size(s.queue_size).is_err() {
         return Ok(());
     }
-    queue.try_set_desc_table_address(GuestAddress(TABLE)).unwrap();
-    queue.try_set_avail_ring_address(GuestAddress(AVAIL)).unwrap();
+    queue
+        .try_set_desc_table_address(GuestAddress(TABLE))
+        .unwrap();
+    queue
+        .try_set_avail_ring_address(GuestAddress(AVAIL))
+        .unwrap();
     queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
     queue.set_ready(true);
-    mem.write_obj(s.avail_idx.to_le(), GuestAddress(AVAIL + 2)).unwrap();
+    mem.write_obj(s.avail_idx.to_le(), GuestAddress(AVAIL + 2))
+        .unwrap();
     let limits = ChainLimits {
         queue_size: s.queue_size,
         indirect: s.indirect,
@@ -153,8 +158,15 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     prop_assert!(heads.len() <= usize::from(s.queue_size));
     for head in heads {
         let walked = walk_chain(&mem, GuestAddress(TABLE), limits, head, &mut chain);
-        prop_assert!(chain.len() <= usize::from(s.queue_size), "the walk is bounded");
-        prop_assert_eq!(chain.capacity(), usize::from(s.queue_size), "and never grew");
+        prop_assert!(
+            chain.len() <= usize::from(s.queue_size),
+            "the walk is bounded"
+        );
+        prop_assert_eq!(
+            chain.capacity(),
+            usize::from(s.queue_size),
+            "and never grew"
+        );
         if walked.is_err() {
             continue;
         }
@@ -172,7 +184,11 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn check_request(req: &hypoll_vhost::Request, chain: &[Buffer], g: &Geometry) -> Result<(), TestCaseError> {
+fn check_request(
+    req: &hypoll_vhost::Request,
+    chain: &[Buffer],
+    g: &Geometry,
+) -> Result<(), TestCaseError> {
     let last = chain.last().unwrap();
     prop_assert!(last.writable && last.len == 1 && inside(last.addr, 1));
     prop_assert_eq!(req.status.0, last.addr);
@@ -180,10 +196,16 @@ fn check_request(req: &hypoll_vhost::Request, chain: &[Buffer], g: &Geometry) ->
     prop_assert!(!header.writable && header.len == 16 && inside(header.addr, 16));
     let data = &chain[req.data.clone()];
     for b in data {
-        prop_assert!(inside(b.addr, u64::from(b.len)), "{b:?} handed on outside memory");
+        prop_assert!(
+            inside(b.addr, u64::from(b.len)),
+            "{b:?} handed on outside memory"
+        );
         prop_assert!(b.len > 0 && b.len <= g.size_max);
     }
-    prop_assert!(req.sector.checked_add(req.sectors).is_some_and(|e| e <= g.capacity_sectors));
+    prop_assert!(req
+        .sector
+        .checked_add(req.sectors)
+        .is_some_and(|e| e <= g.capacity_sectors));
     let bytes: u64 = data.iter().map(|b| u64::from(b.len)).sum();
     match req.op {
         Op::Read | Op::Write => {
@@ -442,20 +464,44 @@ fn write_corpus() {
         let mut bufs = vec![(HEADER, 16, false)];
         bufs.extend_from_slice(data);
         bufs.push((STATUS, 1, true));
-        scenario(chain(&bufs), vec![(h, header(kind, sector))], false, read_only)
+        scenario(
+            chain(&bufs),
+            vec![(h, header(kind, sector))],
+            false,
+            read_only,
+        )
     };
     let ranged = |kind, r: Vec<u8>| {
         let bufs = [(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)];
-        scenario(chain(&bufs), vec![(h, header(kind, 0)), (DATA as u32, r)], false, false)
+        scenario(
+            chain(&bufs),
+            vec![(h, header(kind, 0)), (DATA as u32, r)],
+            false,
+            false,
+        )
     };
     let mut out: Vec<(&str, Scenario)> = vec![
-        ("read", io(0, 8, &[(DATA, 4096, true), (DATA + 4096, 512, true)], false)),
-        ("write_two_regions", io(1, 0, &[(DATA, 512, false), (HIGH_START, 1024, false)], false)),
+        (
+            "read",
+            io(0, 8, &[(DATA, 4096, true), (DATA + 4096, 512, true)], false),
+        ),
+        (
+            "write_two_regions",
+            io(
+                1,
+                0,
+                &[(DATA, 512, false), (HIGH_START, 1024, false)],
+                false,
+            ),
+        ),
         ("flush", io(4, 0, &[], false)),
         ("get_id", io(8, 0, &[(DATA, 20, true)], false)),
         ("discard", ranged(11, range(64, 16, 0))),
         ("write_zeroes_unmap", ranged(13, range(8, 8, 1))),
-        ("outside_memory", io(0, 0, &[(LOW_END - 256, 512, true)], false)),
+        (
+            "outside_memory",
+            io(0, 0, &[(LOW_END - 256, 512, true)], false),
+        ),
         ("wrong_direction", io(0, 0, &[(DATA, 512, false)], false)),
         ("past_capacity", io(0, 4095, &[(DATA, 1024, true)], false)),
         ("unknown_type", io(99, 0, &[], false)),
@@ -471,8 +517,13 @@ fn write_corpus() {
             false,
         ),
     ));
-    let looping: Vec<u8> = (0..3u16).flat_map(|i| desc(HEADER, 16, NEXT, (i + 1) % 3)).collect();
-    out.push(("loop", scenario(looping, vec![(h, header(0, 0))], false, false)));
+    let looping: Vec<u8> = (0..3u16)
+        .flat_map(|i| desc(HEADER, 16, NEXT, (i + 1) % 3))
+        .collect();
+    out.push((
+        "loop",
+        scenario(looping, vec![(h, header(0, 0))], false, false),
+    ));
     let short_header = chain(&[(HEADER, 8, false), (STATUS, 1, true)]);
     out.push((
         "header_size",

@@ -63,20 +63,34 @@ fn refused(result: Result<Request, ParseError>) -> RequestError {
 
 #[test]
 fn well_formed_requests_of_every_type_parse() {
-    let read = request(vb::VIRTIO_BLK_T_IN, 8, &[(DATA, 4096, true), (DATA + 4096, 512, true)]);
+    let read = request(
+        vb::VIRTIO_BLK_T_IN,
+        8,
+        &[(DATA, 4096, true), (DATA + 4096, 512, true)],
+    );
     let read = read.unwrap();
     assert_eq!((read.op, read.sector, read.sectors), (Op::Read, 8, 9));
     assert_eq!((read.data, read.written_bytes), (1..3, 4608));
     let write = request(vb::VIRTIO_BLK_T_OUT, 0, &[(HIGH_START, 1024, false)]).unwrap();
-    assert_eq!((write.op, write.sectors, write.written_bytes), (Op::Write, 2, 0));
-    assert_eq!(request(vb::VIRTIO_BLK_T_FLUSH, 0, &[]).unwrap().op, Op::Flush);
+    assert_eq!(
+        (write.op, write.sectors, write.written_bytes),
+        (Op::Write, 2, 0)
+    );
+    assert_eq!(
+        request(vb::VIRTIO_BLK_T_FLUSH, 0, &[]).unwrap().op,
+        Op::Flush
+    );
     let id = request(vb::VIRTIO_BLK_T_GET_ID, 0, &[(DATA, 20, true)]).unwrap();
     assert_eq!((id.op, id.written_bytes), (Op::GetId, 20));
 
     let mem = guest();
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_WRITE_ZEROES, 0);
     put_range(&mem, DATA, 16, 32, vb::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)],
+    );
     let wz = walk_and_parse(&mem, &geometry()).unwrap();
     assert_eq!(
         (wz.op, wz.sector, wz.sectors),
@@ -85,7 +99,10 @@ fn well_formed_requests_of_every_type_parse() {
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_DISCARD, 0);
     put_range(&mem, DATA, 1000, 24, 0);
     let discard = walk_and_parse(&mem, &geometry()).unwrap();
-    assert_eq!((discard.op, discard.sector, discard.sectors), (Op::Discard, 1000, 24));
+    assert_eq!(
+        (discard.op, discard.sector, discard.sectors),
+        (Op::Discard, 1000, 24)
+    );
 }
 
 #[test]
@@ -93,7 +110,11 @@ fn an_indirect_table_holds_the_whole_request() {
     let mem = guest();
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_IN, 0);
     let indirect = 0x2000;
-    put_chain(&mem, indirect, &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        indirect,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
     put_desc(&mem, TABLE, 0, indirect, 3 * 16, INDIRECT, 0);
     let r = walk_and_parse(&mem, &geometry()).unwrap();
     assert_eq!((r.op, r.sectors), (Op::Read, 1));
@@ -104,7 +125,11 @@ fn a_descriptor_pointing_outside_guest_memory_is_refused() {
     // Into the hole between the regions, past the end, and straddling a region's end.
     for addr in [LOW_END, HIGH_END, LOW_END - 256, u64::MAX - 100] {
         let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[(addr, 512, true)]));
-        assert_eq!(e, RequestError::BufferOutsideMemory { index: 0 }, "{addr:#x}");
+        assert_eq!(
+            e,
+            RequestError::BufferOutsideMemory { index: 0 },
+            "{addr:#x}"
+        );
         assert_eq!(e.status(), S_IOERR);
     }
     // The header too: refused before any of it is read.
@@ -118,7 +143,9 @@ fn a_descriptor_pointing_outside_guest_memory_is_refused() {
     put_chain(&mem, TABLE, &[(HEADER, 16, false), (HIGH_END, 1, true)]);
     assert_eq!(
         walk_and_parse(&mem, &geometry()),
-        Err(ParseError::Chain(ChainError::StatusOutsideMemory { addr: HIGH_END }))
+        Err(ParseError::Chain(ChainError::StatusOutsideMemory {
+            addr: HIGH_END
+        }))
     );
     // So does a descriptor table outside memory.
     let mut chain = Vec::new();
@@ -143,7 +170,11 @@ fn a_chain_that_loops_or_outruns_the_queue_breaks_the_queue() {
         walk_chain(&mem, GuestAddress(TABLE), limits(), 0, &mut chain),
         Err(ChainError::TooLong { max: QUEUE })
     );
-    assert_eq!(chain.len(), QUEUE as usize, "the walk stopped at the queue's size");
+    assert_eq!(
+        chain.len(),
+        QUEUE as usize,
+        "the walk stopped at the queue's size"
+    );
     // A next index past the table, and a head past it.
     put_desc(&mem, TABLE, 0, HEADER, 16, NEXT, QUEUE);
     assert_eq!(
@@ -167,12 +198,14 @@ fn a_chain_that_loops_or_outruns_the_queue_breaks_the_queue() {
 fn indirect_tables_are_followed_once_and_only_when_negotiated() {
     let mem = guest();
     let mut chain = Vec::new();
-    let walk = |mem, limits, chain: &mut Vec<_>| {
-        walk_chain(mem, GuestAddress(TABLE), limits, 0, chain)
-    };
+    let walk =
+        |mem, limits, chain: &mut Vec<_>| walk_chain(mem, GuestAddress(TABLE), limits, 0, chain);
     put_desc(&mem, TABLE, 0, 0x2000, 32, INDIRECT, 0);
     put_desc(&mem, 0x2000, 0, 0x3000, 32, INDIRECT, 0);
-    assert_eq!(walk(&mem, limits(), &mut chain), Err(ChainError::IndirectNested));
+    assert_eq!(
+        walk(&mem, limits(), &mut chain),
+        Err(ChainError::IndirectNested)
+    );
     let no_indirect = ChainLimits {
         indirect: false,
         ..limits()
@@ -182,7 +215,10 @@ fn indirect_tables_are_followed_once_and_only_when_negotiated() {
         Err(ChainError::IndirectNotNegotiated)
     );
     put_desc(&mem, TABLE, 0, 0x2000, 32, INDIRECT | NEXT, 1);
-    assert_eq!(walk(&mem, limits(), &mut chain), Err(ChainError::IndirectWithNext));
+    assert_eq!(
+        walk(&mem, limits(), &mut chain),
+        Err(ChainError::IndirectWithNext)
+    );
     for len in [0, 24, 16 * (u32::from(QUEUE) + 1)] {
         put_desc(&mem, TABLE, 0, 0x2000, len, INDIRECT, 0);
         assert_eq!(
@@ -207,7 +243,10 @@ fn wrong_direction_buffers_are_refused() {
     // A writable header.
     let mem = guest();
     put_chain(&mem, TABLE, &[(HEADER, 16, true), (STATUS, 1, true)]);
-    assert_eq!(refused(walk_and_parse(&mem, &geometry())), RequestError::HeaderWritable);
+    assert_eq!(
+        refused(walk_and_parse(&mem, &geometry())),
+        RequestError::HeaderWritable
+    );
     // A readable status: nothing to answer in.
     put_chain(&mem, TABLE, &[(HEADER, 16, false), (STATUS, 1, false)]);
     assert_eq!(
@@ -243,15 +282,26 @@ fn a_header_or_status_of_the_wrong_size_is_refused() {
 #[test]
 fn a_request_past_capacity_is_refused() {
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 1023, &[(DATA, 1024, true)]));
-    assert!(matches!(e, RequestError::PastCapacity { sector: 1023, .. }), "{e:?}");
-    let e = refused(request(vb::VIRTIO_BLK_T_OUT, u64::MAX, &[(DATA, 512, false)]));
+    assert!(
+        matches!(e, RequestError::PastCapacity { sector: 1023, .. }),
+        "{e:?}"
+    );
+    let e = refused(request(
+        vb::VIRTIO_BLK_T_OUT,
+        u64::MAX,
+        &[(DATA, 512, false)],
+    ));
     assert!(matches!(e, RequestError::PastCapacity { .. }), "{e:?}");
     // The last sector is in.
     request(vb::VIRTIO_BLK_T_IN, 1023, &[(DATA, 512, true)]).unwrap();
     let mem = guest();
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_DISCARD, 0);
     put_range(&mem, DATA, 1000, 25, 0);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)],
+    );
     assert!(matches!(
         refused(walk_and_parse(&mem, &geometry())),
         RequestError::PastCapacity { .. }
@@ -260,7 +310,13 @@ fn a_request_past_capacity_is_refused() {
 
 #[test]
 fn an_unknown_request_type_is_unsupported() {
-    for kind in [2, 3, vb::VIRTIO_BLK_T_SECURE_ERASE, vb::VIRTIO_BLK_T_ZONE_APPEND, u32::MAX] {
+    for kind in [
+        2,
+        3,
+        vb::VIRTIO_BLK_T_SECURE_ERASE,
+        vb::VIRTIO_BLK_T_ZONE_APPEND,
+        u32::MAX,
+    ] {
         let e = refused(request(kind, 0, &[]));
         assert_eq!(e, RequestError::Unsupported(kind));
         assert_eq!(e.status(), S_UNSUPP);
@@ -269,7 +325,11 @@ fn an_unknown_request_type_is_unsupported() {
     let mem = guest();
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_DISCARD, 0);
     put_range(&mem, DATA, 0, 8, 0);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)],
+    );
     let g = Geometry {
         discard: false,
         ..geometry()
@@ -278,10 +338,16 @@ fn an_unknown_request_type_is_unsupported() {
     assert_eq!(e.status(), S_UNSUPP);
     // Unmap on a discard, and reserved flag bits.
     put_range(&mem, DATA, 0, 8, vb::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP);
-    assert_eq!(refused(walk_and_parse(&mem, &geometry())).status(), S_UNSUPP);
+    assert_eq!(
+        refused(walk_and_parse(&mem, &geometry())).status(),
+        S_UNSUPP
+    );
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_WRITE_ZEROES, 0);
     put_range(&mem, DATA, 0, 8, 4);
-    assert_eq!(refused(walk_and_parse(&mem, &geometry())).status(), S_UNSUPP);
+    assert_eq!(
+        refused(walk_and_parse(&mem, &geometry())).status(),
+        S_UNSUPP
+    );
 }
 
 #[test]
@@ -290,7 +356,13 @@ fn the_limits_on_one_request_hold() {
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &five));
     assert_eq!(e, RequestError::TooManySegments { count: 5, max: 4 });
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[(DATA, 8192, true)]));
-    assert_eq!(e, RequestError::SegmentTooLarge { len: 8192, max: 4096 });
+    assert_eq!(
+        e,
+        RequestError::SegmentTooLarge {
+            len: 8192,
+            max: 4096
+        }
+    );
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[(DATA, 100, true)]));
     assert!(matches!(e, RequestError::NotWholeBlocks { .. }), "{e:?}");
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[]));
@@ -300,7 +372,11 @@ fn the_limits_on_one_request_hold() {
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[(DATA, 0, true)]));
     assert_eq!(e, RequestError::EmptyBuffer { index: 0 });
     // Two ranges where one is allowed.
-    let e = refused(request(vb::VIRTIO_BLK_T_WRITE_ZEROES, 0, &[(DATA, 32, false)]));
+    let e = refused(request(
+        vb::VIRTIO_BLK_T_WRITE_ZEROES,
+        0,
+        &[(DATA, 32, false)],
+    ));
     assert_eq!(e, RequestError::TooManyRanges { count: 2, max: 1 });
 }
 
@@ -314,14 +390,26 @@ fn a_read_only_export_refuses_whatever_writes() {
     };
     let mem = guest();
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_OUT, 0);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)],
+    );
     assert_eq!(refused(walk_and_parse(&mem, &g)), RequestError::ReadOnly);
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_WRITE_ZEROES, 0);
     put_range(&mem, DATA, 0, 8, 0);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 16, false), (STATUS, 1, true)],
+    );
     assert_eq!(refused(walk_and_parse(&mem, &g)), RequestError::ReadOnly);
     // Reads still go.
     put_header(&mem, HEADER, vb::VIRTIO_BLK_T_IN, 0);
-    put_chain(&mem, TABLE, &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)]);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
     assert_eq!(walk_and_parse(&mem, &g).unwrap().op, Op::Read);
 }
