@@ -520,3 +520,6 @@ pub(crate) fn send<S: 'static>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
