@@ -24,7 +24,7 @@ use vhost::vhost_user::{BackendReqHandler, Error};
 
 use crate::control::{Control, Handler};
 use crate::shard::{VhostShard, VhostState};
-use crate::sys::peek;
+use crate::sys::{peek, peer_closed};
 
 /// How long one read or write of a control message may block the reactor.
 pub const CONTROL_IO_TIMEOUT: Duration = Duration::from_millis(200);
@@ -41,6 +41,16 @@ pub(crate) struct ControlConn<S: VhostState> {
     poller: Option<PollerId>,
     /// The ring whose stop a GET_VRING_BASE waits for.
     waiting: Option<usize>,
+}
+
+impl<S: VhostState> ControlConn<S> {
+    /// Whether the front end has closed the connection (what it sent before it closed,
+    /// if anything, is moot: a front end that reconnects sets everything up again).
+    fn ended(&self) -> bool {
+        self.handler
+            .try_clone_connection()
+            .map_or(true, |sock| peer_closed(sock.as_fd()))
+    }
 }
 
 /// Watches one export's listening socket.
@@ -106,6 +116,7 @@ impl<S: VhostState> Poller<S> for ConnPoller {
             return 0;
         }
         let code = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+        tracing::trace!(code, "a vhost-user message");
         if code == FrontendReq::GET_VRING_BASE as u32 {
             if n < VRING_STATE_MESSAGE_BYTES {
                 return 0;
@@ -145,6 +156,17 @@ impl<S: VhostState> Poller<S> for ConnPoller {
 impl<S: VhostState> VhostShard<S> {
     /// Takes a connection that came in on export `export`'s socket.
     fn adopt(&mut self, r: &mut Reactor<S>, export: usize, stream: UnixStream) {
+        // A front end that reconnects has closed its old connection, which this reactor
+        // may not have seen yet: an old connection at its end goes first.
+        let ended: Vec<usize> = self
+            .controls
+            .iter()
+            .filter(|(_, c)| c.export == export && c.ended())
+            .map(|(key, _)| key)
+            .collect();
+        for key in ended {
+            self.close(r, key);
+        }
         if self.controls.iter().any(|(_, c)| c.export == export) {
             tracing::warn!(
                 export = %self.exports[export].name,

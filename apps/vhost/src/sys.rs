@@ -39,3 +39,16 @@ pub fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(n as usize)
 }
+
+/// Whether the peer of socket `fd` has closed its end (or the socket failed), whether or
+/// not bytes it sent before are still waiting to be read. Does not wait.
+pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd` for the call, an open fd (borrowed), no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
