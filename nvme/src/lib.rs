@@ -34,6 +34,7 @@ pub mod sync;
 pub mod sys;
 pub mod uring;
 pub mod vfio;
+pub mod vhost_user;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};
