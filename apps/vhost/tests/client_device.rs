@@ -9,25 +9,29 @@ use hypoll_reactor::nvme::{QueuePairError, Status, SyncIo};
 use hypoll_reactor::{CoreList, Device, IoBuf, Opcode};
 use hypoll_vhost::{VhostConfig, VhostExport, VhostServer};
 
-#[test]
-fn the_client_device_reads_back_what_it_wrote_on_another_queue() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("vhost.sock");
+fn server(socket: &std::path::Path) -> VhostServer {
     let cores = hypoll_reactor::allowed_cores().unwrap();
     let list: Vec<String> = cores.iter().take(2).map(ToString::to_string).collect();
-    let server = VhostServer::start(VhostConfig {
+    VhostServer::start(VhostConfig {
         exports: vec![VhostExport {
             name: "d".into(),
             device: Device::open("emu:dram,size=8M").unwrap(),
             read_only: false,
-            socket: socket.clone(),
+            socket: socket.to_path_buf(),
         }],
         cores: Some(CoreList::parse(&list.join(",")).unwrap()),
         policy: "adaptive".into(),
         queue_depth: 32,
         num_queues: 2,
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn the_client_device_reads_back_what_it_wrote_on_another_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let server = server(&socket);
 
     let spec = format!("vhost-user:{},queues=2,depth=32", socket.display());
     let device = Device::open(&spec).unwrap();
@@ -72,6 +76,53 @@ fn the_client_device_reads_back_what_it_wrote_on_another_queue() {
         io.read(last, 1).unwrap();
     }
     drop((q0, q1));
+    drop(device);
+    assert!(server.shutdown().panics.is_empty());
+}
+
+#[test]
+fn a_reactor_waiting_on_the_client_device_interrupt_is_woken_by_each_completion() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use hypoll_reactor::{Reactor, StandaloneConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let server = server(&socket);
+    let device = Device::open(&format!("vhost-user:{}", socket.display())).unwrap();
+    // The `interrupt` policy waits on the queue pair's interrupt line for every I/O.
+    let (mut r, _handle) = Reactor::<()>::standalone(StandaloneConfig {
+        policy: "interrupt".into(),
+        ..StandaloneConfig::default()
+    })
+    .unwrap();
+    let dev = r.attach(&device, 8).unwrap();
+    let done = Rc::new(Cell::new(0u32));
+    let start = std::time::Instant::now();
+    for i in 0..50u64 {
+        let d = done.clone();
+        r.read(dev, i * 8, 8, IoBuf::zeroed(4096), move |_, _, io| {
+            assert!(io.result.is_ok(), "{:?}", io.result);
+            d.set(d.get() + 1);
+        })
+        .unwrap();
+        while done.get() as u64 <= i {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "read {i} completed"
+            );
+            if r.poll(&mut ()) == 0 {
+                r.idle();
+            }
+        }
+    }
+    assert!(
+        r.counters().interrupt_waits > 0,
+        "the reactor waited on the interrupt"
+    );
+    r.shut_down(&mut ());
+    drop(r);
     drop(device);
     assert!(server.shutdown().panics.is_empty());
 }
