@@ -237,6 +237,12 @@ fn parse_body<M: GuestMemory + ?Sized>(
             if !id.writable {
                 return Err(RequestError::IdLayout);
             }
+            if id.len > geometry.size_max {
+                return Err(RequestError::SegmentTooLarge {
+                    len: id.len,
+                    max: geometry.size_max,
+                });
+            }
             request.op = Op::GetId;
             request.data = data;
             request.written_bytes = id.len.min(ID_BYTES);

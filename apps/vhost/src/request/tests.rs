@@ -363,6 +363,15 @@ fn the_limits_on_one_request_hold() {
             max: 4096
         }
     );
+    // GET_ID's buffer too (found by the fuzzer: every buffer handed on keeps size_max).
+    let e = refused(request(vb::VIRTIO_BLK_T_GET_ID, 0, &[(DATA, 4116, true)]));
+    assert_eq!(
+        e,
+        RequestError::SegmentTooLarge {
+            len: 4116,
+            max: 4096
+        }
+    );
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[(DATA, 100, true)]));
     assert!(matches!(e, RequestError::NotWholeBlocks { .. }), "{e:?}");
     let e = refused(request(vb::VIRTIO_BLK_T_IN, 0, &[]));
