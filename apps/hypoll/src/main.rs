@@ -11,6 +11,7 @@ mod bench;
 mod bench_async;
 mod report;
 mod serve;
+mod serve_state;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -63,13 +63,20 @@ impl<S: VhostState> VhostShard<S> {
                 geometry: *geometry,
             });
         }
-        Ok(VhostShard {
-            exports: attached,
+        Ok(VhostShard::with_devices(attached))
+    }
+
+    /// A shard for exports whose devices are attached on this reactor already (by the
+    /// server that shares the reactor with other front ends: one queue pair per device
+    /// per reactor, whoever's requests it carries).
+    pub fn with_devices(exports: Vec<ShardExport>) -> VhostShard<S> {
+        VhostShard {
+            exports,
             inboxes: Slab::new(),
             spaces: Slab::new(),
             leaving: Vec::new(),
             controls: Slab::new(),
-        })
+        }
     }
 
     /// Rings this reactor owns now.
