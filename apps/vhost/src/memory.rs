@@ -314,6 +314,12 @@ impl Space {
         Ok(())
     }
 
+    /// Unregisters what it can of the registrations of regions the guest gave up (those
+    /// I/O still used when the map changed); nothing to do costs a length check.
+    pub fn tidy<S>(&mut self, r: &mut Reactor<S>) {
+        self.retry_retired(r);
+    }
+
     /// Unregisters what it can of the retired registrations.
     fn retry_retired<S>(&mut self, r: &mut Reactor<S>) {
         if self.retired.is_empty() {

@@ -446,6 +446,10 @@ impl<S: VhostState> Poller<S> for Vring<S> {
         }
         let (inbox, space) = state.vhost().ring_parts(self.inbox, self.space);
         inbox.done = done;
+        if work > 0 {
+            // Completions may have freed a region the guest gave up.
+            space.tidy(r);
+        }
         if !self.shared.stop.load(Ordering::Acquire) && !self.broken {
             if let Some((slot, req)) = self.waiting.take() {
                 if self.submit(r, space, slot, &req) {

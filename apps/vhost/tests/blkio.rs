@@ -241,3 +241,29 @@ fn a_read_only_export_refuses_writes_and_serves_reads() {
     drop(c);
     assert!(server.shutdown().panics.is_empty());
 }
+
+#[test]
+fn memory_mapped_and_unmapped_while_the_rings_run_is_used_then_let_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let server = server("emu:dram,size=4M", false, &socket);
+    let mut c = Client::connect(&socket, 1, false).unwrap();
+    // A second region, added (ADD_MEM_REG) while the ring runs, written from.
+    let extra = c.blkio.alloc_mem_region(64 << 10).unwrap();
+    c.blkio.map_mem_region(&extra).unwrap();
+    // SAFETY: 64 KiB mapped by blkio; no request uses it yet.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(extra.addr as *mut u8, 4096) };
+    bytes.fill(0x3c);
+    let addr = extra.addr as *mut u8;
+    assert_eq!(
+        c.run(0, |q, _| q.write(8192, addr, 4096, 0, ReqFlags::empty())),
+        0
+    );
+    // Taken back (REM_MEM_REG): the ring goes on with the first region.
+    c.blkio.unmap_mem_region(&extra);
+    c.blkio.free_mem_region(&extra);
+    assert_eq!(c.read(0, 8192, 4096), 0);
+    assert!(c.buf()[..4096].iter().all(|&b| b == 0x3c));
+    drop(c);
+    assert!(server.shutdown().panics.is_empty());
+}
