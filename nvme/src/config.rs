@@ -4,7 +4,13 @@
 //! it without depending on each other.
 
 /// Device kinds a device string may name.
-pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "uring:/path", "vfio:<pci address>"];
+pub const DEVICE_KINDS: &[&str] = &[
+    "emu:<profile>",
+    "null",
+    "uring:/path",
+    "vfio:<pci address>",
+    "vhost-user:/path.sock",
+];
 
 /// Why a device string (or one of its keys) was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

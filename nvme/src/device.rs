@@ -14,6 +14,7 @@ use crate::null::{NullConfig, NullController, NULL_KEYS};
 use crate::qpair::Controller;
 use crate::uring::{UringConfig, UringController};
 use crate::vfio::{VfioConfig, VfioController};
+use crate::vhost_user::{VhostUserConfig, VhostUserController};
 
 /// A parsed device string.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +24,8 @@ pub enum DeviceConfig {
     Uring(UringConfig),
     /// A PCI NVMe function bound to vfio-pci, driven from user space.
     Vfio(VfioConfig),
+    /// A vhost-user-blk back end, as a client (libblkio).
+    VhostUser(VhostUserConfig),
 }
 
 impl DeviceConfig {
@@ -38,6 +41,7 @@ impl DeviceConfig {
             DeviceConfig::Null(cfg) => Arc::new(NullController::new(cfg)),
             DeviceConfig::Uring(cfg) => Arc::new(UringController::open(cfg)?),
             DeviceConfig::Vfio(cfg) => Arc::new(VfioController::open(cfg)?),
+            DeviceConfig::VhostUser(cfg) => Arc::new(VhostUserController::open(cfg)?),
         })
     }
 }
@@ -85,6 +89,20 @@ impl FromStr for DeviceConfig {
                 cfg.set(k, v)?;
             }
             Ok(DeviceConfig::Uring(cfg))
+        } else if let Some(path) = head.strip_prefix("vhost-user:") {
+            if path.is_empty() {
+                return Err(ConfigError::BadValue {
+                    key: "path".into(),
+                    value: String::new(),
+                    expected: "a vhost-user socket, as in vhost-user:/run/disk.sock".into(),
+                });
+            }
+            let mut cfg = VhostUserConfig::new(path);
+            for pair in pairs {
+                let (k, v) = pair?;
+                cfg.set(k, v)?;
+            }
+            Ok(DeviceConfig::VhostUser(cfg))
         } else if let Some(addr) = head.strip_prefix("vfio:") {
             let cfg = VfioConfig::parse(addr).map_err(|expected| ConfigError::BadValue {
                 key: "vfio".into(),
@@ -176,6 +194,7 @@ impl fmt::Display for DeviceConfig {
             DeviceConfig::Null(cfg) => write!(f, "{cfg}"),
             DeviceConfig::Uring(cfg) => write!(f, "{cfg}"),
             DeviceConfig::Vfio(cfg) => write!(f, "{cfg}"),
+            DeviceConfig::VhostUser(cfg) => write!(f, "{cfg}"),
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod sys;
 pub mod tcp;
 pub mod uring;
 pub mod vfio;
+pub mod vhost_user;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};

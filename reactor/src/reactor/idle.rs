@@ -278,6 +278,13 @@ impl<S> Reactor<S> {
         // Pairs with the fence in `ReactorHandle::send`.
         std::sync::atomic::fence(Ordering::SeqCst);
         let blocks = self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst);
+        // Every poller arms its signal (each must, whatever the others found), and work one
+        // finds on its second look ends the wait before it starts.
+        let mut found = false;
+        for (_, poller) in self.pollers.iter_mut() {
+            found |= poller.before_block();
+        }
+        let blocks = blocks && !found;
         // A simulated reactor does not block the thread: it learns when it wakes, and is
         // not turned before (nothing sends to it meanwhile but the simulation, which
         // delivers through the waiter, not the eventfd).

@@ -90,6 +90,18 @@ pub trait Poller<S = ()> {
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+
+    /// The reactor is about to block in epoll (to park, or to wait for an interrupt or the
+    /// end of an interruptible sleep). A poller whose source stops signalling while it is
+    /// polled (a virtqueue whose guest is told not to notify while the reactor spins on
+    /// its ring) turns the signal back on here, then looks once more for work that arrived
+    /// before it did: without that second look, a request posted just before the signal
+    /// came back on would wait for the next one. Returns whether work is there already; the
+    /// reactor then does not block. Called on every poller before each block, so it must
+    /// be cheap. The default has nothing to arm.
+    fn before_block(&mut self) -> bool {
+        false
+    }
 }
 
 /// Identifies a poller for [`Reactor::remove_poller`].

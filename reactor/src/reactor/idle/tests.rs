@@ -130,3 +130,56 @@ fn a_timed_sleep_ends_at_the_next_timer() {
     assert_eq!(sleeps, 0);
     assert_eq!(fired_ns, Some(wait.woke_ns));
 }
+
+/// A poller with no wake fd whose second look before each block finds work the first
+/// `found` times it is asked.
+struct SecondLook {
+    asked: std::rc::Rc<std::cell::Cell<u32>>,
+    found: u32,
+}
+
+impl super::super::Poller for SecondLook {
+    fn poll(&mut self, _r: &mut Reactor, _state: &mut ()) -> usize {
+        0
+    }
+
+    fn before_block(&mut self) -> bool {
+        self.asked.set(self.asked.get() + 1);
+        self.asked.get() <= self.found
+    }
+}
+
+#[test]
+fn work_a_poller_finds_before_the_reactor_blocks_keeps_it_from_blocking() {
+    let (mut r, _handle) = Reactor::<()>::standalone(super::super::StandaloneConfig {
+        tuning: ReactorTuning {
+            idle_spin_ns: 0,
+            ..ReactorTuning::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+    r.add_poller(Box::new(SecondLook {
+        asked: asked.clone(),
+        found: 1,
+    }))
+    .unwrap();
+    // Nothing else can wake the reactor before this timer: a park that blocks lasts it out.
+    let park_ns = 200_000_000;
+    r.after(std::time::Duration::from_nanos(park_ns), |_, _| {});
+    let start = std::time::Instant::now();
+    assert_eq!(r.poll(&mut ()), 0);
+    r.idle();
+    let first = start.elapsed();
+    assert_eq!(asked.get(), 1, "asked once, before the park");
+    assert!(
+        first.as_nanos() < u128::from(park_ns) / 2,
+        "the work found kept the reactor from blocking ({first:?})"
+    );
+    // Asked again before the next park, finding nothing: now it blocks until the timer.
+    assert_eq!(r.poll(&mut ()), 0);
+    r.idle();
+    assert_eq!(asked.get(), 2);
+    assert!(start.elapsed().as_nanos() >= u128::from(park_ns));
+}
