@@ -210,6 +210,8 @@ fn a_kick_wakes_a_reactor_blocked_with_notifications_on() {
     quiet(&mut r, &mut state);
     let mem = guest.mem.clone();
     let kick = guest.kick.try_clone().unwrap();
+    // Timed from before the poster starts: its 100 ms cannot begin earlier.
+    let before = Instant::now();
     let poster = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         let mut g = Guest {
@@ -219,7 +221,6 @@ fn a_kick_wakes_a_reactor_blocked_with_notifications_on() {
         };
         g.post_read()
     });
-    let before = Instant::now();
     r.idle();
     let woke = before.elapsed();
     assert!(
