@@ -159,7 +159,9 @@ struct IoSlot<S> {
 /// Tunables of a reactor.
 #[derive(Clone, Debug)]
 pub struct ReactorTuning {
-    /// With nothing outstanding and no work, spin this long before parking.
+    /// With nothing outstanding and no work, spin this long before parking; once front ends
+    /// report requests ([`Reactor::note_arrivals`]), the policy decides (this is the
+    /// default of its idle decision, `PollPolicy::decide_idle`).
     pub idle_spin_ns: u64,
     /// How long shutdown waits for outstanding I/O before failing it.
     pub shutdown_timeout: Duration,
