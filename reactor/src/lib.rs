@@ -120,6 +120,7 @@ pub use hypoll_nvme::{
 };
 pub use hypoll_policy as policy;
 pub use hypoll_policy::{
-    Bucket, BucketStats, Decision, DeviceStats, Direction, InFlight, Observation, OvershootStats,
-    PolicySpecError, PollContext, PollPolicy, Slept, Snapshot, StatsConfigError,
+    Arrival, ArrivalStats, Bucket, BucketStats, Decision, DeviceStats, Direction, IdleContext,
+    InFlight, Observation, OvershootStats, PolicySpecError, PollContext, PollPolicy, Slept,
+    Snapshot, StatsConfigError,
 };

@@ -9,7 +9,10 @@
 //! in the guest, no eventfd to drain). Just before the reactor blocks, `before_block` turns
 //! them on again and looks at the ring once more: a request posted before the guest could
 //! see notifications were on is found there and keeps the reactor from blocking; one posted
-//! after is kicked. The kick eventfd is the poller's wake fd.
+//! after is kicked. The kick eventfd is the poller's wake fd. How long the reactor spins
+//! before it blocks is the policy's: with I/O outstanding its usual decision, with none its
+//! idle decision, from when the guest's requests come (each batch taken off the ring is
+//! reported: `Reactor::note_arrivals`).
 //!
 //! Limits: at most the queue's size in flight (a slot each; a full table stops the ring
 //! being read), one request waiting for room at the device, the chain buffer and segment
@@ -406,6 +409,9 @@ impl<S: VhostState> Vring<S> {
                 }
             }
         }
+        // The request stream, for the policy's idle decision: how long the reactor spins
+        // for the guest's next request before it parks with notifications on.
+        r.note_arrivals(taken);
         taken
     }
 

@@ -1,7 +1,8 @@
 //! The idle path: what a turn that found no work does. With I/O outstanding the reactor asks
 //! its policy, then spins, sleeps (then polls), or blocks on the device interrupts; with
-//! none it spins a little and then parks in epoll until a message, a timer, a poller's fd or
-//! a timeout wakes it. How the last wait ended is the wake state the next turn's
+//! none it spins a while (as long as the policy decides once front ends report requests:
+//! `arrivals`) and then parks in epoll until a message, a timer, a poller's fd or a timeout
+//! wakes it. How the last wait ended is the wake state the next turn's
 //! completions report to the policy.
 
 use std::sync::atomic::Ordering;
@@ -53,10 +54,18 @@ impl<S> Reactor<S> {
         debug_assert!(self.wake_next_turn == WakeState::Awake || self.slept_from_ns == self.now_ns);
     }
 
-    /// No I/O to wait for: spin for `idle_spin_ns`, then park.
+    /// No I/O to wait for: spin for the idle stretch's spin (the policy's decision once front
+    /// ends report requests, `idle_spin_ns` before), then park.
     fn idle_without_io(&mut self) {
-        let since = *self.idle_since_ns.get_or_insert(self.now_ns);
-        if self.now_ns - since >= self.tuning.idle_spin_ns {
+        let since = match self.idle_since_ns {
+            Some(since) => since,
+            None => {
+                self.idle_spin_ns = self.decide_idle_spin_ns();
+                self.idle_since_ns = Some(self.now_ns);
+                self.now_ns
+            }
+        };
+        if self.now_ns - since >= self.idle_spin_ns {
             self.arm_interrupts();
             self.park(false, None);
         } else {

@@ -71,6 +71,15 @@ impl<S> SimReactor<S> {
         Ok(())
     }
 
+    /// A poller's wake fd became readable (a guest's kick on a virtqueue, a socket's data),
+    /// as the poller's source would make it: a blocked reactor (parked, or waiting on the
+    /// interrupts) wakes an interrupt's latency later, as for a message; a timed sleep runs
+    /// its course. Only a poller whose signal is on (see `Poller::before_block`) would
+    /// signal: the caller decides that.
+    pub fn signal(&mut self) {
+        self.reactor.sim_deliver();
+    }
+
     /// One step: a reactor in a wait sleeps on to its end (no later than `limit_ns`); an
     /// awake one takes a turn and, if it found nothing, its idle step.
     fn step(&mut self, state: &mut S, limit_ns: u64) {

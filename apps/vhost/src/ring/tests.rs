@@ -107,16 +107,21 @@ impl Guest {
     }
 }
 
-/// A reactor with one ring on an emulated device, and the guest.
+/// A reactor with one ring on an emulated device, and the guest; the reactor parks as soon
+/// as it goes idle.
 fn setup() -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
-    let (mut r, _handle) = Reactor::<Standalone>::standalone(StandaloneConfig {
+    setup_with(StandaloneConfig {
         tuning: ReactorTuning {
             idle_spin_ns: 0,
             ..ReactorTuning::default()
         },
         ..StandaloneConfig::default()
     })
-    .unwrap();
+}
+
+/// [`setup`] with the reactor built from `cfg`.
+fn setup_with(cfg: StandaloneConfig) -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
+    let (mut r, _handle) = Reactor::<Standalone>::standalone(cfg).unwrap();
     let device = Device::open("emu:dram,size=1M").unwrap();
     let geometry = Geometry::new(&device.ctrl.namespace(), false, false, false, 1);
     let vhost = VhostShard::new(&mut r, &[("d".into(), device, geometry)], 32).unwrap();
@@ -205,6 +210,8 @@ fn a_kick_wakes_a_reactor_blocked_with_notifications_on() {
     quiet(&mut r, &mut state);
     let mem = guest.mem.clone();
     let kick = guest.kick.try_clone().unwrap();
+    // Timed from before the poster starts: its 100 ms cannot begin earlier.
+    let before = Instant::now();
     let poster = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         let mut g = Guest {
@@ -214,7 +221,6 @@ fn a_kick_wakes_a_reactor_blocked_with_notifications_on() {
         };
         g.post_read()
     });
-    let before = Instant::now();
     r.idle();
     let woke = before.elapsed();
     assert!(
@@ -247,4 +253,69 @@ fn a_stopped_ring_answers_what_it_took_and_publishes_its_base() {
     assert!(base <= 3);
     assert_eq!(state.vhost.rings(), 0, "the ring let go of its inbox");
     assert_eq!(state.vhost.spaces.len(), 0, "and of its registered memory");
+}
+
+/// Drives the reactor as its thread would until the guest has `n` requests answered.
+fn run_until_answered(r: &mut Reactor<Standalone>, state: &mut Standalone, guest: &Guest, n: u16) {
+    while guest.used_idx() != n {
+        if r.poll(state) == 0 {
+            r.idle();
+        }
+    }
+}
+
+#[test]
+fn an_idle_guest_costs_its_reactor_under_1_percent_of_a_core() {
+    // With the policy's idle decision (adaptive) and with the default one (classic: the
+    // reactor's own spin), after a run of requests, and only the reactor's thread's CPU:
+    // what other tests on the machine do does not count.
+    for policy in ["adaptive", "classic"] {
+        let (mut r, mut state, mut guest, _shared) = setup_with(StandaloneConfig {
+            policy: policy.to_string(),
+            ..StandaloneConfig::default()
+        });
+        let requests = 40;
+        for n in 1..=requests {
+            guest.post_read();
+            run_until_answered(&mut r, &mut state, &guest, n);
+        }
+        assert_eq!(r.counters().arrivals, u64::from(requests));
+        // The guest idles for a second, then posts from its own thread, as a vCPU would.
+        let idle = Duration::from_secs(1);
+        let mem = guest.mem.clone();
+        let kick = guest.kick.try_clone().unwrap();
+        let poster = std::thread::spawn(move || {
+            std::thread::sleep(idle);
+            let mut g = Guest {
+                mem,
+                posted: requests,
+                kick,
+            };
+            g.post_read()
+        });
+        let cpu = hypoll_reactor::ThreadCpuClock::current().unwrap();
+        let cpu_before_ns = cpu.cpu_ns().unwrap();
+        let before = Instant::now();
+        run_until_answered(&mut r, &mut state, &guest, requests + 1);
+        let wall = before.elapsed();
+        let cpu_pct =
+            100.0 * (cpu.cpu_ns().unwrap() - cpu_before_ns) as f64 / wall.as_nanos() as f64;
+        assert!(
+            poster.join().unwrap(),
+            "{policy}: the reactor parked with notifications on: the guest kicked"
+        );
+        assert!(wall >= idle, "{policy}: {wall:?}");
+        assert!(
+            cpu_pct < 1.0,
+            "{policy}: an idle guest cost {cpu_pct:.3} % of a core ({:?})",
+            r.counters()
+        );
+        assert_eq!(guest.status(requests), S_OK);
+        // The policy decided how long the reactor spun for the guest before it parked.
+        assert!(
+            r.counters().idle_decisions > 0,
+            "{policy}: {:?}",
+            r.counters()
+        );
+    }
 }
