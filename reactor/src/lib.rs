@@ -96,7 +96,8 @@ pub use io::{
 };
 pub use reactor::{
     AfterBatch, ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning,
-    SendError, StandaloneConfig, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
+    SendError, StandaloneConfig, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, IDLE_SPIN_NS_MAX,
+    MESSAGE_BATCH,
 };
 pub use set::{
     InitError, PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ReactorStartError,

@@ -7,6 +7,13 @@ use hypoll_policy::{Arrival, ArrivalStats, IdleContext};
 
 use super::Reactor;
 
+/// The longest idle spin a policy's decision may ask for, unless the reactor's own tuning
+/// (`ReactorTuning::idle_spin_ns`, the embedder's explicit choice) is longer. A policy
+/// that wants to spin longer is cut here: spinning for a request that has not come in this
+/// long costs far more than the one wake-up a park would, on any machine, and a policy
+/// that got its arithmetic wrong must not keep a core busy with nothing to do.
+pub const IDLE_SPIN_NS_MAX: u64 = 10_000_000;
+
 impl<S> Reactor<S> {
     /// A front end took `requests` new requests (off a guest's avail ring, a socket): the
     /// reactor counts them, keeps when they came ([`Reactor::arrivals`]) and tells its
@@ -58,6 +65,7 @@ impl<S> Reactor<S> {
         };
         let spin = self.policy.decide_idle(&ctx);
         self.counters.idle_decisions += 1;
-        u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)
+        let bound_ns = IDLE_SPIN_NS_MAX.max(self.tuning.idle_spin_ns);
+        u64::try_from(spin.as_nanos()).map_or(bound_ns, |ns| ns.min(bound_ns))
     }
 }

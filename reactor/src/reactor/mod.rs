@@ -17,6 +17,7 @@
 
 mod api;
 mod arrivals;
+pub use arrivals::IDLE_SPIN_NS_MAX;
 mod handle;
 mod idle;
 mod recovery;

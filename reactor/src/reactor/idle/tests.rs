@@ -183,3 +183,43 @@ fn work_a_poller_finds_before_the_reactor_blocks_keeps_it_from_blocking() {
     assert_eq!(asked.get(), 2);
     assert!(start.elapsed().as_nanos() >= u128::from(park_ns));
 }
+
+/// A policy whose idle decision is to spin for ever.
+struct SpinForEver;
+
+impl PollPolicy for SpinForEver {
+    fn name(&self) -> &str {
+        "spin-for-ever"
+    }
+
+    fn decide(&mut self, _ctx: &PollContext<'_>) -> Decision {
+        Decision::Spin
+    }
+
+    fn decide_idle(&mut self, _ctx: &hypoll_policy::IdleContext) -> Duration {
+        Duration::MAX
+    }
+}
+
+#[test]
+fn a_policys_idle_spin_is_bounded() {
+    let (handle, rx) = mailbox(0, 0, 16).unwrap();
+    let mut r: Reactor = Reactor::new(
+        0,
+        rx,
+        Arc::new([handle]),
+        Box::new(SpinForEver),
+        ReactorTuning::default(),
+    )
+    .unwrap();
+    // Before any request, the tuning's spin; after one, the policy's, cut at the bound.
+    assert_eq!(
+        r.decide_idle_spin_ns(),
+        ReactorTuning::default().idle_spin_ns
+    );
+    r.note_arrivals(1);
+    assert_eq!(r.decide_idle_spin_ns(), super::super::IDLE_SPIN_NS_MAX);
+    // An embedder's own longer spin is its choice, and the bound then.
+    r.tuning.idle_spin_ns = 2 * super::super::IDLE_SPIN_NS_MAX;
+    assert_eq!(r.decide_idle_spin_ns(), r.tuning.idle_spin_ns);
+}
