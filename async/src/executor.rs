@@ -56,6 +56,9 @@ pub(crate) struct Core<S: 'static> {
     pub(crate) lend: Lend<S>,
     /// Inside `run`: an I/O completion then only wakes tasks, it does not run them.
     running: Cell<bool>,
+    /// The reactor was asked to run the woken tasks once its batch of completions has run
+    /// its callbacks (`Reactor::after_completions`), and has not yet.
+    pub(crate) run_asked: Cell<bool>,
     /// No more spawns; every task is being (or has been) dropped.
     closed: Cell<bool>,
     /// The executor was dropped while it ran tasks: it closes when the run ends.
@@ -81,6 +84,7 @@ impl<S: 'static> Core<S> {
             current: Current::new(),
             lend: Lend::new(),
             running: Cell::new(false),
+            run_asked: Cell::new(false),
             closed: Cell::new(false),
             close_deferred: Cell::new(false),
             tasks: RefCell::new(Slab::new()),

@@ -3,7 +3,7 @@
 //! and never again; and the lines of futures waiting for room on a full queue pair.
 
 use std::collections::VecDeque;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
 
@@ -60,15 +60,6 @@ enum Cell {
 
 /// No free cell.
 const NONE: usize = usize::MAX;
-
-/// What a completion found in its cell.
-pub(super) enum Completed {
-    /// The future's waiter, to wake; the cell holds the result now.
-    Waiting(Waiter),
-    /// The future was dropped: the cell is free again, and the buffer is the caller's to
-    /// drop (outside any borrow: it goes back to its allocator).
-    Orphaned(Option<IoBuf>),
-}
 
 /// The executor's I/O bookkeeping.
 pub(crate) struct IoCells {
@@ -133,52 +124,71 @@ impl IoCells {
         self.free(key);
     }
 
-    /// The completion of cell `key`'s I/O.
-    #[inline]
+    /// The completion of cell `key`'s I/O: the cell keeps the result and buffer for its
+    /// future, whose waiter is returned to be woken; the cell of a dropped future is freed,
+    /// and the buffer dropped (the device is done with it now).
+    #[inline(always)]
     pub(super) fn complete(
         &mut self,
         key: usize,
         result: Result<(), IoFailure>,
         buf: Option<IoBuf>,
-    ) -> Completed {
+    ) -> Option<Waiter> {
         let cell = &mut self.cells[key];
-        match cell {
-            Cell::Waiting(_) => match std::mem::replace(cell, Cell::Done(result, buf)) {
-                Cell::Waiting(waiter) => Completed::Waiting(waiter),
-                _ => unreachable!("matched just above"),
-            },
+        if let Cell::Waiting(_) = cell {
+            let Cell::Waiting(waiter) = std::mem::replace(cell, Cell::Done(result, buf)) else {
+                unreachable!("matched just above")
+            };
+            return Some(waiter);
+        }
+        self.complete_orphaned(key, buf);
+        None
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn complete_orphaned(&mut self, key: usize, buf: Option<IoBuf>) {
+        match self.cells[key] {
             Cell::Orphaned => {
                 self.free(key);
-                Completed::Orphaned(buf)
+                drop(buf);
             }
-            Cell::Free { .. } | Cell::Done(..) => {
+            Cell::Free { .. } | Cell::Done(..) | Cell::Waiting(_) => {
                 panic!("an I/O completed twice, or for no future (cell {key})")
             }
         }
     }
 
-    /// The future of cell `key` polls it: `ready` made of its result and buffer if it
-    /// completed (the cell is free again), or pending, with `cx`'s task set to be woken.
+    /// The result and buffer of cell `key`'s I/O if it completed; the cell is free again.
     #[inline(always)]
-    pub(super) fn poll<S, R>(
+    pub(super) fn take_done(
         &mut self,
         key: usize,
-        core: &Core<S>,
-        cx: &Context<'_>,
-        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
-    ) -> Poll<R> {
+    ) -> Option<(Result<(), IoFailure>, Option<IoBuf>)> {
+        let cell = &mut self.cells[key];
+        if !matches!(cell, Cell::Done(..)) {
+            return None;
+        }
+        let Cell::Done(result, buf) = std::mem::replace(cell, Cell::Free { next: self.free })
+        else {
+            unreachable!("matched just above")
+        };
+        self.free = key;
+        self.in_use -= 1;
+        Some((result, buf))
+    }
+
+    /// The future of cell `key` was polled again before its I/O completed: `cx`'s task
+    /// is the one to wake.
+    #[inline]
+    pub(super) fn rearm<S>(&mut self, key: usize, core: &Core<S>, cx: &Context<'_>) {
         match &mut self.cells[key] {
-            Cell::Done(..) => match self.free(key) {
-                Cell::Done(result, buf) => Poll::Ready(ready(result, buf)),
-                _ => unreachable!("matched just above"),
-            },
             Cell::Waiting(waiter) => {
                 if !waiter.will_wake(cx) {
                     *waiter = Waiter::new(core, cx);
                 }
-                Poll::Pending
             }
-            Cell::Free { .. } | Cell::Orphaned => {
+            Cell::Free { .. } | Cell::Orphaned | Cell::Done(..) => {
                 unreachable!("a live future's cell is in use and not orphaned")
             }
         }
@@ -263,7 +273,7 @@ impl IoCells {
     }
 
     #[cold]
-    fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
+    pub(super) fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
         let (_, waker) = self.queue(device).pop_front()?;
         self.room_waiting -= 1;
         Some(waker)

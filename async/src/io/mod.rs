@@ -21,7 +21,7 @@ use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, Rej
 use crate::executor::{count, Core, RUN_BATCH};
 use crate::{HasExecutor, Local};
 pub(crate) use cells::IoCells;
-use cells::{Completed, Waiter};
+use cells::Waiter;
 
 /// Why an async I/O did not succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -104,17 +104,25 @@ impl<S: 'static> Core<S> {
 
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
-    #[inline]
+    #[inline(always)]
     fn complete_io(&self, done: IoDone) {
         let mut io = self.io.borrow_mut();
-        let completed = io.complete(done.user as usize, done.result, done.buf);
-        let next = io.next_in_line(done.device);
+        let waiter = io.complete(done.user as usize, done.result, done.buf);
+        let room_waiting = io.room_waiting;
         drop(io);
-        match completed {
-            Completed::Waiting(waiter) => waiter.wake(),
-            // Outside the borrow: the buffer of a dropped future goes back to its allocator.
-            Completed::Orphaned(buf) => drop(buf),
+        if let Some(waiter) = waiter {
+            waiter.wake();
         }
+        if room_waiting > 0 {
+            self.pass_room(done.device);
+        }
+    }
+
+    /// A slot of `device`'s queue pair freed: the first future in line for room gets it.
+    #[cold]
+    #[inline(never)]
+    fn pass_room(&self, device: DeviceId) {
+        let next = self.io.borrow_mut().pop_in_line(device);
         if let Some(waker) = next {
             waker.wake();
         }
@@ -149,8 +157,15 @@ impl<S: 'static> Core<S> {
 /// executor run for the batch), or at once outside a batch (unless an executor run is what
 /// completed it).
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
-    state.executor().local.core.complete_io(done);
-    if !reactor.after_completions(run_woken::<S>) {
+    let core = &*state.executor().local.core;
+    core.complete_io(done);
+    // Asked once per batch: the reactor runs `run_woken` after the batch's last callback.
+    if core.run_asked.get() {
+        return;
+    }
+    if reactor.after_completions(run_woken::<S>) {
+        core.run_asked.set(true);
+    } else {
         run_woken(reactor, state);
     }
 }
@@ -158,6 +173,7 @@ fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone
 /// Runs the tasks woken so far.
 fn run_woken<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S) {
     let core = state.executor().local.core.clone();
+    core.run_asked.set(false);
     core.run(reactor, state, RUN_BATCH);
 }
 
@@ -178,143 +194,125 @@ enum Stage {
     Finished,
 }
 
-/// How an I/O future's I/O ended.
-enum Outcome {
-    /// Completed (well or not), with the buffer the completion gave back.
-    Done(Result<(), IoFailure>, Option<IoBuf>),
-    /// Refused for good; the buffer, if any, is still the future's.
-    Refused(RejectReason),
-}
-
-/// What a submission came to.
-enum Submitted {
-    /// In flight.
-    Yes,
+/// What a submission came to, when it is not in flight.
+enum NotInFlight {
     /// In line for room (the queue pair was full).
     InLine,
-    /// Refused for good.
+    /// Refused for good; the buffer, if any, is still the future's.
     Refused(RejectReason),
 }
 
 /// The state machine every I/O future shares.
 struct Submission<'a, S: 'static> {
-    local: &'a Local<S>,
+    core: &'a Core<S>,
     device: DeviceId,
     req: IoRequest,
     stage: Stage,
 }
 
 impl<'a, S: HasExecutor> Submission<'a, S> {
-    #[inline]
+    #[inline(always)]
     fn new(local: &'a Local<S>, device: DeviceId, req: IoRequest) -> Self {
         Submission {
-            local,
+            core: &local.core,
             device,
             req,
             stage: Stage::Start,
         }
     }
 
-    /// Advances the I/O; ready with its result and buffer (the completion's). `submit`
-    /// hands the I/O to the reactor, given the request with its `user` set to the future's
-    /// cell, and says why it was refused.
-    #[inline]
-    fn poll(
+    /// Advances the I/O; ready with its completion's result and buffer, or with its
+    /// refusal. `submit` hands the I/O to the reactor, given the request with its `user`
+    /// set to the future's cell, and says why it was refused.
+    #[inline(always)]
+    fn poll<B, R>(
         &mut self,
         cx: &mut Context<'_>,
-        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<Outcome> {
-        let core = &*self.local.core;
+        own: &mut B,
+        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+        done: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+        refused: impl FnOnce(&mut B, RejectReason) -> R,
+    ) -> Poll<R> {
+        let core = self.core;
         // The usual cases first: in flight, or starting with nobody in line for room.
-        if let Some(polled) = self.poll_in_flight(cx, Outcome::Done) {
-            return polled;
-        }
-        if self.stage == Stage::Start {
-            let mut io = core.io.borrow_mut();
-            if io.room_waiting == 0 {
-                // The waiter goes in first: the completion cannot come before the submission
-                // returns, and a refusal (rare) just drops it again.
-                let key = io.insert(Waiter::new(core, cx));
-                drop(io);
-                return match self.submit(core, cx, key, submit) {
-                    Submitted::Yes | Submitted::InLine => Poll::Pending,
-                    Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
-                };
+        match self.stage {
+            Stage::InFlight { key } => {
+                let mut io = core.io.borrow_mut();
+                if let Some((result, buf)) = io.take_done(key) {
+                    drop(io);
+                    self.stage = Stage::Finished;
+                    return Poll::Ready(done(result, buf));
+                }
+                io.rearm(key, core, cx);
+                return Poll::Pending;
             }
+            Stage::Start => {
+                let mut io = core.io.borrow_mut();
+                if io.room_waiting == 0 {
+                    // The waiter goes in first: the completion cannot come before the
+                    // submission returns, and a refusal (rare) just drops it again.
+                    let key = io.insert(Waiter::new(core, cx));
+                    drop(io);
+                    return match self.submit(cx, key, own, submit) {
+                        Ok(()) | Err(NotInFlight::InLine) => Poll::Pending,
+                        Err(NotInFlight::Refused(reason)) => Poll::Ready(refused(own, reason)),
+                    };
+                }
+            }
+            _ => {}
         }
-        self.poll_in_line(cx, submit)
-    }
-
-    /// In flight: `ready` made of its result and buffer once it completed.
-    #[inline(always)]
-    fn poll_in_flight<R>(
-        &mut self,
-        cx: &Context<'_>,
-        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
-    ) -> Option<Poll<R>> {
-        let Stage::InFlight { key } = self.stage else {
-            return None;
-        };
-        let core = &*self.local.core;
-        let polled = core.io.borrow_mut().poll(key, core, cx, ready);
-        if polled.is_ready() {
-            self.stage = Stage::Finished;
+        match self.poll_in_line(cx) {
+            Some(key) => match self.submit(cx, key, own, submit) {
+                Ok(()) | Err(NotInFlight::InLine) => Poll::Pending,
+                Err(NotInFlight::Refused(reason)) => Poll::Ready(refused(own, reason)),
+            },
+            None => Poll::Pending,
         }
-        Some(polled)
     }
 
     /// Submits with cell `key` for the completion; on a full queue pair, queues for room.
     #[inline(always)]
-    fn submit(
+    fn submit<B>(
         &mut self,
-        core: &Core<S>,
         cx: &Context<'_>,
         key: usize,
-        mut submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Submitted {
+        own: &mut B,
+        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+    ) -> Result<(), NotInFlight> {
+        let core = self.core;
         let req = self.req.with_user(key as u64);
-        let submitted = core
-            .lend
-            .with(|reactor, _| submit(reactor, req))
-            .expect("an I/O future was polled outside its reactor's executor");
-        match submitted {
-            Ok(()) => {
+        match core.lend.with(|reactor, _| submit(own, reactor, req)) {
+            Some(Ok(())) => {
                 count(&core.ios, 1);
                 self.stage = Stage::InFlight { key };
-                Submitted::Yes
+                Ok(())
             }
-            Err(reason) => self.refused(core, cx, key, reason),
+            Some(Err(reason)) => Err(self.refused(cx, key, reason)),
+            None => not_lent(),
         }
     }
 
     #[cold]
-    fn refused(
-        &mut self,
-        core: &Core<S>,
-        cx: &Context<'_>,
-        key: usize,
-        reason: RejectReason,
-    ) -> Submitted {
-        let mut io = core.io.borrow_mut();
+    #[inline(never)]
+    fn refused(&mut self, cx: &Context<'_>, key: usize, reason: RejectReason) -> NotInFlight {
+        let mut io = self.core.io.borrow_mut();
         io.remove(key);
         if reason.is_queue_full() {
             let front = self.stage == Stage::Turn;
             let ticket = io.wait_for_room(self.device, cx.waker(), front);
             self.stage = Stage::InLine { ticket };
-            return Submitted::InLine;
+            return NotInFlight::InLine;
         }
         self.stage = Stage::Finished;
-        Submitted::Refused(reason)
+        NotInFlight::Refused(reason)
     }
 
-    /// The cases where futures wait for room on a full queue pair.
+    /// The cases where futures wait for room on a full queue pair: the cell to submit
+    /// with once its turn came, or `None` while it waits.
     #[cold]
-    fn poll_in_line(
-        &mut self,
-        cx: &mut Context<'_>,
-        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<Outcome> {
-        let core = &*self.local.core;
+    #[inline(never)]
+    fn poll_in_line(&mut self, cx: &mut Context<'_>) -> Option<usize> {
+        let core = self.core;
         match self.stage {
             Stage::Start => {
                 let mut io = core.io.borrow_mut();
@@ -322,13 +320,13 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                 if io.others_waiting(self.device) {
                     let ticket = io.wait_for_room(self.device, cx.waker(), false);
                     self.stage = Stage::InLine { ticket };
-                    return Poll::Pending;
+                    return None;
                 }
             }
             Stage::InLine { ticket } => {
                 let mut io = core.io.borrow_mut();
                 if io.still_waiting(self.device, ticket, cx.waker()) {
-                    return Poll::Pending;
+                    return None;
                 }
                 self.stage = Stage::Turn;
             }
@@ -336,16 +334,18 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
             Stage::InFlight { .. } => unreachable!("handled by `poll`"),
             Stage::Finished => panic!("an I/O future was polled after it completed"),
         }
-        let key = core.io.borrow_mut().insert(Waiter::new(core, cx));
-        match self.submit(core, cx, key, submit) {
-            Submitted::Yes | Submitted::InLine => Poll::Pending,
-            Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
-        }
+        Some(core.io.borrow_mut().insert(Waiter::new(core, cx)))
     }
 }
 
+#[cold]
+#[inline(never)]
+fn not_lent() -> ! {
+    panic!("an I/O future was polled outside its reactor's executor")
+}
+
 impl<S: 'static> Drop for Submission<'_, S> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if !matches!(self.stage, Stage::Start | Stage::Finished) {
             self.drop_unfinished();
@@ -355,8 +355,9 @@ impl<S: 'static> Drop for Submission<'_, S> {
 
 impl<S: 'static> Submission<'_, S> {
     #[cold]
+    #[inline(never)]
     fn drop_unfinished(&mut self) {
-        let core = &self.local.core;
+        let core = self.core;
         let mut io = core.io.borrow_mut();
         let pass_turn = match self.stage {
             Stage::InFlight { key } => {
@@ -415,20 +416,11 @@ impl<'a, S: HasExecutor, T: IoOutput> IoFuture<'a, S, T> {
 impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
     type Output = T;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        // In flight: the output made straight from the completion, into the return value.
-        if let Stage::InFlight { key } = this.submission.stage {
-            let core = &*this.submission.local.core;
-            let polled = core.io.borrow_mut().poll(key, core, cx, T::from_done);
-            if polled.is_ready() {
-                this.submission.stage = Stage::Finished;
-            }
-            return polled;
-        }
-        let buf = &mut this.buf;
         let device = this.submission.device;
-        let submit = |reactor: &mut Reactor<S>, req| {
+        let submit = |buf: &mut Option<IoBuf>, reactor: &mut Reactor<S>, req| {
             reactor
                 .submit(device, req, buf.take(), io_done::<S>)
                 .map_err(|rejected| {
@@ -436,15 +428,12 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
                     rejected.reason
                 })
         };
-        match this.submission.poll(cx, submit) {
-            Poll::Ready(Outcome::Done(result, buf)) => Poll::Ready(T::from_done(result, buf)),
-            // A refused I/O's buffer is still here.
-            Poll::Ready(Outcome::Refused(reason)) => Poll::Ready(T::from_parts(
-                Err(IoError::Refused(reason)),
-                this.buf.take(),
-            )),
-            Poll::Pending => Poll::Pending,
-        }
+        // A refused I/O's buffer is back here (put back by `submit`).
+        let refused = |buf: &mut Option<IoBuf>, reason| {
+            T::from_parts(Err(IoError::Refused(reason)), buf.take())
+        };
+        this.submission
+            .poll(cx, &mut this.buf, submit, T::from_done, refused)
     }
 }
 
@@ -472,19 +461,19 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let segments = this.segments.as_ref();
         let device = this.submission.device;
-        let submit = |reactor: &mut Reactor<S>, req| {
+        let submit = |segments: &mut V, reactor: &mut Reactor<S>, req| {
             reactor
-                .submit_vectored(device, req, segments, io_done::<S>)
+                .submit_vectored(device, req, segments.as_ref(), io_done::<S>)
                 .map_err(|rejected| rejected.reason)
         };
-        this.submission
-            .poll(cx, submit)
-            .map(|outcome| match outcome {
-                Outcome::Done(result, _) => result.map_err(IoError::Failed),
-                Outcome::Refused(reason) => Err(IoError::Refused(reason)),
-            })
+        this.submission.poll(
+            cx,
+            &mut this.segments,
+            submit,
+            |result, _| result.map_err(IoError::Failed),
+            |_, reason| Err(IoError::Refused(reason)),
+        )
     }
 }
 

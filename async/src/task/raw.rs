@@ -161,7 +161,7 @@ unsafe fn release(h: NonNull<Header>) {
 /// Owner thread: gives the owner side's counted reference back once nothing on this
 /// thread holds the task (future gone, not queued, no `LocalRef`). Called at each of those
 /// three ends; once all three hold they stay so, so it releases once.
-#[inline]
+#[inline(always)]
 unsafe fn release_if_idle(h: NonNull<Header>) {
     // SAFETY: see `header`; on the owner thread, as the caller promises.
     let owner = &unsafe { header(h) }.owner;
@@ -446,6 +446,7 @@ impl Queued {
 }
 
 impl Drop for Queued {
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: popped from the queue (`queued` is false now): the owner side's reference
         // is still held if the task is done, and given back here if nothing else holds it.
@@ -487,11 +488,22 @@ pub(crate) struct LocalRef {
 }
 
 impl LocalRef {
-    /// Queues the task to run (unless queued already, or done).
+    /// Queues the task to run (unless queued already, or done), giving the reference up.
     #[inline]
     pub(crate) fn wake(self) {
-        // SAFETY: `self` keeps it alive; on the owner thread.
-        unsafe { schedule_local(self.h) };
+        let h = ManuallyDrop::new(self).h;
+        // SAFETY: the reference just given up keeps it alive until it is counted out
+        // below; on the owner thread.
+        let owner = &unsafe { header(h) }.owner;
+        owner.local_refs.set(owner.local_refs.get() - 1);
+        if owner.done.get() {
+            // SAFETY: on the owner thread; the reference was counted out just above.
+            unsafe { release_if_idle(h) };
+        } else if !owner.queued.get() {
+            // SAFETY: on the owner thread; alive (not done: the owner side holds it) and
+            // not queued.
+            unsafe { header(h).queue.push_local(h) };
+        }
     }
 
     /// Whether `waker` would wake the same task.
