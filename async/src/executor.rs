@@ -167,6 +167,7 @@ impl<S: 'static> Core<S> {
     /// how many it polled: 0 when every task is blocked (the reactor is then idle as far
     /// as tasks go, and its policy decides how to wait). Does nothing when called from
     /// inside a run (an I/O completed by a task's own call).
+    #[inline]
     pub(crate) fn run(&self, reactor: &mut Reactor<S>, state: &mut S, budget: usize) -> usize {
         if self.running.get() {
             return 0;
@@ -175,6 +176,12 @@ impl<S: 'static> Core<S> {
         if self.queue.len() == 0 {
             return 0;
         }
+        self.run_queued(reactor, state, budget)
+    }
+
+    /// `run`, with tasks queued and no run in progress.
+    #[inline(never)]
+    fn run_queued(&self, reactor: &mut Reactor<S>, state: &mut S, budget: usize) -> usize {
         self.running.set(true);
         /// Ends the run however it ends.
         struct Ending<'a>(&'a Cell<bool>);

@@ -374,7 +374,10 @@ async fn read_task(io: Local<Shard>, offset_bytes: u64, mut client: ReadClient) 
                     Some(buf),
                 )
             }
-            Err(e) => (Err(store_error(e.error)), e.buf),
+            Err(e) => {
+                let (error, buf) = e.into_parts();
+                (Err(store_error(error)), buf)
+            }
         };
         s.read_bufs.extend(buf);
         match result {

@@ -46,16 +46,31 @@ impl Waiter {
     }
 }
 
-/// One I/O's place between its future and its completion.
-enum Cell {
-    /// Not in use; the next free cell.
-    Free { next: usize },
-    /// In flight; who awaits it.
-    Waiting(Waiter),
-    /// Completed, with its result and buffer; the future takes them on its next poll.
-    Done(Result<(), IoFailure>, Option<IoBuf>),
+/// What a cell holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Not in use; `next` is the next free cell.
+    Free,
+    /// In flight; `waiter` awaits it.
+    Waiting,
+    /// Completed, with `result` and `buf`; the future takes them on its next poll.
+    Done,
     /// Its future was dropped: the completion drops the buffer and frees the cell.
     Orphaned,
+}
+
+/// One I/O's place between its future and its completion. Fields rather than an enum, so
+/// that a completion and a poll each touch only the fields they need.
+struct Cell {
+    state: State,
+    /// Done: the I/O's result.
+    result: Result<(), IoFailure>,
+    /// Free: the next free cell, or `NONE`.
+    next: usize,
+    /// `Some` exactly while waiting.
+    waiter: Option<Waiter>,
+    /// Done: the buffer the completion gave back. `None` in every other state.
+    buf: Option<IoBuf>,
 }
 
 /// No free cell.
@@ -100,28 +115,41 @@ impl IoCells {
         self.in_use += 1;
         let key = self.free;
         if key == NONE {
-            self.cells.push(Cell::Waiting(waiter));
+            self.cells.push(Cell {
+                state: State::Waiting,
+                result: Ok(()),
+                next: NONE,
+                waiter: Some(waiter),
+                buf: None,
+            });
             return self.cells.len() - 1;
         }
-        match std::mem::replace(&mut self.cells[key], Cell::Waiting(waiter)) {
-            Cell::Free { next } => self.free = next,
-            _ => unreachable!("the free list holds free cells only"),
-        }
+        let cell = &mut self.cells[key];
+        debug_assert!(cell.state == State::Free && cell.waiter.is_none() && cell.buf.is_none());
+        self.free = cell.next;
+        cell.state = State::Waiting;
+        cell.waiter = Some(waiter);
         key
     }
 
-    #[inline]
-    fn free(&mut self, key: usize) -> Cell {
-        self.in_use -= 1;
-        let cell = std::mem::replace(&mut self.cells[key], Cell::Free { next: self.free });
+    /// Cell `key` is free again.
+    #[inline(always)]
+    fn free(&mut self, key: usize) {
+        let cell = &mut self.cells[key];
+        debug_assert!(cell.waiter.is_none() && cell.buf.is_none());
+        cell.state = State::Free;
+        cell.next = self.free;
         self.free = key;
-        cell
+        self.in_use -= 1;
     }
 
     /// The I/O of cell `key` was refused: its cell goes.
     pub(super) fn remove(&mut self, key: usize) {
-        debug_assert!(matches!(self.cells[key], Cell::Waiting(_)));
+        let cell = &mut self.cells[key];
+        debug_assert_eq!(cell.state, State::Waiting);
+        let waiter = cell.waiter.take();
         self.free(key);
+        drop(waiter);
     }
 
     /// The completion of cell `key`'s I/O: the cell keeps the result and buffer for its
@@ -135,11 +163,12 @@ impl IoCells {
         buf: Option<IoBuf>,
     ) -> Option<Waiter> {
         let cell = &mut self.cells[key];
-        if let Cell::Waiting(_) = cell {
-            let Cell::Waiting(waiter) = std::mem::replace(cell, Cell::Done(result, buf)) else {
-                unreachable!("matched just above")
-            };
-            return Some(waiter);
+        if cell.state == State::Waiting {
+            debug_assert!(cell.waiter.is_some() && cell.buf.is_none());
+            cell.state = State::Done;
+            cell.result = result;
+            cell.buf = buf;
+            return cell.waiter.take();
         }
         self.complete_orphaned(key, buf);
         None
@@ -148,15 +177,14 @@ impl IoCells {
     #[cold]
     #[inline(never)]
     fn complete_orphaned(&mut self, key: usize, buf: Option<IoBuf>) {
-        match self.cells[key] {
-            Cell::Orphaned => {
-                self.free(key);
-                drop(buf);
-            }
-            Cell::Free { .. } | Cell::Done(..) | Cell::Waiting(_) => {
-                panic!("an I/O completed twice, or for no future (cell {key})")
-            }
-        }
+        let state = self.cells[key].state;
+        assert_eq!(
+            state,
+            State::Orphaned,
+            "an I/O completed twice, or for no future (cell {key})"
+        );
+        self.free(key);
+        drop(buf);
     }
 
     /// The result and buffer of cell `key`'s I/O if it completed; the cell is free again.
@@ -166,15 +194,11 @@ impl IoCells {
         key: usize,
     ) -> Option<(Result<(), IoFailure>, Option<IoBuf>)> {
         let cell = &mut self.cells[key];
-        if !matches!(cell, Cell::Done(..)) {
+        if cell.state != State::Done {
             return None;
         }
-        let Cell::Done(result, buf) = std::mem::replace(cell, Cell::Free { next: self.free })
-        else {
-            unreachable!("matched just above")
-        };
-        self.free = key;
-        self.in_use -= 1;
+        let (result, buf) = (cell.result, cell.buf.take());
+        self.free(key);
         Some((result, buf))
     }
 
@@ -182,15 +206,12 @@ impl IoCells {
     /// is the one to wake.
     #[inline]
     pub(super) fn rearm<S>(&mut self, key: usize, core: &Core<S>, cx: &Context<'_>) {
-        match &mut self.cells[key] {
-            Cell::Waiting(waiter) => {
-                if !waiter.will_wake(cx) {
-                    *waiter = Waiter::new(core, cx);
-                }
-            }
-            Cell::Free { .. } | Cell::Orphaned | Cell::Done(..) => {
-                unreachable!("a live future's cell is in use and not orphaned")
-            }
+        let cell = &mut self.cells[key];
+        let Some(waiter) = cell.waiter.as_mut() else {
+            unreachable!("a live future's cell, not done, is waiting")
+        };
+        if !waiter.will_wake(cx) {
+            *waiter = Waiter::new(core, cx);
         }
     }
 
@@ -198,18 +219,20 @@ impl IoCells {
     /// (for the caller to drop outside the borrow); otherwise the cell waits for it,
     /// orphaned.
     pub(super) fn orphan(&mut self, key: usize) -> Option<Option<IoBuf>> {
-        match &self.cells[key] {
-            Cell::Done(..) => match self.free(key) {
-                Cell::Done(_, buf) => Some(buf),
-                _ => unreachable!("matched just above"),
-            },
-            Cell::Waiting(_) => {
+        let cell = &mut self.cells[key];
+        match cell.state {
+            State::Done => {
+                let buf = cell.buf.take();
+                self.free(key);
+                Some(buf)
+            }
+            State::Waiting => {
                 // The waiter goes now (it may hold the task), the cell when the I/O ends.
-                let waiter = std::mem::replace(&mut self.cells[key], Cell::Orphaned);
-                drop(waiter);
+                cell.state = State::Orphaned;
+                drop(cell.waiter.take());
                 None
             }
-            Cell::Free { .. } | Cell::Orphaned => {
+            State::Free | State::Orphaned => {
                 unreachable!("a live future's cell is in use and not orphaned")
             }
         }

@@ -10,92 +10,20 @@
 //! room on its device and a completion there wakes the first in line.
 
 mod cells;
+mod error;
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, RejectReason};
+use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoOp, IoRequest, Reactor, RejectReason};
 
 use crate::executor::{count, Core, RUN_BATCH};
 use crate::{HasExecutor, Local};
 pub(crate) use cells::IoCells;
 use cells::Waiter;
-
-/// Why an async I/O did not succeed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IoError {
-    /// The reactor refused it for a reason waiting does not cure (an unknown device, a
-    /// request past the namespace, a reactor shutting down...): it never reached the
-    /// device. (A full queue pair is not a refusal here: the future waits for room.)
-    #[error("refused: {0}")]
-    Refused(RejectReason),
-    /// It reached the device, or waited for a slot, and failed.
-    #[error("{0}")]
-    Failed(IoFailure),
-}
-
-/// A failed read or write, with its buffer back when there is one to give back (not for
-/// [`IoFailure::Abandoned`]: the device may still use it, so the reactor keeps it).
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct BufError {
-    pub error: IoError,
-    pub buf: Option<IoBuf>,
-}
-
-/// What an [`IoFuture`] resolves to, made from the I/O's result and its buffer.
-pub trait IoOutput: Sized {
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self;
-
-    /// From a completion: `from_parts` without the refusal (the usual path, made without
-    /// the wider error in between).
-    #[inline]
-    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
-        Self::from_parts(result.map_err(IoError::Failed), buf)
-    }
-}
-
-/// A read or write: the buffer back, or the error with it.
-impl IoOutput for Result<IoBuf, BufError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
-        match (result, buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (Ok(()), None) => unreachable!("a read or write that succeeds returns its buffer"),
-            (Err(error), buf) => Err(BufError { error, buf }),
-        }
-    }
-
-    #[inline]
-    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
-        match (result, buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (result, buf) => Self::from_parts(result.map_err(IoError::Failed), buf),
-        }
-    }
-}
-
-/// Flush, write zeroes, deallocate: no buffer.
-impl IoOutput for Result<(), IoError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
-        result
-    }
-}
-
-/// Any I/O ([`Local::submit`]): the buffer, if it had one.
-impl IoOutput for Result<Option<IoBuf>, BufError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
-        match result {
-            Ok(()) => Ok(buf),
-            Err(error) => Err(BufError { error, buf }),
-        }
-    }
-}
+pub use error::{BufError, IoError, IoOutput};
 
 impl<S: 'static> Core<S> {
     pub(crate) fn ios_in_flight(&self) -> usize {
@@ -130,14 +58,17 @@ impl<S: 'static> Core<S> {
 
     /// Wakes the first future in line on each device whose queue pair has room: for room
     /// freed by I/O that was not a future's (a callback's), whose completion wakes nobody.
+    #[inline]
     pub(crate) fn wake_for_room(&self, reactor: &Reactor<S>) {
-        let devices = {
-            let io = self.io.borrow();
-            if io.room_waiting == 0 {
-                return;
-            }
-            io.lines()
-        };
+        if self.io.borrow().room_waiting > 0 {
+            self.wake_lines_with_room(reactor);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wake_lines_with_room(&self, reactor: &Reactor<S>) {
+        let devices = self.io.borrow().lines();
         for d in 0..devices {
             let device = DeviceId::from_index(d as u16);
             let next = {
@@ -202,21 +133,32 @@ enum NotInFlight {
     Refused(RejectReason),
 }
 
-/// The state machine every I/O future shares.
+/// The state machine every I/O future shares. Kept small (the request without its `user`,
+/// which the cell's key fills in): it lives in the task, which every completion touches.
 struct Submission<'a, S: 'static> {
     core: &'a Core<S>,
+    slba: u64,
+    nlb: u32,
     device: DeviceId,
-    req: IoRequest,
+    op: IoOp,
+    /// The request's `fua` and `deallocate`, as bits (`FUA`, `DEALLOCATE`).
+    flags: u8,
     stage: Stage,
 }
+
+const FUA: u8 = 1;
+const DEALLOCATE: u8 = 2;
 
 impl<'a, S: HasExecutor> Submission<'a, S> {
     #[inline(always)]
     fn new(local: &'a Local<S>, device: DeviceId, req: IoRequest) -> Self {
         Submission {
             core: &local.core,
+            slba: req.slba,
+            nlb: req.nlb,
             device,
-            req,
+            op: req.op,
+            flags: if req.fua { FUA } else { 0 } | if req.deallocate { DEALLOCATE } else { 0 },
             stage: Stage::Start,
         }
     }
@@ -280,7 +222,10 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
     ) -> Result<(), NotInFlight> {
         let core = self.core;
-        let req = self.req.with_user(key as u64);
+        let req = IoRequest::new(self.op, self.slba, self.nlb)
+            .with_fua(self.flags & FUA != 0)
+            .with_deallocate(self.flags & DEALLOCATE != 0)
+            .with_user(key as u64);
         match core.lend.with(|reactor, _| submit(own, reactor, req)) {
             Some(Ok(())) => {
                 count(&core.ios, 1);
@@ -474,12 +419,5 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
             |result, _| result.map_err(IoError::Failed),
             |_, reason| Err(IoError::Refused(reason)),
         )
-    }
-}
-
-/// Shorthand for a [`IoFailure`] as the futures report it.
-impl From<IoFailure> for IoError {
-    fn from(failure: IoFailure) -> Self {
-        IoError::Failed(failure)
     }
 }

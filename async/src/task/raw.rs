@@ -33,7 +33,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
@@ -53,7 +53,7 @@ struct Vtable {
 pub(super) struct Header {
     vtable: &'static Vtable,
     /// Counted references, see the module's docs.
-    refs: AtomicUsize,
+    refs: AtomicU32,
     /// [`TaskRef::cancel`] asked for the future to be dropped instead of polled.
     cancel: AtomicBool,
     /// The task is in the remote queue (or on its way there): later remote wakes skip it.
@@ -73,13 +73,16 @@ pub(super) struct OwnerSide {
     local_refs: Cell<usize>,
     /// The next task in the local run queue.
     pub(super) next: Cell<Option<NonNull<Header>>>,
-    /// Where the executor keeps it ([`Owned::key`]).
-    key: Cell<usize>,
+    /// Where the executor keeps it ([`Owned::set_key`]); a `u32` so that the header fits in
+    /// less than a cache line (the executor keeps fewer than `u32::MAX` tasks).
+    key: Cell<u32>,
 }
 
 /// A task: its header, then its future (dropped in place by `drop_future`, hence
-/// `ManuallyDrop`). `repr(C)` so that a pointer to it is a pointer to its header.
-#[repr(C)]
+/// `ManuallyDrop`). `repr(C)` so that a pointer to it is a pointer to its header; aligned
+/// to a cache line so that the header and the start of the future share the first one (a
+/// completion touches the header, and the poll after it the future).
+#[repr(C, align(64))]
 struct RawTask<F> {
     header: Header,
     future: UnsafeCell<ManuallyDrop<F>>,
@@ -138,7 +141,7 @@ unsafe fn acquire(h: NonNull<Header>) {
     // SAFETY: see `header`.
     let refs = unsafe { header(h) }.refs.fetch_add(1, Ordering::Relaxed);
     // As `Arc` does: a count this high can only come from leaked references.
-    if refs > isize::MAX as usize {
+    if refs > u32::MAX / 2 {
         std::process::abort();
     }
 }
@@ -268,7 +271,7 @@ impl Queue {
             header: Header {
                 vtable: &RawTask::<F>::VTABLE,
                 // The owner side's and the returned `TaskRef`'s.
-                refs: AtomicUsize::new(2),
+                refs: AtomicU32::new(2),
                 cancel: AtomicBool::new(false),
                 remote_queued: AtomicBool::new(false),
                 queue: self.queue.clone(),
@@ -277,7 +280,7 @@ impl Queue {
                     done: Cell::new(false),
                     local_refs: Cell::new(0),
                     next: Cell::new(None),
-                    key: Cell::new(usize::MAX),
+                    key: Cell::new(u32::MAX),
                 },
             },
             future: UnsafeCell::new(ManuallyDrop::new(future)),
@@ -360,6 +363,7 @@ pub(crate) struct Owned {
 impl Owned {
     /// Remembers where the executor keeps it (returned by [`Queued::run`]).
     pub(crate) fn set_key(&self, key: usize) {
+        let key = u32::try_from(key).expect("an executor keeps fewer than u32::MAX tasks");
         // SAFETY: the future is alive, so the owner side's reference keeps the task; on the
         // owner thread.
         unsafe { header(self.h) }.owner.key.set(key);
@@ -416,7 +420,7 @@ impl Queued {
         if task.owner.done.get() {
             return Ran::Gone;
         }
-        let key = task.owner.key.get();
+        let key = task.owner.key.get() as usize;
         if task.cancel.load(Ordering::Relaxed) {
             return Ran::Ended { key, polled: false };
         }
