@@ -59,28 +59,40 @@ enum State {
     Orphaned,
 }
 
-/// One I/O's place between its future and its completion. Fields rather than an enum, so
-/// that a completion and a poll each touch only the fields they need.
+/// What a cell carries besides its state.
+enum Payload {
+    /// Waiting: who awaits the I/O.
+    Waiter(Waiter),
+    /// Done: the buffer the completion gave back (if any); `None` in every other state.
+    Buf(Option<IoBuf>),
+}
+
+/// A cell's payload when it carries nothing.
+const EMPTY: Payload = Payload::Buf(None);
+
+/// One I/O's place between its future and its completion: 32 bytes, two to a cache line
+/// (every I/O touches its cell twice, on completion and on its future's poll).
 struct Cell {
     state: State,
     /// Done: the I/O's result.
     result: Result<(), IoFailure>,
     /// Free: the next free cell, or `NONE`.
-    next: usize,
-    /// `Some` exactly while waiting.
-    waiter: Option<Waiter>,
-    /// Done: the buffer the completion gave back. `None` in every other state.
-    buf: Option<IoBuf>,
+    next: u32,
+    payload: Payload,
 }
 
+// Two cells to a cache line, on the platforms built for (64-bit pointers).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Cell>() == 32);
+
 /// No free cell.
-const NONE: usize = usize::MAX;
+const NONE: u32 = u32::MAX;
 
 /// The executor's I/O bookkeeping.
 pub(crate) struct IoCells {
     cells: Vec<Cell>,
     /// The first free cell, or `NONE`.
-    free: usize,
+    free: u32,
     in_use: usize,
     /// Per device index: futures waiting for room on its queue pair, oldest first, each by
     /// its ticket.
@@ -115,31 +127,39 @@ impl IoCells {
         self.in_use += 1;
         let key = self.free;
         if key == NONE {
-            self.cells.push(Cell {
-                state: State::Waiting,
-                result: Ok(()),
-                next: NONE,
-                waiter: Some(waiter),
-                buf: None,
-            });
-            return self.cells.len() - 1;
+            return self.push(waiter);
         }
-        let cell = &mut self.cells[key];
-        debug_assert!(cell.state == State::Free && cell.waiter.is_none() && cell.buf.is_none());
+        let cell = &mut self.cells[key as usize];
+        debug_assert!(cell.state == State::Free && matches!(cell.payload, Payload::Buf(None)));
         self.free = cell.next;
         cell.state = State::Waiting;
-        cell.waiter = Some(waiter);
+        cell.payload = Payload::Waiter(waiter);
+        key as usize
+    }
+
+    /// A new cell, for one more I/O in flight than ever before.
+    #[cold]
+    #[inline(never)]
+    fn push(&mut self, waiter: Waiter) -> usize {
+        let key = self.cells.len();
+        assert!(key < NONE as usize, "more I/Os in flight than a u32 counts");
+        self.cells.push(Cell {
+            state: State::Waiting,
+            result: Ok(()),
+            next: NONE,
+            payload: Payload::Waiter(waiter),
+        });
         key
     }
 
-    /// Cell `key` is free again.
+    /// Cell `key`, emptied already, is free again.
     #[inline(always)]
     fn free(&mut self, key: usize) {
         let cell = &mut self.cells[key];
-        debug_assert!(cell.waiter.is_none() && cell.buf.is_none());
+        debug_assert!(matches!(cell.payload, Payload::Buf(None)));
         cell.state = State::Free;
         cell.next = self.free;
-        self.free = key;
+        self.free = key as u32;
         self.in_use -= 1;
     }
 
@@ -147,7 +167,7 @@ impl IoCells {
     pub(super) fn remove(&mut self, key: usize) {
         let cell = &mut self.cells[key];
         debug_assert_eq!(cell.state, State::Waiting);
-        let waiter = cell.waiter.take();
+        let waiter = std::mem::replace(&mut cell.payload, EMPTY);
         self.free(key);
         drop(waiter);
     }
@@ -164,11 +184,12 @@ impl IoCells {
     ) -> Option<Waiter> {
         let cell = &mut self.cells[key];
         if cell.state == State::Waiting {
-            debug_assert!(cell.waiter.is_some() && cell.buf.is_none());
             cell.state = State::Done;
             cell.result = result;
-            cell.buf = buf;
-            return cell.waiter.take();
+            return match std::mem::replace(&mut cell.payload, Payload::Buf(buf)) {
+                Payload::Waiter(waiter) => Some(waiter),
+                Payload::Buf(_) => unreachable!("a waiting cell holds its waiter"),
+            };
         }
         self.complete_orphaned(key, buf);
         None
@@ -197,7 +218,11 @@ impl IoCells {
         if cell.state != State::Done {
             return None;
         }
-        let (result, buf) = (cell.result, cell.buf.take());
+        let result = cell.result;
+        let buf = match std::mem::replace(&mut cell.payload, EMPTY) {
+            Payload::Buf(buf) => buf,
+            Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+        };
         self.free(key);
         Some((result, buf))
     }
@@ -206,8 +231,7 @@ impl IoCells {
     /// is the one to wake.
     #[inline]
     pub(super) fn rearm<S>(&mut self, key: usize, core: &Core<S>, cx: &Context<'_>) {
-        let cell = &mut self.cells[key];
-        let Some(waiter) = cell.waiter.as_mut() else {
+        let Payload::Waiter(waiter) = &mut self.cells[key].payload else {
             unreachable!("a live future's cell, not done, is waiting")
         };
         if !waiter.will_wake(cx) {
@@ -220,16 +244,19 @@ impl IoCells {
     /// orphaned.
     pub(super) fn orphan(&mut self, key: usize) -> Option<Option<IoBuf>> {
         let cell = &mut self.cells[key];
+        let payload = std::mem::replace(&mut cell.payload, EMPTY);
         match cell.state {
             State::Done => {
-                let buf = cell.buf.take();
                 self.free(key);
-                Some(buf)
+                match payload {
+                    Payload::Buf(buf) => Some(buf),
+                    Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+                }
             }
             State::Waiting => {
                 // The waiter goes now (it may hold the task), the cell when the I/O ends.
                 cell.state = State::Orphaned;
-                drop(cell.waiter.take());
+                drop(payload);
                 None
             }
             State::Free | State::Orphaned => {
