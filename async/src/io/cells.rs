@@ -3,7 +3,7 @@
 //! and never again; and the lines of futures waiting for room on a full queue pair.
 
 use std::collections::VecDeque;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
 
@@ -208,15 +208,17 @@ impl IoCells {
         drop(buf);
     }
 
-    /// The result and buffer of cell `key`'s I/O if it completed; the cell is free again.
+    /// `ready` made of the result and buffer of cell `key`'s I/O if it completed (the cell
+    /// is free again); pending otherwise.
     #[inline(always)]
-    pub(super) fn take_done(
+    pub(super) fn take_done<R>(
         &mut self,
         key: usize,
-    ) -> Option<(Result<(), IoFailure>, Option<IoBuf>)> {
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> Poll<R> {
         let cell = &mut self.cells[key];
         if cell.state != State::Done {
-            return None;
+            return Poll::Pending;
         }
         let result = cell.result;
         let buf = match std::mem::replace(&mut cell.payload, EMPTY) {
@@ -224,7 +226,7 @@ impl IoCells {
             Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
         };
         self.free(key);
-        Some((result, buf))
+        Poll::Ready(ready(result, buf))
     }
 
     /// The future of cell `key` was polled again before its I/O completed: `cx`'s task

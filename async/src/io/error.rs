@@ -107,10 +107,12 @@ impl IoOutput for Result<IoBuf, BufError> {
 
     #[inline(always)]
     fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
-        match (result, buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (result, buf) => failed(result, buf),
+        if result.is_ok() {
+            if let Some(buf) = buf {
+                return Ok(buf);
+            }
         }
+        failed(result, buf)
     }
 }
 

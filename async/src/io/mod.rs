@@ -180,13 +180,13 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         match self.stage {
             Stage::InFlight { key } => {
                 let mut io = core.io.borrow_mut();
-                if let Some((result, buf)) = io.take_done(key) {
-                    drop(io);
+                let polled = io.take_done(key, done);
+                if polled.is_ready() {
                     self.stage = Stage::Finished;
-                    return Poll::Ready(done(result, buf));
+                } else {
+                    io.rearm(key, core, cx);
                 }
-                io.rearm(key, core, cx);
-                return Poll::Pending;
+                return polled;
             }
             Stage::Start => {
                 let mut io = core.io.borrow_mut();
