@@ -1,19 +1,16 @@
 //! One shard of the log, as tasks: a commit task that writes whatever appends arrived
-//! while the last commit was on the device (group commit), and a task per read. The state
-//! of one reactor holds the shard and its executor; client messages run on the reactor
-//! and hand work to the tasks.
+//! while the last commit was on the device (group commit), and a task per read. Client
+//! messages run on the reactor, check the shard's limits and hand the work to a task.
 //!
 //! The log is the callback version's: records packed one after another, each behind a
 //! header (length, checksum), in 4 KiB log blocks from byte 0, no index. Appends are
 //! copied into a ring registered with the device, and a commit writes every log block
 //! from the last durable byte to the end of the newest record straight out of it, with
-//! FUA, in one vectored write (two segments where the span wraps the ring's end); the
-//! partly filled last block is written again by the next commit. A full queue pair needs
-//! no code here: an I/O future waits for room.
+//! FUA, in one vectored write (two segments where the span wraps the ring's end). A full
+//! queue pair needs no code here: an I/O future waits for room.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Sender;
-use std::task::{Poll, Waker};
 
 use hypoll_async::{Executor, HasExecutor, IoError, Local};
 use hypoll_reactor::{
@@ -86,15 +83,14 @@ pub struct Shard {
     ring_region: MemoryRegion,
     /// Log bytes on the device, every append in them acknowledged.
     durable_bytes: u64,
-    /// The end of the bytes in the ring, which `staged` holds.
+    /// The end of the bytes in the ring: `staged` holds their appends, by offset.
     staged_end_bytes: u64,
-    /// The appends of the commit on the device (their offsets), oldest first.
     staged: Vec<(u64, Waiter)>,
-    /// Appends that came after, with their bytes (headers included).
+    /// Appends waiting for the next commit, with their bytes (headers included).
     pending: VecDeque<(Vec<u8>, Waiter)>,
     pending_bytes: u64,
-    /// The commit task, waiting for appends.
-    commit_task: Option<Waker>,
+    /// A commit task is running: it takes what is pending before it ends.
+    committing: bool,
     reads_out: usize,
     read_bufs: Vec<IoBuf>,
     stats: ShardStats,
@@ -106,8 +102,8 @@ impl HasExecutor for Shard {
     }
 }
 
-/// Attaches the device, builds the shard (every buffer it will use, sized by `cfg`), and
-/// starts its commit task.
+/// Attaches the device and builds the shard, with every buffer it will use (sized by
+/// `cfg`).
 pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result<Shard, InitError> {
     if cfg.queue_depth == 0 || cfg.appends_max == 0 || cfg.reads_max == 0 {
         return Err("queue_depth, appends_max and reads_max must be at least 1".into());
@@ -116,9 +112,7 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
         return Err("append_bytes_max must hold a longest record, 4096 bytes".into());
     }
     let dev = r.attach(device, cfg.queue_depth)?;
-    let ns = r
-        .namespace(dev)
-        .ok_or("the device just attached has no namespace")?;
+    let ns = r.namespace(dev).ok_or("the device has no namespace")?;
     let lba_bytes = u64::from(ns.lba_size_bytes);
     if !LOG_BLOCK_BYTES.is_multiple_of(lba_bytes) {
         return Err(format!("device blocks of {lba_bytes} bytes do not divide 4096").into());
@@ -139,11 +133,9 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
     // SAFETY: the shard owns `ring` and is dropped after the reactor's queue pairs; only
     // the commit task writes into it, and only while no commit is on the device.
     let ring_region = unsafe { r.register_memory(dev, ring.as_mut_ptr(), ring.len()) }?;
-    let executor = Executor::install(r)?;
-    drop(executor.spawn_local(commit_task(executor.local()))?);
     let index = r.index();
     Ok(Shard {
-        executor,
+        executor: Executor::install(r)?,
         cfg,
         index,
         dev,
@@ -157,7 +149,7 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
         staged: Vec::with_capacity(cfg.appends_max),
         pending: VecDeque::with_capacity(cfg.appends_max),
         pending_bytes: 0,
-        commit_task: None,
+        committing: false,
         reads_out: 0,
         read_bufs: (0..cfg.reads_max)
             .map(|_| IoBuf::zeroed(READ_BUF_BYTES))
@@ -171,122 +163,115 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
     })
 }
 
-/// A client's append: refused at once past a limit, otherwise handed to the commit task,
-/// which answers it once the commit carrying it completes.
+/// A client's append: refused at once past a limit, otherwise answered once the commit
+/// carrying it completes (a commit task starts if none is running).
 pub fn append(_r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
     let need_bytes = (RECORD_HEADER_BYTES + record.len()) as u64;
     let unacked_bytes = s.staged_end_bytes - s.durable_bytes + s.pending_bytes;
     let refusal = if record.len() > RECORD_BYTES_MAX {
         let (len_bytes, max_bytes) = (record.len(), RECORD_BYTES_MAX);
-        Some(StoreError::RecordTooLarge {
+        StoreError::RecordTooLarge {
             len_bytes,
             max_bytes,
-        })
+        }
     } else if s.staged.len() + s.pending.len() >= s.cfg.appends_max {
-        Some(StoreError::AppendsFull {
+        StoreError::AppendsFull {
             max: s.cfg.appends_max,
-        })
+        }
     } else if unacked_bytes + need_bytes > s.cfg.append_bytes_max as u64 {
-        Some(StoreError::BytesFull {
+        StoreError::BytesFull {
             max_bytes: s.cfg.append_bytes_max,
-        })
+        }
     } else if s.staged_end_bytes + s.pending_bytes + need_bytes > s.capacity_bytes {
-        Some(StoreError::LogFull {
+        StoreError::LogFull {
             capacity_bytes: s.capacity_bytes,
-        })
+        }
     } else {
-        None
+        s.pending_bytes += need_bytes;
+        s.pending.push_back((record, waiter));
+        if !std::mem::replace(&mut s.committing, true) {
+            let commits = commit_task(s.executor.local());
+            drop(
+                s.executor
+                    .spawn_local(commits)
+                    .expect("room for one commit task"),
+            );
+        }
+        return;
     };
-    if let Some(error) = refusal {
-        s.stats.appends_refused += 1;
-        return waiter.answer(Answer::Appended(Err(error)));
-    }
-    s.pending_bytes += need_bytes;
-    s.pending.push_back((record, waiter));
-    if let Some(task) = s.commit_task.take() {
-        task.wake();
-    }
+    s.stats.appends_refused += 1;
+    waiter.answer(Answer::Appended(Err(refusal)));
 }
 
-/// The shard's commits, one at a time: waits for appends, stages every one waiting into
-/// the ring, writes the span, answers them.
+/// Commits, one at a time, until no append is pending: each stages every pending append
+/// into the ring, writes the span, and answers them.
 async fn commit_task(io: Local<Shard>) {
-    loop {
-        std::future::poll_fn(|cx| {
-            io.with(|_, s| {
-                if !s.pending.is_empty() {
-                    return Poll::Ready(());
-                }
-                s.commit_task = Some(cx.waker().clone());
-                Poll::Pending
-            })
-        })
-        .await;
-        let (dev, req, segments, count) = io.with(|r, s| {
-            while let Some((record, waiter)) = s.pending.pop_front() {
-                stage(s, &record, waiter);
-            }
-            s.pending_bytes = 0;
-            let first_bytes = s.durable_bytes / LOG_BLOCK_BYTES * LOG_BLOCK_BYTES;
-            let end_bytes = s.staged_end_bytes.next_multiple_of(LOG_BLOCK_BYTES);
-            let (at, len) = (
-                (first_bytes % s.ring.len() as u64) as usize,
-                end_bytes - first_bytes,
-            );
-            let head = (len as usize).min(s.ring.len() - at);
-            let head_segment = RegionSlice::new(s.ring_region, at, head).expect("in the ring");
-            let (segments, count) = match RegionSlice::new(s.ring_region, 0, len as usize - head) {
-                Some(tail_segment) => ([head_segment, tail_segment], 2),
-                None => ([head_segment; 2], 1),
-            };
-            // FUA: "acknowledged after the write" must mean on the media, not in a cache.
-            let nlb = (len / s.lba_bytes) as u32;
-            let req = IoRequest::new(IoOp::Write, s.base_lba + first_bytes / s.lba_bytes, nlb);
-            s.stats.commits += 1;
-            s.stats.commit_bytes += len;
-            s.stats.commits_wrapped += u64::from(count > 1);
-            s.stats.commit_appends_max = s.stats.commit_appends_max.max(s.staged.len() as u64);
-            s.stats.commits_requeued += u64::from(!r.has_room(s.dev));
-            (s.dev, req.with_fua(true), segments, count)
-        });
+    while let Some((dev, req, segments, count)) = io.with(stage_pending) {
         let written = io.submit_vectored(dev, req, &segments[..count]).await;
         io.with(|_, s| {
             let offsets = s.staged.drain(..);
-            match written {
-                Ok(()) => {
-                    s.durable_bytes = s.staged_end_bytes;
-                    s.stats.appends_acked += offsets.len() as u64;
-                    for (offset_bytes, waiter) in offsets {
-                        let at = LogOffset {
-                            shard: s.index,
-                            offset_bytes,
-                        };
-                        waiter.answer(Answer::Appended(Ok(at)));
-                    }
+            if let Err(error) = written {
+                // Their offsets go back: the next records take them.
+                s.stats.appends_failed += offsets.len() as u64;
+                for (_, waiter) in offsets {
+                    waiter.answer(Answer::Appended(Err(store_error(error))));
                 }
-                Err(error) => {
-                    // Their offsets go back: the next records take them.
-                    s.stats.appends_failed += offsets.len() as u64;
-                    for (_, waiter) in offsets {
-                        waiter.answer(Answer::Appended(Err(store_error(error))));
-                    }
-                    s.staged_end_bytes = s.durable_bytes;
-                }
+                s.staged_end_bytes = s.durable_bytes;
+                return;
+            }
+            s.durable_bytes = s.staged_end_bytes;
+            s.stats.appends_acked += offsets.len() as u64;
+            for (offset_bytes, waiter) in offsets {
+                let shard = s.index;
+                waiter.answer(Answer::Appended(Ok(LogOffset {
+                    shard,
+                    offset_bytes,
+                })));
             }
         });
     }
 }
 
-/// Copies one append into the ring behind its header, at the end of what is staged.
-fn stage(s: &mut Shard, record: &[u8], waiter: Waiter) {
-    let offset_bytes = s.staged_end_bytes;
-    let mut header = [0u8; RECORD_HEADER_BYTES];
-    header[..4].copy_from_slice(&(record.len() as u32).to_le_bytes());
-    header[4..].copy_from_slice(&checksum(offset_bytes, record).to_le_bytes());
-    ring_put(s, offset_bytes, &header);
-    ring_put(s, offset_bytes + RECORD_HEADER_BYTES as u64, record);
-    s.staged_end_bytes += (RECORD_HEADER_BYTES + record.len()) as u64;
-    s.staged.push((offset_bytes, waiter));
+/// Stages the pending appends into the ring and returns the commit's write: every log
+/// block from the last durable byte to the end of the newest record, in one or two
+/// segments of the ring. `None`, and the commit task ends, when nothing is pending.
+fn stage_pending(
+    r: &mut Reactor<Shard>,
+    s: &mut Shard,
+) -> Option<(DeviceId, IoRequest, [RegionSlice; 2], usize)> {
+    if s.pending.is_empty() {
+        s.committing = false;
+        return None;
+    }
+    while let Some((record, waiter)) = s.pending.pop_front() {
+        let offset_bytes = s.staged_end_bytes;
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        header[..4].copy_from_slice(&(record.len() as u32).to_le_bytes());
+        header[4..].copy_from_slice(&checksum(offset_bytes, &record).to_le_bytes());
+        ring_put(s, offset_bytes, &header);
+        ring_put(s, offset_bytes + RECORD_HEADER_BYTES as u64, &record);
+        s.staged_end_bytes += (RECORD_HEADER_BYTES + record.len()) as u64;
+        s.staged.push((offset_bytes, waiter));
+    }
+    s.pending_bytes = 0;
+    let first_bytes = s.durable_bytes / LOG_BLOCK_BYTES * LOG_BLOCK_BYTES;
+    let len = s.staged_end_bytes.next_multiple_of(LOG_BLOCK_BYTES) - first_bytes;
+    let at = (first_bytes % s.ring.len() as u64) as usize;
+    let head = (len as usize).min(s.ring.len() - at);
+    let head_segment = RegionSlice::new(s.ring_region, at, head).expect("in the ring");
+    let (segments, count) = match RegionSlice::new(s.ring_region, 0, len as usize - head) {
+        Some(tail_segment) => ([head_segment, tail_segment], 2),
+        None => ([head_segment; 2], 1),
+    };
+    s.stats.commits += 1;
+    s.stats.commit_bytes += len;
+    s.stats.commits_wrapped += u64::from(count > 1);
+    s.stats.commit_appends_max = s.stats.commit_appends_max.max(s.staged.len() as u64);
+    s.stats.commits_requeued += u64::from(!r.has_room(s.dev));
+    // FUA: "acknowledged after the write" must mean on the media, not in a cache.
+    let slba = s.base_lba + first_bytes / s.lba_bytes;
+    let req = IoRequest::new(IoOp::Write, slba, (len / s.lba_bytes) as u32).with_fua(true);
+    Some((s.dev, req, segments, count))
 }
 
 /// Writes `bytes` at log byte `at_bytes` into the ring, wrapping at its end; a log block
@@ -294,9 +279,8 @@ fn stage(s: &mut Shard, record: &[u8], waiter: Waiter) {
 /// device in the free tail of the last block.
 fn ring_put(s: &mut Shard, at_bytes: u64, bytes: &[u8]) {
     let ring_bytes = s.ring.len();
-    let end_bytes = at_bytes + bytes.len() as u64;
     let mut block = at_bytes.next_multiple_of(LOG_BLOCK_BYTES);
-    while block < end_bytes {
+    while block < at_bytes + bytes.len() as u64 {
         let at = (block % ring_bytes as u64) as usize;
         s.ring[at..at + LOG_BLOCK_BYTES as usize].fill(0);
         block += LOG_BLOCK_BYTES;
@@ -310,29 +294,28 @@ fn ring_put(s: &mut Shard, at_bytes: u64, bytes: &[u8]) {
 /// A client's read of the record at `offset_bytes`: refused at once past a limit or the
 /// durable end, otherwise a task that reads the longest record that could start there.
 pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: Waiter) {
-    let (durable_bytes, reads_max) = (s.durable_bytes, s.cfg.reads_max);
+    let durable_bytes = s.durable_bytes;
     let refusal = if offset_bytes.saturating_add(RECORD_HEADER_BYTES as u64) > durable_bytes {
-        Some(StoreError::NotDurable {
+        StoreError::NotDurable {
             offset_bytes,
             durable_bytes,
-        })
-    } else if s.reads_out == reads_max {
-        Some(StoreError::ReadsFull { max: reads_max })
+        }
+    } else if s.reads_out == s.cfg.reads_max {
+        StoreError::ReadsFull {
+            max: s.cfg.reads_max,
+        }
     } else {
-        None
+        s.reads_out += 1;
+        let task = read_task(s.executor.local(), offset_bytes, ReadClient(Some(waiter)));
+        drop(
+            s.executor
+                .spawn_local(task)
+                .expect("reads_max bounds the tasks"),
+        );
+        return;
     };
-    if let Some(error) = refusal {
-        s.stats.reads_refused += 1;
-        return waiter.answer(Answer::Read(Err(error)));
-    }
-    s.reads_out += 1;
-    let io = s.executor.local();
-    let task = read_task(io, offset_bytes, ReadClient(Some(waiter)));
-    drop(
-        s.executor
-            .spawn_local(task)
-            .expect("reads_max bounds the tasks"),
-    );
+    s.stats.reads_refused += 1;
+    waiter.answer(Answer::Read(Err(refusal)));
 }
 
 /// A read's client: answered `ShuttingDown` if the read's task is dropped unfinished
@@ -347,20 +330,21 @@ impl Drop for ReadClient {
     }
 }
 
+/// Reads the longest record that could start at `offset_bytes`, but nothing past the
+/// durable end, from the device (not the ring), and answers with the record that its
+/// header and checksum find there.
 async fn read_task(io: Local<Shard>, offset_bytes: u64, mut client: ReadClient) {
-    let (dev, req, window_end_bytes, buf) = io.with(|r, s| {
-        let window_end_bytes =
-            (offset_bytes + (RECORD_HEADER_BYTES + RECORD_BYTES_MAX) as u64).min(s.durable_bytes);
+    let (dev, req, end_bytes, buf) = io.with(|r, s| {
+        let longest_bytes = (RECORD_HEADER_BYTES + RECORD_BYTES_MAX) as u64;
+        let end_bytes = (offset_bytes + longest_bytes).min(s.durable_bytes);
         let first_lba = offset_bytes / s.lba_bytes;
-        let nlb = (window_end_bytes.div_ceil(s.lba_bytes) - first_lba) as u32;
+        let nlb = (end_bytes.div_ceil(s.lba_bytes) - first_lba) as u32;
         s.stats.reads_requeued += u64::from(!r.has_room(s.dev));
         // An abandoned read keeps its buffer (the device may still write into it).
-        let buf = s
-            .read_bufs
-            .pop()
-            .unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES));
+        let buf = s.read_bufs.pop();
+        let buf = buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES));
         let req = IoRequest::new(IoOp::Read, s.base_lba + first_lba, nlb);
-        (s.dev, req, window_end_bytes, buf)
+        (s.dev, req, end_bytes, buf)
     });
     let done = io.submit(dev, req, Some(buf)).await;
     io.with(|_, s| {
@@ -369,10 +353,7 @@ async fn read_task(io: Local<Shard>, offset_bytes: u64, mut client: ReadClient) 
             Ok(buf) => {
                 let buf = buf.expect("a read hands its buffer back");
                 let at = (offset_bytes % s.lba_bytes) as usize;
-                (
-                    decode(offset_bytes, window_end_bytes, &buf[at..]),
-                    Some(buf),
-                )
+                (decode(offset_bytes, end_bytes, &buf[at..]), Some(buf))
             }
             Err(e) => {
                 let (error, buf) = e.into_parts();
@@ -389,15 +370,14 @@ async fn read_task(io: Local<Shard>, offset_bytes: u64, mut client: ReadClient) 
     });
 }
 
-/// The record at the start of `bytes` (log byte `offset_bytes` on), if its header and
-/// checksum say so and it ends within the window read.
-fn decode(offset_bytes: u64, window_end_bytes: u64, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+/// The record at log byte `offset_bytes`, from `bytes` read from there up to log byte
+/// `end_bytes`, if its header and checksum say so.
+fn decode(offset_bytes: u64, end_bytes: u64, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
     let sum = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    let end_bytes = offset_bytes + (RECORD_HEADER_BYTES + len) as u64;
-    let body = bytes.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len);
-    match body {
-        Some(body) if end_bytes <= window_end_bytes && checksum(offset_bytes, body) == sum => {
+    let record_end_bytes = offset_bytes + (RECORD_HEADER_BYTES + len) as u64;
+    match bytes.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len) {
+        Some(body) if record_end_bytes <= end_bytes && checksum(offset_bytes, body) == sum => {
             Ok(body.to_vec())
         }
         _ => Err(StoreError::NotARecord { offset_bytes }),
