@@ -12,7 +12,7 @@ use slab::Slab;
 use crate::io::IoCells;
 use crate::join::{Filler, JoinHandle, Slot};
 use crate::lend::Lend;
-use crate::task::{Current, Owned, Queue, Ran, TaskFuture, TaskRef};
+use crate::task::{Current, LocalRef, Owned, Queue, Ran, TaskFuture, TaskRef};
 use crate::time::TimerCells;
 use crate::{ExecutorCounters, HasExecutor, Local, SpawnError};
 
@@ -182,15 +182,7 @@ impl<S: 'static> Core<S> {
     /// `run`, with tasks queued and no run in progress.
     #[inline(never)]
     fn run_queued(&self, reactor: &mut Reactor<S>, state: &mut S, budget: usize) -> usize {
-        self.running.set(true);
-        /// Ends the run however it ends.
-        struct Ending<'a>(&'a Cell<bool>);
-        impl Drop for Ending<'_> {
-            fn drop(&mut self) {
-                self.0.set(false);
-            }
-        }
-        let ending = Ending(&self.running);
+        let ending = Running::start(&self.running);
         let mut polled = 0;
         self.lend.lend(reactor, state, || {
             while polled < budget {
@@ -199,11 +191,7 @@ impl<S: 'static> Core<S> {
                 };
                 match task.run(&self.current) {
                     Ran::Pending => {}
-                    Ran::Ended { key, .. } => {
-                        // Out of the registry first: dropping the future may spawn.
-                        let owned = self.tasks.borrow_mut().remove(key);
-                        drop(owned);
-                    }
+                    Ran::Ended { key, .. } => self.end(key),
                     // Its future was dropped while it waited in the queue.
                     Ran::Gone => continue,
                 }
@@ -216,6 +204,46 @@ impl<S: 'static> Core<S> {
             self.close();
         }
         polled
+    }
+
+    /// Whether `task`, woken alone, may be polled at once (by `poll_alone`): no other
+    /// task waits to run or is being polled, and it is not queued already.
+    #[inline(always)]
+    pub(crate) fn may_poll_alone(&self, task: &LocalRef) -> bool {
+        self.queue.len() == 0 && !self.run_asked.get() && !self.running.get() && !task.is_queued()
+    }
+
+    /// Polls `task` at once, lending it the reactor and its state: for a task whose I/O
+    /// just completed (see `may_poll_alone`), which then needs no trip through the run
+    /// queue.
+    #[inline(never)]
+    pub(crate) fn poll_alone(&self, reactor: &mut Reactor<S>, state: &mut S, task: LocalRef) {
+        let ending = Running::start(&self.running);
+        let polled = self
+            .lend
+            .lend(reactor, state, || match task.run_now(&self.current) {
+                Ran::Pending => 1,
+                Ran::Ended { key, .. } => {
+                    self.end(key);
+                    1
+                }
+                Ran::Gone => 0,
+            });
+        drop(ending);
+        count(&self.polls, polled);
+        if self.close_deferred.get() {
+            self.close();
+        }
+    }
+
+    /// A task ended (its future is ready, or it was cancelled): it leaves the registry,
+    /// and its future is dropped here, inside the lending.
+    #[cold]
+    #[inline(never)]
+    fn end(&self, key: usize) {
+        // Out of the registry first: dropping the future may spawn.
+        let owned = self.tasks.borrow_mut().remove(key);
+        drop(owned);
     }
 
     /// Closes the executor: no more spawns, and every task's future is dropped here, on the
@@ -243,6 +271,25 @@ impl<S: 'static> Core<S> {
             }
         }
         self.queue.close();
+    }
+}
+
+/// Marks an executor as polling tasks until dropped, however the polling ends.
+struct Running<'a>(&'a Cell<bool>);
+
+impl<'a> Running<'a> {
+    #[inline(always)]
+    fn start(running: &'a Cell<bool>) -> Running<'a> {
+        debug_assert!(!running.get());
+        running.set(true);
+        Running(running)
+    }
+}
+
+impl Drop for Running<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.set(false);
     }
 }
 

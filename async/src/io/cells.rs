@@ -36,14 +36,6 @@ impl Waiter {
             Waiter::Waker(waker) => waker.will_wake(cx.waker()),
         }
     }
-
-    #[inline]
-    pub(super) fn wake(self) {
-        match self {
-            Waiter::Task(task) => task.wake(),
-            Waiter::Waker(waker) => waker.wake(),
-        }
-    }
 }
 
 /// What a cell holds.

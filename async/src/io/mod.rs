@@ -20,6 +20,7 @@ use std::task::{Context, Poll, Waker};
 use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoOp, IoRequest, Reactor, RejectReason};
 
 use crate::executor::{count, Core, RUN_BATCH};
+use crate::task::LocalRef;
 use crate::{HasExecutor, Local};
 pub(crate) use cells::IoCells;
 use cells::Waiter;
@@ -32,18 +33,23 @@ impl<S: 'static> Core<S> {
 
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
+    /// Wakes the future's task, or returns it to be polled at once when it is woken
+    /// `alone` and may be (see `may_poll_alone`).
     #[inline(always)]
-    fn complete_io(&self, done: IoDone) {
+    fn complete_io(&self, done: IoDone, alone: bool) -> Option<LocalRef> {
         let mut io = self.io.borrow_mut();
         let waiter = io.complete(done.user as usize, done.result, done.buf);
         let room_waiting = io.room_waiting;
         drop(io);
-        if let Some(waiter) = waiter {
-            waiter.wake();
-        }
         if room_waiting > 0 {
             self.pass_room(done.device);
         }
+        match waiter? {
+            Waiter::Task(task) if alone && self.may_poll_alone(&task) => return Some(task),
+            Waiter::Task(task) => task.wake(),
+            Waiter::Waker(waker) => waker.wake(),
+        }
+        None
     }
 
     /// A slot of `device`'s queue pair freed: the first future in line for room gets it.
@@ -83,15 +89,21 @@ impl<S: 'static> Core<S> {
     }
 }
 
-/// Every future's I/O completion: stores it for the future and queues its task, which runs
-/// in this same turn: once the batch of completions it came in has run its callbacks (one
-/// executor run for the batch), or at once outside a batch (unless an executor run is what
-/// completed it).
+/// Every future's I/O completion: stores it for the future and wakes its task, in the
+/// turn that reaped the completion. The tasks a batch of completions wakes run together
+/// once the batch has run its callbacks (one executor run for the batch); a task woken
+/// alone (by the batch's only completion, or outside a batch) is polled at once instead,
+/// as a callback would run, unless a task is being polled: it costs no trip through the
+/// run queue.
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
     let core = &*state.executor().local.core;
-    core.complete_io(done);
+    if let Some(task) = core.complete_io(done, reactor.completions_left() == 0) {
+        let core = state.executor().local.core.clone();
+        core.poll_alone(reactor, state, task);
+    }
+    let core = &*state.executor().local.core;
     // Asked once per batch: the reactor runs `run_woken` after the batch's last callback.
-    if core.run_asked.get() {
+    if core.queue.len() == 0 || core.run_asked.get() {
         return;
     }
     if reactor.after_completions(run_woken::<S>) {

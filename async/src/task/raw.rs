@@ -413,39 +413,49 @@ impl Queued {
     /// Polls the task, with `current` saying which task runs; or reports it cancelled.
     #[inline]
     pub(crate) fn run(self, current: &Current) -> Ran {
-        let h = self.h;
         // SAFETY: queued until `pop` returned it, and `self` keeps the owner side's
         // reference until dropped; on the owner thread.
-        let task = unsafe { header(h) };
-        if task.owner.done.get() {
-            return Ran::Gone;
+        unsafe { run(self.h, current) }
+    }
+}
+
+/// Polls task `h`, with `current` saying which task runs; or reports it cancelled, or gone.
+///
+/// # Safety
+/// On the owner thread; the caller holds a reference to the task (the owner side's, or a
+/// local one) until this returns; the task is not being polled.
+#[inline(always)]
+unsafe fn run(h: NonNull<Header>, current: &Current) -> Ran {
+    // SAFETY: alive, as the caller promises.
+    let task = unsafe { header(h) };
+    if task.owner.done.get() {
+        return Ran::Gone;
+    }
+    let key = task.owner.key.get() as usize;
+    if task.cancel.load(Ordering::Relaxed) {
+        return Ran::Ended { key, polled: false };
+    }
+    // The task's own waker, lent to the poll (it holds no reference: never dropped).
+    // SAFETY: `WAKER`'s functions take a live header, and this one outlives the poll.
+    let waker = ManuallyDrop::new(unsafe {
+        Waker::from_raw(RawWaker::new(h.as_ptr().cast_const().cast(), &WAKER))
+    });
+    let mut cx = Context::from_waker(&waker);
+    let before = current.0.replace(Some(h));
+    /// Says no task runs however the poll ends.
+    struct Restore<'a>(&'a Cell<Option<NonNull<Header>>>, Option<NonNull<Header>>);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            self.0.set(self.1);
         }
-        let key = task.owner.key.get() as usize;
-        if task.cancel.load(Ordering::Relaxed) {
-            return Ran::Ended { key, polled: false };
-        }
-        // The task's own waker, lent to the poll (it holds no reference: never dropped).
-        // SAFETY: `WAKER`'s functions take a live header, and this one outlives the poll.
-        let waker = ManuallyDrop::new(unsafe {
-            Waker::from_raw(RawWaker::new(h.as_ptr().cast_const().cast(), &WAKER))
-        });
-        let mut cx = Context::from_waker(&waker);
-        let before = current.0.replace(Some(h));
-        /// Says no task runs however the poll ends.
-        struct Restore<'a>(&'a Cell<Option<NonNull<Header>>>, Option<NonNull<Header>>);
-        impl Drop for Restore<'_> {
-            fn drop(&mut self) {
-                self.0.set(self.1);
-            }
-        }
-        let _restore = Restore(&current.0, before);
-        let poll = task.vtable.poll;
-        // SAFETY: the future is alive (not done), on its owner thread, and nothing else
-        // polls or drops it meanwhile: its `Owned` is dropped only when this returns.
-        match unsafe { poll(h, &mut cx) } {
-            Poll::Pending => Ran::Pending,
-            Poll::Ready(()) => Ran::Ended { key, polled: true },
-        }
+    }
+    let _restore = Restore(&current.0, before);
+    let poll = task.vtable.poll;
+    // SAFETY: the future is alive (not done), on its owner thread, and nothing else
+    // polls or drops it meanwhile: its `Owned` is dropped only when this returns.
+    match unsafe { poll(h, &mut cx) } {
+        Poll::Pending => Ran::Pending,
+        Poll::Ready(()) => Ran::Ended { key, polled: true },
     }
 }
 
@@ -508,6 +518,22 @@ impl LocalRef {
             // not queued.
             unsafe { header(h).queue.push_local(h) };
         }
+    }
+
+    /// Whether the task waits in the run queue already (it will be polled from there).
+    #[inline]
+    pub(crate) fn is_queued(&self) -> bool {
+        // SAFETY: `self` keeps it alive; on the owner thread.
+        unsafe { header(self.h) }.owner.queued.get()
+    }
+
+    /// Polls the task now, instead of queueing it (see [`run`]), giving the reference up:
+    /// for a task whose I/O just completed, when no other task is being polled.
+    #[inline]
+    pub(crate) fn run_now(self, current: &Current) -> Ran {
+        // SAFETY: on the owner thread (a `LocalRef` never leaves it); `self` holds a local
+        // reference until it drops at the end of this call; the caller polls no task.
+        unsafe { run(self.h, current) }
     }
 
     /// Whether `waker` would wake the same task.
