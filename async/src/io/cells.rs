@@ -218,6 +218,10 @@ impl IoCells {
             Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
         };
         self.free(key);
+        // Spelled out for the usual case, so that it carries no failure to unpack.
+        if result.is_ok() {
+            return Poll::Ready(ready(Ok(()), buf));
+        }
         Poll::Ready(ready(result, buf))
     }
 
