@@ -12,7 +12,7 @@ use slab::Slab;
 use crate::io::IoCells;
 use crate::join::{Filler, JoinHandle, Slot};
 use crate::lend::Lend;
-use crate::task::{Current, Owned, Queue, Ran, TaskFuture, TaskRef};
+use crate::task::{Current, LocalRef, Owned, Queue, Ran, TaskFuture, TaskRef};
 use crate::time::TimerCells;
 use crate::{ExecutorCounters, HasExecutor, Local, SpawnError};
 
@@ -56,6 +56,9 @@ pub(crate) struct Core<S: 'static> {
     pub(crate) lend: Lend<S>,
     /// Inside `run`: an I/O completion then only wakes tasks, it does not run them.
     running: Cell<bool>,
+    /// The reactor was asked to run the woken tasks once its batch of completions has run
+    /// its callbacks (`Reactor::after_completions`), and has not yet.
+    pub(crate) run_asked: Cell<bool>,
     /// No more spawns; every task is being (or has been) dropped.
     closed: Cell<bool>,
     /// The executor was dropped while it ran tasks: it closes when the run ends.
@@ -81,6 +84,7 @@ impl<S: 'static> Core<S> {
             current: Current::new(),
             lend: Lend::new(),
             running: Cell::new(false),
+            run_asked: Cell::new(false),
             closed: Cell::new(false),
             close_deferred: Cell::new(false),
             tasks: RefCell::new(Slab::new()),
@@ -163,6 +167,7 @@ impl<S: 'static> Core<S> {
     /// how many it polled: 0 when every task is blocked (the reactor is then idle as far
     /// as tasks go, and its policy decides how to wait). Does nothing when called from
     /// inside a run (an I/O completed by a task's own call).
+    #[inline]
     pub(crate) fn run(&self, reactor: &mut Reactor<S>, state: &mut S, budget: usize) -> usize {
         if self.running.get() {
             return 0;
@@ -171,15 +176,13 @@ impl<S: 'static> Core<S> {
         if self.queue.len() == 0 {
             return 0;
         }
-        self.running.set(true);
-        /// Ends the run however it ends.
-        struct Ending<'a>(&'a Cell<bool>);
-        impl Drop for Ending<'_> {
-            fn drop(&mut self) {
-                self.0.set(false);
-            }
-        }
-        let ending = Ending(&self.running);
+        self.run_queued(reactor, state, budget)
+    }
+
+    /// `run`, with tasks queued and no run in progress.
+    #[inline(never)]
+    fn run_queued(&self, reactor: &mut Reactor<S>, state: &mut S, budget: usize) -> usize {
+        let ending = Running::start(&self.running);
         let mut polled = 0;
         self.lend.lend(reactor, state, || {
             while polled < budget {
@@ -188,11 +191,7 @@ impl<S: 'static> Core<S> {
                 };
                 match task.run(&self.current) {
                     Ran::Pending => {}
-                    Ran::Ended { key, .. } => {
-                        // Out of the registry first: dropping the future may spawn.
-                        let owned = self.tasks.borrow_mut().remove(key);
-                        drop(owned);
-                    }
+                    Ran::Ended { key, .. } => self.end(key),
                     // Its future was dropped while it waited in the queue.
                     Ran::Gone => continue,
                 }
@@ -205,6 +204,46 @@ impl<S: 'static> Core<S> {
             self.close();
         }
         polled
+    }
+
+    /// Whether `task`, woken alone, may be polled at once (by `poll_alone`): no other
+    /// task waits to run or is being polled, and it is not queued already.
+    #[inline(always)]
+    pub(crate) fn may_poll_alone(&self, task: &LocalRef) -> bool {
+        self.queue.len() == 0 && !self.run_asked.get() && !self.running.get() && !task.is_queued()
+    }
+
+    /// Polls `task` at once, lending it the reactor and its state: for a task whose I/O
+    /// just completed (see `may_poll_alone`), which then needs no trip through the run
+    /// queue.
+    #[inline(never)]
+    pub(crate) fn poll_alone(&self, reactor: &mut Reactor<S>, state: &mut S, task: LocalRef) {
+        let ending = Running::start(&self.running);
+        let polled = self
+            .lend
+            .lend(reactor, state, || match task.run_now(&self.current) {
+                Ran::Pending => 1,
+                Ran::Ended { key, .. } => {
+                    self.end(key);
+                    1
+                }
+                Ran::Gone => 0,
+            });
+        drop(ending);
+        count(&self.polls, polled);
+        if self.close_deferred.get() {
+            self.close();
+        }
+    }
+
+    /// A task ended (its future is ready, or it was cancelled): it leaves the registry,
+    /// and its future is dropped here, inside the lending.
+    #[cold]
+    #[inline(never)]
+    fn end(&self, key: usize) {
+        // Out of the registry first: dropping the future may spawn.
+        let owned = self.tasks.borrow_mut().remove(key);
+        drop(owned);
     }
 
     /// Closes the executor: no more spawns, and every task's future is dropped here, on the
@@ -232,6 +271,25 @@ impl<S: 'static> Core<S> {
             }
         }
         self.queue.close();
+    }
+}
+
+/// Marks an executor as polling tasks until dropped, however the polling ends.
+struct Running<'a>(&'a Cell<bool>);
+
+impl<'a> Running<'a> {
+    #[inline(always)]
+    fn start(running: &'a Cell<bool>) -> Running<'a> {
+        debug_assert!(!running.get());
+        running.set(true);
+        Running(running)
+    }
+}
+
+impl Drop for Running<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.set(false);
     }
 }
 

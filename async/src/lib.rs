@@ -2,9 +2,10 @@
 //!
 //! Each reactor gets a local executor ([`Executor`]) that lives in the reactor's state and
 //! runs as one of its pollers: a task woken in a turn runs in that turn (the tasks a batch
-//! of I/O completions woke run as soon as the batch's callbacks have), and a turn in which
-//! every task is blocked does no work, so the reactor's poll policy decides how to wait
-//! (spin, sleep, the interrupt, park) exactly as it does for callbacks. Tasks are `!Send`, may hold `Rc`,
+//! of I/O completions woke run as soon as the batch's callbacks have; a task woken alone
+//! runs at once, as a callback would), and a turn in which every task is blocked does no
+//! work, so the reactor's poll policy decides how to wait (spin, sleep, the interrupt,
+//! park) exactly as it does for callbacks. Tasks are `!Send`, may hold `Rc`,
 //! and are polled without a lock; the task core is this crate's own, made so that an I/O
 //! completion reaches its task's next poll with no atomic operation (`task/raw.rs` says
 //! how).

@@ -117,7 +117,7 @@ fn a_refused_io_fails_at_once_with_its_reason_and_its_buffer_back() {
                 .write(DeviceId::from_index(7), 0, 8, IoBuf::zeroed(4096))
                 .await
                 .unwrap_err();
-            (err.error, err.buf.map(|b| b.len()), unknown.error)
+            (err.error(), err.buf().map(|b| b.len()), unknown.error())
         })
         .unwrap();
     let (error, buf_len, unknown) = task.wait().unwrap();
@@ -244,15 +244,16 @@ fn dropping_futures_under_injected_faults_accounts_for_every_io() {
                                 }
                                 Ok(Err(e)) => {
                                     tally[1] += 1;
-                                    assert!(matches!(e.error, IoError::Failed(_)), "{e}");
-                                    match e.buf {
+                                    assert!(matches!(e.error(), IoError::Failed(_)), "{e}");
+                                    let error = e.error();
+                                    match e.into_buf() {
                                         Some(back) => {
                                             tally[3] += 1;
                                             buf = back;
                                         }
                                         None => {
                                             assert_eq!(
-                                                e.error,
+                                                error,
                                                 IoError::Failed(IoFailure::Abandoned)
                                             );
                                             buf = IoBuf::zeroed(4096);

@@ -6,7 +6,7 @@
 //! timestamp when it submits to the reactor's timestamp of the batch that completed it
 //! (the task runs in that batch's turn).
 
-use hypoll_async::{BufError, Executor, HasExecutor, Local};
+use hypoll_async::{Executor, HasExecutor, Local};
 use hypoll_nvme::IoBuf;
 use hypoll_reactor::{DeviceId, IoRequest};
 
@@ -43,7 +43,7 @@ async fn worker(io: Local<Bench>, mut buf: IoBuf) {
         };
         let (ok, back) = match io.submit(DeviceId::FIRST, req, Some(buf)).await {
             Ok(back) => (true, back),
-            Err(BufError { buf, .. }) => (false, buf),
+            Err(e) => (false, e.into_buf()),
         };
         io.with(|r, s| {
             if let Some(job) = s.job.as_mut() {

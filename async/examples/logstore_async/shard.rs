@@ -1,103 +1,28 @@
-//! One shard of the log, as tasks: a commit task that writes whatever appends arrived
-//! while the last commit was on the device (group commit), and a task per read. The state
-//! of one reactor holds the shard and its executor; client messages run on the reactor
-//! and hand work to the tasks.
-//!
-//! The log is the callback version's: records packed one after another, each behind a
-//! header (length, checksum), in 4 KiB log blocks from byte 0, no index. Appends are
-//! copied into a ring registered with the device, and a commit writes every log block
-//! from the last durable byte to the end of the newest record straight out of it, with
-//! FUA, in one vectored write (two segments where the span wraps the ring's end); the
-//! partly filled last block is written again by the next commit. A full queue pair needs
-//! no code here: an I/O future waits for room.
+//! One shard of the store, as tasks: a commit task that runs while appends are pending,
+//! writing whatever arrived while the last commit was on the device (group commit), and a
+//! task per read. Client messages run on the reactor, check the shard's limits and hand
+//! the work to a task. The log itself (its place on the device, the ring, the limits, the
+//! record format) is the callback version's `log.rs`. A full queue pair needs no code
+//! here: an I/O future waits for room.
 
-use std::collections::VecDeque;
-use std::sync::mpsc::Sender;
-use std::task::{Poll, Waker};
+#[path = "../../../reactor/examples/logstore/log.rs"]
+mod log;
 
 use hypoll_async::{Executor, HasExecutor, IoError, Local};
-use hypoll_reactor::{
-    Device, DeviceId, InitError, IoBuf, IoOp, IoRequest, MemoryRegion, Reactor, RegionSlice,
-};
+use hypoll_reactor::{Device, InitError, IoBuf, Reactor};
 
-use crate::store::{
-    Answer, LogOffset, Reply, StoreConfig, StoreError, LOG_BLOCK_BYTES, RECORD_BYTES_MAX,
-    RECORD_HEADER_BYTES,
-};
-
-/// A read covers a record's header and its longest body from wherever it starts in a
-/// device block: at most two log blocks, as a device block is at most one (`init` checks).
-const READ_BUF_BYTES: usize = 2 * LOG_BLOCK_BYTES as usize;
-
-/// A client waiting for an answer: its tag, and where to send the answer.
-pub struct Waiter {
-    tag: u64,
-    reply: Sender<Reply>,
-}
-
-impl Waiter {
-    pub fn new(tag: u64, reply: Sender<Reply>) -> Waiter {
-        Waiter { tag, reply }
-    }
-
-    /// A client that stopped listening has nobody to tell: its answer is dropped.
-    pub fn answer(self, answer: Answer) {
-        let _ = self.reply.send(Reply {
-            tag: self.tag,
-            answer,
-        });
-    }
-}
-
-/// What a shard reports as its reactor exits (the callback version's fields; "requeued"
-/// counts I/Os that found the queue pair full and waited for room).
-#[derive(Clone, Debug, Default)]
-pub struct ShardStats {
-    pub shard: usize,
-    pub core: usize,
-    pub policy: String,
-    pub appends_acked: u64,
-    pub appends_failed: u64,
-    pub appends_refused: u64,
-    pub commits: u64,
-    pub commit_appends_max: u64,
-    pub commit_bytes: u64,
-    pub commits_wrapped: u64,
-    pub commits_requeued: u64,
-    pub reads_ok: u64,
-    pub reads_failed: u64,
-    pub reads_refused: u64,
-    pub reads_requeued: u64,
-    pub interrupt_waits: u64,
-}
+use crate::store::{Answer, StoreConfig, StoreError};
+use log::{Commit, Log, ReadPlan, READ_BUF_BYTES};
+pub use log::{ShardStats, Waiter};
 
 /// One reactor's state.
 pub struct Shard {
     executor: Executor<Shard>,
-    cfg: StoreConfig,
-    index: usize,
-    dev: DeviceId,
-    lba_bytes: u64,
-    base_lba: u64,
-    capacity_bytes: u64,
-    /// Log byte `o` lives at ring byte `o % ring.len()` until the ring comes round to it
-    /// again; registered as `ring_region` (the state outlives the reactor's queue pairs).
-    ring: IoBuf,
-    ring_region: MemoryRegion,
-    /// Log bytes on the device, every append in them acknowledged.
-    durable_bytes: u64,
-    /// The end of the bytes in the ring, which `staged` holds.
-    staged_end_bytes: u64,
-    /// The appends of the commit on the device (their offsets), oldest first.
-    staged: Vec<(u64, Waiter)>,
-    /// Appends that came after, with their bytes (headers included).
-    pending: VecDeque<(Vec<u8>, Waiter)>,
-    pending_bytes: u64,
-    /// The commit task, waiting for appends.
-    commit_task: Option<Waker>,
+    log: Log,
+    /// A commit task runs: it takes what is pending before it ends.
+    commit_task: bool,
     reads_out: usize,
     read_bufs: Vec<IoBuf>,
-    stats: ShardStats,
 }
 
 impl HasExecutor for Shard {
@@ -106,233 +31,65 @@ impl HasExecutor for Shard {
     }
 }
 
-/// Attaches the device, builds the shard (every buffer it will use, sized by `cfg`), and
-/// starts its commit task.
+/// Attaches the device and builds the shard, with every buffer it will use.
 pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result<Shard, InitError> {
-    if cfg.queue_depth == 0 || cfg.appends_max == 0 || cfg.reads_max == 0 {
-        return Err("queue_depth, appends_max and reads_max must be at least 1".into());
-    }
-    if cfg.append_bytes_max < RECORD_HEADER_BYTES + RECORD_BYTES_MAX {
-        return Err("append_bytes_max must hold a longest record, 4096 bytes".into());
-    }
-    let dev = r.attach(device, cfg.queue_depth)?;
-    let ns = r
-        .namespace(dev)
-        .ok_or("the device just attached has no namespace")?;
-    let lba_bytes = u64::from(ns.lba_size_bytes);
-    if !LOG_BLOCK_BYTES.is_multiple_of(lba_bytes) {
-        return Err(format!("device blocks of {lba_bytes} bytes do not divide 4096").into());
-    }
-    // The longest commit: every byte a client may have waiting, and the partial blocks at
-    // both ends. The ring holds exactly that, so a commit's span never meets itself.
-    let ring_bytes =
-        (cfg.append_bytes_max as u64).next_multiple_of(LOG_BLOCK_BYTES) + LOG_BLOCK_BYTES;
-    if ring_bytes > u64::from(ns.transfer_bytes_max) {
-        return Err(format!("a commit may write {ring_bytes} bytes, over a transfer").into());
-    }
-    let block_lbas = LOG_BLOCK_BYTES / lba_bytes;
-    let shard_lbas = ns.capacity_lbas / r.handles().len() as u64 / block_lbas * block_lbas;
-    if shard_lbas == 0 {
-        return Err("the device is too small for a log block per shard".into());
-    }
-    let mut ring = IoBuf::zeroed(ring_bytes as usize);
-    // SAFETY: the shard owns `ring` and is dropped after the reactor's queue pairs; only
-    // the commit task writes into it, and only while no commit is on the device.
-    let ring_region = unsafe { r.register_memory(dev, ring.as_mut_ptr(), ring.len()) }?;
-    let executor = Executor::install(r)?;
-    drop(executor.spawn_local(commit_task(executor.local()))?);
-    let index = r.index();
+    let read_bufs = (0..cfg.reads_max).map(|_| IoBuf::zeroed(READ_BUF_BYTES));
     Ok(Shard {
-        executor,
-        cfg,
-        index,
-        dev,
-        lba_bytes,
-        base_lba: index as u64 * shard_lbas,
-        capacity_bytes: shard_lbas * lba_bytes,
-        ring,
-        ring_region,
-        durable_bytes: 0,
-        staged_end_bytes: 0,
-        staged: Vec::with_capacity(cfg.appends_max),
-        pending: VecDeque::with_capacity(cfg.appends_max),
-        pending_bytes: 0,
-        commit_task: None,
+        log: Log::open(r, device, cfg)?,
+        executor: Executor::install(r)?,
+        commit_task: false,
         reads_out: 0,
-        read_bufs: (0..cfg.reads_max)
-            .map(|_| IoBuf::zeroed(READ_BUF_BYTES))
-            .collect(),
-        stats: ShardStats {
-            shard: index,
-            core: r.core(),
-            policy: r.policy_name().to_string(),
-            ..ShardStats::default()
-        },
+        read_bufs: read_bufs.collect(),
     })
 }
 
-/// A client's append: refused at once past a limit, otherwise handed to the commit task,
-/// which answers it once the commit carrying it completes.
+/// A client's append: refused at once past a limit, otherwise answered once the commit
+/// carrying it completes.
 pub fn append(_r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
-    let need_bytes = (RECORD_HEADER_BYTES + record.len()) as u64;
-    let unacked_bytes = s.staged_end_bytes - s.durable_bytes + s.pending_bytes;
-    let refusal = if record.len() > RECORD_BYTES_MAX {
-        let (len_bytes, max_bytes) = (record.len(), RECORD_BYTES_MAX);
-        Some(StoreError::RecordTooLarge {
-            len_bytes,
-            max_bytes,
-        })
-    } else if s.staged.len() + s.pending.len() >= s.cfg.appends_max {
-        Some(StoreError::AppendsFull {
-            max: s.cfg.appends_max,
-        })
-    } else if unacked_bytes + need_bytes > s.cfg.append_bytes_max as u64 {
-        Some(StoreError::BytesFull {
-            max_bytes: s.cfg.append_bytes_max,
-        })
-    } else if s.staged_end_bytes + s.pending_bytes + need_bytes > s.capacity_bytes {
-        Some(StoreError::LogFull {
-            capacity_bytes: s.capacity_bytes,
-        })
-    } else {
-        None
-    };
-    if let Some(error) = refusal {
-        s.stats.appends_refused += 1;
-        return waiter.answer(Answer::Appended(Err(error)));
-    }
-    s.pending_bytes += need_bytes;
-    s.pending.push_back((record, waiter));
-    if let Some(task) = s.commit_task.take() {
-        task.wake();
+    // A commit on the device is a commit task's.
+    debug_assert!(s.log.holds() && (s.commit_task || !s.log.committing()));
+    if s.log.append(record, waiter) && !std::mem::replace(&mut s.commit_task, true) {
+        let task = s.executor.spawn_local(commit_task(s.executor.local()));
+        let _detached = task.expect("room for one commit task");
     }
 }
 
-/// The shard's commits, one at a time: waits for appends, stages every one waiting into
-/// the ring, writes the span, answers them.
+/// Commits, one at a time, until no append is pending.
 async fn commit_task(io: Local<Shard>) {
-    loop {
-        std::future::poll_fn(|cx| {
-            io.with(|_, s| {
-                if !s.pending.is_empty() {
-                    return Poll::Ready(());
-                }
-                s.commit_task = Some(cx.waker().clone());
-                Poll::Pending
-            })
-        })
-        .await;
-        let (dev, req, segments, count) = io.with(|r, s| {
-            while let Some((record, waiter)) = s.pending.pop_front() {
-                stage(s, &record, waiter);
-            }
-            s.pending_bytes = 0;
-            let first_bytes = s.durable_bytes / LOG_BLOCK_BYTES * LOG_BLOCK_BYTES;
-            let end_bytes = s.staged_end_bytes.next_multiple_of(LOG_BLOCK_BYTES);
-            let (at, len) = (
-                (first_bytes % s.ring.len() as u64) as usize,
-                end_bytes - first_bytes,
-            );
-            let head = (len as usize).min(s.ring.len() - at);
-            let head_segment = RegionSlice::new(s.ring_region, at, head).expect("in the ring");
-            let (segments, count) = match RegionSlice::new(s.ring_region, 0, len as usize - head) {
-                Some(tail_segment) => ([head_segment, tail_segment], 2),
-                None => ([head_segment; 2], 1),
-            };
-            // FUA: "acknowledged after the write" must mean on the media, not in a cache.
-            let nlb = (len / s.lba_bytes) as u32;
-            let req = IoRequest::new(IoOp::Write, s.base_lba + first_bytes / s.lba_bytes, nlb);
-            s.stats.commits += 1;
-            s.stats.commit_bytes += len;
-            s.stats.commits_wrapped += u64::from(count > 1);
-            s.stats.commit_appends_max = s.stats.commit_appends_max.max(s.staged.len() as u64);
-            s.stats.commits_requeued += u64::from(!r.has_room(s.dev));
-            (s.dev, req.with_fua(true), segments, count)
-        });
-        let written = io.submit_vectored(dev, req, &segments[..count]).await;
-        io.with(|_, s| {
-            let offsets = s.staged.drain(..);
-            match written {
-                Ok(()) => {
-                    s.durable_bytes = s.staged_end_bytes;
-                    s.stats.appends_acked += offsets.len() as u64;
-                    for (offset_bytes, waiter) in offsets {
-                        let at = LogOffset {
-                            shard: s.index,
-                            offset_bytes,
-                        };
-                        waiter.answer(Answer::Appended(Ok(at)));
-                    }
-                }
-                Err(error) => {
-                    // Their offsets go back: the next records take them.
-                    s.stats.appends_failed += offsets.len() as u64;
-                    for (_, waiter) in offsets {
-                        waiter.answer(Answer::Appended(Err(store_error(error))));
-                    }
-                    s.staged_end_bytes = s.durable_bytes;
-                }
-            }
-        });
+    while let Some(commit) = io.with(stage) {
+        let segments = commit.segments();
+        let written = io.submit_vectored(commit.dev, commit.req, segments).await;
+        io.with(|_, s| s.log.committed(written.map_err(store_error)));
     }
 }
 
-/// Copies one append into the ring behind its header, at the end of what is staged.
-fn stage(s: &mut Shard, record: &[u8], waiter: Waiter) {
-    let offset_bytes = s.staged_end_bytes;
-    let mut header = [0u8; RECORD_HEADER_BYTES];
-    header[..4].copy_from_slice(&(record.len() as u32).to_le_bytes());
-    header[4..].copy_from_slice(&checksum(offset_bytes, record).to_le_bytes());
-    ring_put(s, offset_bytes, &header);
-    ring_put(s, offset_bytes + RECORD_HEADER_BYTES as u64, record);
-    s.staged_end_bytes += (RECORD_HEADER_BYTES + record.len()) as u64;
-    s.staged.push((offset_bytes, waiter));
-}
-
-/// Writes `bytes` at log byte `at_bytes` into the ring, wrapping at its end; a log block
-/// entered for the first time is zeroed first, so the ring's last lap does not reach the
-/// device in the free tail of the last block.
-fn ring_put(s: &mut Shard, at_bytes: u64, bytes: &[u8]) {
-    let ring_bytes = s.ring.len();
-    let end_bytes = at_bytes + bytes.len() as u64;
-    let mut block = at_bytes.next_multiple_of(LOG_BLOCK_BYTES);
-    while block < end_bytes {
-        let at = (block % ring_bytes as u64) as usize;
-        s.ring[at..at + LOG_BLOCK_BYTES as usize].fill(0);
-        block += LOG_BLOCK_BYTES;
-    }
-    let at = (at_bytes % ring_bytes as u64) as usize;
-    let head = bytes.len().min(ring_bytes - at);
-    s.ring[at..at + head].copy_from_slice(&bytes[..head]);
-    s.ring[..bytes.len() - head].copy_from_slice(&bytes[head..]);
-}
-
-/// A client's read of the record at `offset_bytes`: refused at once past a limit or the
-/// durable end, otherwise a task that reads the longest record that could start there.
-pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: Waiter) {
-    let (durable_bytes, reads_max) = (s.durable_bytes, s.cfg.reads_max);
-    let refusal = if offset_bytes.saturating_add(RECORD_HEADER_BYTES as u64) > durable_bytes {
-        Some(StoreError::NotDurable {
-            offset_bytes,
-            durable_bytes,
-        })
-    } else if s.reads_out == reads_max {
-        Some(StoreError::ReadsFull { max: reads_max })
-    } else {
-        None
+/// The next commit's write, counted; `None`, and the commit task ends, if nothing waits.
+fn stage(r: &mut Reactor<Shard>, s: &mut Shard) -> Option<Commit> {
+    let Some(commit) = s.log.stage() else {
+        s.commit_task = false;
+        return None;
     };
-    if let Some(error) = refusal {
-        s.stats.reads_refused += 1;
-        return waiter.answer(Answer::Read(Err(error)));
-    }
-    s.reads_out += 1;
-    let io = s.executor.local();
-    let task = read_task(io, offset_bytes, ReadClient(Some(waiter)));
-    drop(
-        s.executor
-            .spawn_local(task)
-            .expect("reads_max bounds the tasks"),
-    );
+    s.log.stats.commits_requeued += u64::from(!r.has_room(commit.dev));
+    s.log.submitted(&commit);
+    Some(commit)
+}
+
+/// A client's read of the record at `offset_bytes`: refused at once past the durable end
+/// or a limit, otherwise a task that reads it.
+pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: Waiter) {
+    let max = s.log.cfg.reads_max;
+    let refusal = match s.log.read(offset_bytes) {
+        Err(error) => error,
+        Ok(_) if s.reads_out == max => StoreError::ReadsFull { max },
+        Ok(plan) => {
+            s.reads_out += 1;
+            let task = read_task(s.executor.local(), plan, ReadClient(Some(waiter)));
+            let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
+            return;
+        }
+    };
+    s.log.stats.reads_refused += 1;
+    waiter.answer(Answer::Read(Err(refusal)));
 }
 
 /// A read's client: answered `ShuttingDown` if the read's task is dropped unfinished
@@ -347,67 +104,27 @@ impl Drop for ReadClient {
     }
 }
 
-async fn read_task(io: Local<Shard>, offset_bytes: u64, mut client: ReadClient) {
-    let (dev, req, window_end_bytes, buf) = io.with(|r, s| {
-        let window_end_bytes =
-            (offset_bytes + (RECORD_HEADER_BYTES + RECORD_BYTES_MAX) as u64).min(s.durable_bytes);
-        let first_lba = offset_bytes / s.lba_bytes;
-        let nlb = (window_end_bytes.div_ceil(s.lba_bytes) - first_lba) as u32;
-        s.stats.reads_requeued += u64::from(!r.has_room(s.dev));
+/// Reads a record from the device (not the ring) and answers with it.
+async fn read_task(io: Local<Shard>, plan: ReadPlan, mut client: ReadClient) {
+    let buf = io.with(|r, s| {
+        s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev));
         // An abandoned read keeps its buffer (the device may still write into it).
-        let buf = s
-            .read_bufs
-            .pop()
-            .unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES));
-        let req = IoRequest::new(IoOp::Read, s.base_lba + first_lba, nlb);
-        (s.dev, req, window_end_bytes, buf)
+        let buf = s.read_bufs.pop();
+        buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES))
     });
-    let done = io.submit(dev, req, Some(buf)).await;
+    let (result, buf) = match io.submit(plan.dev, plan.req, Some(buf)).await {
+        Ok(buf) => (Ok(()), buf),
+        Err(e) => {
+            let (error, buf) = e.into_parts();
+            (Err(store_error(error)), buf)
+        }
+    };
     io.with(|_, s| {
         s.reads_out -= 1;
-        let (result, buf) = match done {
-            Ok(buf) => {
-                let buf = buf.expect("a read hands its buffer back");
-                let at = (offset_bytes % s.lba_bytes) as usize;
-                (
-                    decode(offset_bytes, window_end_bytes, &buf[at..]),
-                    Some(buf),
-                )
-            }
-            Err(e) => (Err(store_error(e.error)), e.buf),
-        };
+        let answer = s.log.read_ended(&plan, result, buf.as_deref());
         s.read_bufs.extend(buf);
-        match result {
-            Ok(_) => s.stats.reads_ok += 1,
-            Err(_) => s.stats.reads_failed += 1,
-        }
-        let waiter = client.0.take().expect("answered once");
-        waiter.answer(Answer::Read(result));
+        client.0.take().expect("answered once").answer(answer);
     });
-}
-
-/// The record at the start of `bytes` (log byte `offset_bytes` on), if its header and
-/// checksum say so and it ends within the window read.
-fn decode(offset_bytes: u64, window_end_bytes: u64, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
-    let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
-    let sum = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    let end_bytes = offset_bytes + (RECORD_HEADER_BYTES + len) as u64;
-    let body = bytes.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len);
-    match body {
-        Some(body) if end_bytes <= window_end_bytes && checksum(offset_bytes, body) == sum => {
-            Ok(body.to_vec())
-        }
-        _ => Err(StoreError::NotARecord { offset_bytes }),
-    }
-}
-
-/// FNV-1a over a record's offset and bytes: a header read from the wrong place, or a
-/// stale or torn block, does not match.
-fn checksum(offset_bytes: u64, body: &[u8]) -> u32 {
-    let bytes = offset_bytes.to_le_bytes();
-    bytes.iter().chain(body).fold(0x811c_9dc5, |hash, &byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    })
 }
 
 fn store_error(error: IoError) -> StoreError {
@@ -422,12 +139,8 @@ fn store_error(error: IoError) -> StoreError {
 /// Appends that never reached the device are answered here; reads still waiting for room
 /// are answered by their tasks' drop, with the executor, as the state goes.
 pub fn exit(r: &mut Reactor<Shard>, mut s: Shard) -> ShardStats {
-    let appends = s.staged.drain(..).map(|(_, waiter)| waiter);
-    for waiter in appends.chain(s.pending.drain(..).map(|(_, waiter)| waiter)) {
-        s.stats.appends_failed += 1;
-        waiter.answer(Answer::Appended(Err(StoreError::ShuttingDown)));
-    }
-    s.stats.reads_failed += s.reads_out as u64;
-    s.stats.interrupt_waits = r.counters().interrupt_waits;
-    std::mem::take(&mut s.stats)
+    s.log.close();
+    s.log.stats.reads_failed += s.reads_out as u64;
+    s.log.stats.interrupt_waits = r.counters().interrupt_waits;
+    std::mem::take(&mut s.log.stats)
 }

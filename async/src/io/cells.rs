@@ -36,45 +36,55 @@ impl Waiter {
             Waiter::Waker(waker) => waker.will_wake(cx.waker()),
         }
     }
-
-    #[inline]
-    pub(super) fn wake(self) {
-        match self {
-            Waiter::Task(task) => task.wake(),
-            Waiter::Waker(waker) => waker.wake(),
-        }
-    }
 }
 
-/// One I/O's place between its future and its completion.
-enum Cell {
-    /// Not in use; the next free cell.
-    Free { next: usize },
-    /// In flight; who awaits it.
-    Waiting(Waiter),
-    /// Completed, with its result and buffer; the future takes them on its next poll.
-    Done(Result<(), IoFailure>, Option<IoBuf>),
+/// What a cell holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Not in use; `next` is the next free cell.
+    Free,
+    /// In flight; `waiter` awaits it.
+    Waiting,
+    /// Completed, with `result` and `buf`; the future takes them on its next poll.
+    Done,
     /// Its future was dropped: the completion drops the buffer and frees the cell.
     Orphaned,
 }
 
-/// No free cell.
-const NONE: usize = usize::MAX;
-
-/// What a completion found in its cell.
-pub(super) enum Completed {
-    /// The future's waiter, to wake; the cell holds the result now.
-    Waiting(Waiter),
-    /// The future was dropped: the cell is free again, and the buffer is the caller's to
-    /// drop (outside any borrow: it goes back to its allocator).
-    Orphaned(Option<IoBuf>),
+/// What a cell carries besides its state.
+enum Payload {
+    /// Waiting: who awaits the I/O.
+    Waiter(Waiter),
+    /// Done: the buffer the completion gave back (if any); `None` in every other state.
+    Buf(Option<IoBuf>),
 }
+
+/// A cell's payload when it carries nothing.
+const EMPTY: Payload = Payload::Buf(None);
+
+/// One I/O's place between its future and its completion: 32 bytes, two to a cache line
+/// (every I/O touches its cell twice, on completion and on its future's poll).
+struct Cell {
+    state: State,
+    /// Done: the I/O's result.
+    result: Result<(), IoFailure>,
+    /// Free: the next free cell, or `NONE`.
+    next: u32,
+    payload: Payload,
+}
+
+// Two cells to a cache line, on the platforms built for (64-bit pointers).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Cell>() == 32);
+
+/// No free cell.
+const NONE: u32 = u32::MAX;
 
 /// The executor's I/O bookkeeping.
 pub(crate) struct IoCells {
     cells: Vec<Cell>,
     /// The first free cell, or `NONE`.
-    free: usize,
+    free: u32,
     in_use: usize,
     /// Per device index: futures waiting for room on its queue pair, oldest first, each by
     /// its ticket.
@@ -109,78 +119,121 @@ impl IoCells {
         self.in_use += 1;
         let key = self.free;
         if key == NONE {
-            self.cells.push(Cell::Waiting(waiter));
-            return self.cells.len() - 1;
+            return self.push(waiter);
         }
-        match std::mem::replace(&mut self.cells[key], Cell::Waiting(waiter)) {
-            Cell::Free { next } => self.free = next,
-            _ => unreachable!("the free list holds free cells only"),
-        }
+        let cell = &mut self.cells[key as usize];
+        debug_assert!(cell.state == State::Free && matches!(cell.payload, Payload::Buf(None)));
+        self.free = cell.next;
+        cell.state = State::Waiting;
+        cell.payload = Payload::Waiter(waiter);
+        key as usize
+    }
+
+    /// A new cell, for one more I/O in flight than ever before.
+    #[cold]
+    #[inline(never)]
+    fn push(&mut self, waiter: Waiter) -> usize {
+        let key = self.cells.len();
+        assert!(key < NONE as usize, "more I/Os in flight than a u32 counts");
+        self.cells.push(Cell {
+            state: State::Waiting,
+            result: Ok(()),
+            next: NONE,
+            payload: Payload::Waiter(waiter),
+        });
         key
     }
 
-    #[inline]
-    fn free(&mut self, key: usize) -> Cell {
+    /// Cell `key`, emptied already, is free again.
+    #[inline(always)]
+    fn free(&mut self, key: usize) {
+        let cell = &mut self.cells[key];
+        debug_assert!(matches!(cell.payload, Payload::Buf(None)));
+        cell.state = State::Free;
+        cell.next = self.free;
+        self.free = key as u32;
         self.in_use -= 1;
-        let cell = std::mem::replace(&mut self.cells[key], Cell::Free { next: self.free });
-        self.free = key;
-        cell
     }
 
     /// The I/O of cell `key` was refused: its cell goes.
     pub(super) fn remove(&mut self, key: usize) {
-        debug_assert!(matches!(self.cells[key], Cell::Waiting(_)));
+        let cell = &mut self.cells[key];
+        debug_assert_eq!(cell.state, State::Waiting);
+        let waiter = std::mem::replace(&mut cell.payload, EMPTY);
         self.free(key);
+        drop(waiter);
     }
 
-    /// The completion of cell `key`'s I/O.
-    #[inline]
+    /// The completion of cell `key`'s I/O: the cell keeps the result and buffer for its
+    /// future, whose waiter is returned to be woken; the cell of a dropped future is freed,
+    /// and the buffer dropped (the device is done with it now).
+    #[inline(always)]
     pub(super) fn complete(
         &mut self,
         key: usize,
         result: Result<(), IoFailure>,
         buf: Option<IoBuf>,
-    ) -> Completed {
+    ) -> Option<Waiter> {
         let cell = &mut self.cells[key];
-        match cell {
-            Cell::Waiting(_) => match std::mem::replace(cell, Cell::Done(result, buf)) {
-                Cell::Waiting(waiter) => Completed::Waiting(waiter),
-                _ => unreachable!("matched just above"),
-            },
-            Cell::Orphaned => {
-                self.free(key);
-                Completed::Orphaned(buf)
-            }
-            Cell::Free { .. } | Cell::Done(..) => {
-                panic!("an I/O completed twice, or for no future (cell {key})")
-            }
+        if cell.state == State::Waiting {
+            cell.state = State::Done;
+            cell.result = result;
+            return match std::mem::replace(&mut cell.payload, Payload::Buf(buf)) {
+                Payload::Waiter(waiter) => Some(waiter),
+                Payload::Buf(_) => unreachable!("a waiting cell holds its waiter"),
+            };
         }
+        self.complete_orphaned(key, buf);
+        None
     }
 
-    /// The future of cell `key` polls it: `ready` made of its result and buffer if it
-    /// completed (the cell is free again), or pending, with `cx`'s task set to be woken.
+    #[cold]
+    #[inline(never)]
+    fn complete_orphaned(&mut self, key: usize, buf: Option<IoBuf>) {
+        let state = self.cells[key].state;
+        assert_eq!(
+            state,
+            State::Orphaned,
+            "an I/O completed twice, or for no future (cell {key})"
+        );
+        self.free(key);
+        drop(buf);
+    }
+
+    /// `ready` made of the result and buffer of cell `key`'s I/O if it completed (the cell
+    /// is free again); pending otherwise.
     #[inline(always)]
-    pub(super) fn poll<S, R>(
+    pub(super) fn take_done<R>(
         &mut self,
         key: usize,
-        core: &Core<S>,
-        cx: &Context<'_>,
         ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
     ) -> Poll<R> {
-        match &mut self.cells[key] {
-            Cell::Done(..) => match self.free(key) {
-                Cell::Done(result, buf) => Poll::Ready(ready(result, buf)),
-                _ => unreachable!("matched just above"),
-            },
-            Cell::Waiting(waiter) => {
-                if !waiter.will_wake(cx) {
-                    *waiter = Waiter::new(core, cx);
-                }
-                Poll::Pending
-            }
-            Cell::Free { .. } | Cell::Orphaned => {
-                unreachable!("a live future's cell is in use and not orphaned")
-            }
+        let cell = &mut self.cells[key];
+        if cell.state != State::Done {
+            return Poll::Pending;
+        }
+        let result = cell.result;
+        let buf = match std::mem::replace(&mut cell.payload, EMPTY) {
+            Payload::Buf(buf) => buf,
+            Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+        };
+        self.free(key);
+        // Spelled out for the usual case, so that it carries no failure to unpack.
+        if result.is_ok() {
+            return Poll::Ready(ready(Ok(()), buf));
+        }
+        Poll::Ready(ready(result, buf))
+    }
+
+    /// The future of cell `key` was polled again before its I/O completed: `cx`'s task
+    /// is the one to wake.
+    #[inline]
+    pub(super) fn rearm<S>(&mut self, key: usize, core: &Core<S>, cx: &Context<'_>) {
+        let Payload::Waiter(waiter) = &mut self.cells[key].payload else {
+            unreachable!("a live future's cell, not done, is waiting")
+        };
+        if !waiter.will_wake(cx) {
+            *waiter = Waiter::new(core, cx);
         }
     }
 
@@ -188,18 +241,23 @@ impl IoCells {
     /// (for the caller to drop outside the borrow); otherwise the cell waits for it,
     /// orphaned.
     pub(super) fn orphan(&mut self, key: usize) -> Option<Option<IoBuf>> {
-        match &self.cells[key] {
-            Cell::Done(..) => match self.free(key) {
-                Cell::Done(_, buf) => Some(buf),
-                _ => unreachable!("matched just above"),
-            },
-            Cell::Waiting(_) => {
+        let cell = &mut self.cells[key];
+        let payload = std::mem::replace(&mut cell.payload, EMPTY);
+        match cell.state {
+            State::Done => {
+                self.free(key);
+                match payload {
+                    Payload::Buf(buf) => Some(buf),
+                    Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+                }
+            }
+            State::Waiting => {
                 // The waiter goes now (it may hold the task), the cell when the I/O ends.
-                let waiter = std::mem::replace(&mut self.cells[key], Cell::Orphaned);
-                drop(waiter);
+                cell.state = State::Orphaned;
+                drop(payload);
                 None
             }
-            Cell::Free { .. } | Cell::Orphaned => {
+            State::Free | State::Orphaned => {
                 unreachable!("a live future's cell is in use and not orphaned")
             }
         }
@@ -263,7 +321,7 @@ impl IoCells {
     }
 
     #[cold]
-    fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
+    pub(super) fn pop_in_line(&mut self, device: DeviceId) -> Option<Waker> {
         let (_, waker) = self.queue(device).pop_front()?;
         self.room_waiting -= 1;
         Some(waker)

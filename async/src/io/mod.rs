@@ -10,92 +10,21 @@
 //! room on its device and a completion there wakes the first in line.
 
 mod cells;
+mod error;
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoRequest, Reactor, RejectReason};
+use hypoll_reactor::{DeviceId, IoBuf, IoDone, IoFailure, IoOp, IoRequest, Reactor, RejectReason};
 
 use crate::executor::{count, Core, RUN_BATCH};
+use crate::task::LocalRef;
 use crate::{HasExecutor, Local};
 pub(crate) use cells::IoCells;
-use cells::{Completed, Waiter};
-
-/// Why an async I/O did not succeed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IoError {
-    /// The reactor refused it for a reason waiting does not cure (an unknown device, a
-    /// request past the namespace, a reactor shutting down...): it never reached the
-    /// device. (A full queue pair is not a refusal here: the future waits for room.)
-    #[error("refused: {0}")]
-    Refused(RejectReason),
-    /// It reached the device, or waited for a slot, and failed.
-    #[error("{0}")]
-    Failed(IoFailure),
-}
-
-/// A failed read or write, with its buffer back when there is one to give back (not for
-/// [`IoFailure::Abandoned`]: the device may still use it, so the reactor keeps it).
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct BufError {
-    pub error: IoError,
-    pub buf: Option<IoBuf>,
-}
-
-/// What an [`IoFuture`] resolves to, made from the I/O's result and its buffer.
-pub trait IoOutput: Sized {
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self;
-
-    /// From a completion: `from_parts` without the refusal (the usual path, made without
-    /// the wider error in between).
-    #[inline]
-    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
-        Self::from_parts(result.map_err(IoError::Failed), buf)
-    }
-}
-
-/// A read or write: the buffer back, or the error with it.
-impl IoOutput for Result<IoBuf, BufError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
-        match (result, buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (Ok(()), None) => unreachable!("a read or write that succeeds returns its buffer"),
-            (Err(error), buf) => Err(BufError { error, buf }),
-        }
-    }
-
-    #[inline]
-    fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
-        match (result, buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (result, buf) => Self::from_parts(result.map_err(IoError::Failed), buf),
-        }
-    }
-}
-
-/// Flush, write zeroes, deallocate: no buffer.
-impl IoOutput for Result<(), IoError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
-        result
-    }
-}
-
-/// Any I/O ([`Local::submit`]): the buffer, if it had one.
-impl IoOutput for Result<Option<IoBuf>, BufError> {
-    #[inline]
-    fn from_parts(result: Result<(), IoError>, buf: Option<IoBuf>) -> Self {
-        match result {
-            Ok(()) => Ok(buf),
-            Err(error) => Err(BufError { error, buf }),
-        }
-    }
-}
+use cells::Waiter;
+pub use error::{BufError, IoError, IoOutput};
 
 impl<S: 'static> Core<S> {
     pub(crate) fn ios_in_flight(&self) -> usize {
@@ -104,17 +33,30 @@ impl<S: 'static> Core<S> {
 
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
-    #[inline]
-    fn complete_io(&self, done: IoDone) {
+    /// Wakes the future's task, or returns it to be polled at once when it is woken
+    /// `alone` and may be (see `may_poll_alone`).
+    #[inline(always)]
+    fn complete_io(&self, done: IoDone, alone: bool) -> Option<LocalRef> {
         let mut io = self.io.borrow_mut();
-        let completed = io.complete(done.user as usize, done.result, done.buf);
-        let next = io.next_in_line(done.device);
+        let waiter = io.complete(done.user as usize, done.result, done.buf);
+        let room_waiting = io.room_waiting;
         drop(io);
-        match completed {
-            Completed::Waiting(waiter) => waiter.wake(),
-            // Outside the borrow: the buffer of a dropped future goes back to its allocator.
-            Completed::Orphaned(buf) => drop(buf),
+        if room_waiting > 0 {
+            self.pass_room(done.device);
         }
+        match waiter? {
+            Waiter::Task(task) if alone && self.may_poll_alone(&task) => return Some(task),
+            Waiter::Task(task) => task.wake(),
+            Waiter::Waker(waker) => waker.wake(),
+        }
+        None
+    }
+
+    /// A slot of `device`'s queue pair freed: the first future in line for room gets it.
+    #[cold]
+    #[inline(never)]
+    fn pass_room(&self, device: DeviceId) {
+        let next = self.io.borrow_mut().pop_in_line(device);
         if let Some(waker) = next {
             waker.wake();
         }
@@ -122,14 +64,17 @@ impl<S: 'static> Core<S> {
 
     /// Wakes the first future in line on each device whose queue pair has room: for room
     /// freed by I/O that was not a future's (a callback's), whose completion wakes nobody.
+    #[inline]
     pub(crate) fn wake_for_room(&self, reactor: &Reactor<S>) {
-        let devices = {
-            let io = self.io.borrow();
-            if io.room_waiting == 0 {
-                return;
-            }
-            io.lines()
-        };
+        if self.io.borrow().room_waiting > 0 {
+            self.wake_lines_with_room(reactor);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wake_lines_with_room(&self, reactor: &Reactor<S>) {
+        let devices = self.io.borrow().lines();
         for d in 0..devices {
             let device = DeviceId::from_index(d as u16);
             let next = {
@@ -144,13 +89,26 @@ impl<S: 'static> Core<S> {
     }
 }
 
-/// Every future's I/O completion: stores it for the future and queues its task, which runs
-/// in this same turn: once the batch of completions it came in has run its callbacks (one
-/// executor run for the batch), or at once outside a batch (unless an executor run is what
-/// completed it).
+/// Every future's I/O completion: stores it for the future and wakes its task, in the
+/// turn that reaped the completion. The tasks a batch of completions wakes run together
+/// once the batch has run its callbacks (one executor run for the batch); a task woken
+/// alone (by the batch's only completion, or outside a batch) is polled at once instead,
+/// as a callback would run, unless a task is being polled: it costs no trip through the
+/// run queue.
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
-    state.executor().local.core.complete_io(done);
-    if !reactor.after_completions(run_woken::<S>) {
+    let core = &*state.executor().local.core;
+    if let Some(task) = core.complete_io(done, reactor.completions_left() == 0) {
+        let core = state.executor().local.core.clone();
+        core.poll_alone(reactor, state, task);
+    }
+    let core = &*state.executor().local.core;
+    // Asked once per batch: the reactor runs `run_woken` after the batch's last callback.
+    if core.queue.len() == 0 || core.run_asked.get() {
+        return;
+    }
+    if reactor.after_completions(run_woken::<S>) {
+        core.run_asked.set(true);
+    } else {
         run_woken(reactor, state);
     }
 }
@@ -158,6 +116,7 @@ fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone
 /// Runs the tasks woken so far.
 fn run_woken<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S) {
     let core = state.executor().local.core.clone();
+    core.run_asked.set(false);
     core.run(reactor, state, RUN_BATCH);
 }
 
@@ -178,143 +137,139 @@ enum Stage {
     Finished,
 }
 
-/// How an I/O future's I/O ended.
-enum Outcome {
-    /// Completed (well or not), with the buffer the completion gave back.
-    Done(Result<(), IoFailure>, Option<IoBuf>),
+/// What a submission came to, when it is not in flight.
+enum NotInFlight {
+    /// In line for room (the queue pair was full).
+    InLine,
     /// Refused for good; the buffer, if any, is still the future's.
     Refused(RejectReason),
 }
 
-/// What a submission came to.
-enum Submitted {
-    /// In flight.
-    Yes,
-    /// In line for room (the queue pair was full).
-    InLine,
-    /// Refused for good.
-    Refused(RejectReason),
-}
-
-/// The state machine every I/O future shares.
+/// The state machine every I/O future shares. Kept small (the request without its `user`,
+/// which the cell's key fills in): it lives in the task, which every completion touches.
 struct Submission<'a, S: 'static> {
-    local: &'a Local<S>,
+    core: &'a Core<S>,
+    slba: u64,
+    nlb: u32,
     device: DeviceId,
-    req: IoRequest,
+    op: IoOp,
+    /// The request's `fua` and `deallocate`, as bits (`FUA`, `DEALLOCATE`).
+    flags: u8,
     stage: Stage,
 }
 
+const FUA: u8 = 1;
+const DEALLOCATE: u8 = 2;
+
 impl<'a, S: HasExecutor> Submission<'a, S> {
-    #[inline]
+    #[inline(always)]
     fn new(local: &'a Local<S>, device: DeviceId, req: IoRequest) -> Self {
         Submission {
-            local,
+            core: &local.core,
+            slba: req.slba,
+            nlb: req.nlb,
             device,
-            req,
+            op: req.op,
+            flags: if req.fua { FUA } else { 0 } | if req.deallocate { DEALLOCATE } else { 0 },
             stage: Stage::Start,
         }
     }
 
-    /// Advances the I/O; ready with its result and buffer (the completion's). `submit`
-    /// hands the I/O to the reactor, given the request with its `user` set to the future's
-    /// cell, and says why it was refused.
-    #[inline]
-    fn poll(
+    /// Advances the I/O; ready with its completion's result and buffer, or with its
+    /// refusal. `submit` hands the I/O to the reactor, given the request with its `user`
+    /// set to the future's cell, and says why it was refused.
+    #[inline(always)]
+    fn poll<B, R>(
         &mut self,
         cx: &mut Context<'_>,
-        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<Outcome> {
-        let core = &*self.local.core;
+        own: &mut B,
+        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+        done: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+        refused: impl FnOnce(&mut B, RejectReason) -> R,
+    ) -> Poll<R> {
+        let core = self.core;
         // The usual cases first: in flight, or starting with nobody in line for room.
-        if let Some(polled) = self.poll_in_flight(cx, Outcome::Done) {
-            return polled;
-        }
-        if self.stage == Stage::Start {
-            let mut io = core.io.borrow_mut();
-            if io.room_waiting == 0 {
-                // The waiter goes in first: the completion cannot come before the submission
-                // returns, and a refusal (rare) just drops it again.
-                let key = io.insert(Waiter::new(core, cx));
-                drop(io);
-                return match self.submit(core, cx, key, submit) {
-                    Submitted::Yes | Submitted::InLine => Poll::Pending,
-                    Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
-                };
+        match self.stage {
+            Stage::InFlight { key } => {
+                let mut io = core.io.borrow_mut();
+                let polled = io.take_done(key, done);
+                if polled.is_ready() {
+                    self.stage = Stage::Finished;
+                } else {
+                    io.rearm(key, core, cx);
+                }
+                return polled;
             }
+            Stage::Start => {
+                let mut io = core.io.borrow_mut();
+                if io.room_waiting == 0 {
+                    // The waiter goes in first: the completion cannot come before the
+                    // submission returns, and a refusal (rare) just drops it again.
+                    let key = io.insert(Waiter::new(core, cx));
+                    drop(io);
+                    return match self.submit(cx, key, own, submit) {
+                        Ok(()) | Err(NotInFlight::InLine) => Poll::Pending,
+                        Err(NotInFlight::Refused(reason)) => Poll::Ready(refused(own, reason)),
+                    };
+                }
+            }
+            _ => {}
         }
-        self.poll_in_line(cx, submit)
-    }
-
-    /// In flight: `ready` made of its result and buffer once it completed.
-    #[inline(always)]
-    fn poll_in_flight<R>(
-        &mut self,
-        cx: &Context<'_>,
-        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
-    ) -> Option<Poll<R>> {
-        let Stage::InFlight { key } = self.stage else {
-            return None;
-        };
-        let core = &*self.local.core;
-        let polled = core.io.borrow_mut().poll(key, core, cx, ready);
-        if polled.is_ready() {
-            self.stage = Stage::Finished;
+        match self.poll_in_line(cx) {
+            Some(key) => match self.submit(cx, key, own, submit) {
+                Ok(()) | Err(NotInFlight::InLine) => Poll::Pending,
+                Err(NotInFlight::Refused(reason)) => Poll::Ready(refused(own, reason)),
+            },
+            None => Poll::Pending,
         }
-        Some(polled)
     }
 
     /// Submits with cell `key` for the completion; on a full queue pair, queues for room.
     #[inline(always)]
-    fn submit(
+    fn submit<B>(
         &mut self,
-        core: &Core<S>,
         cx: &Context<'_>,
         key: usize,
-        mut submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Submitted {
-        let req = self.req.with_user(key as u64);
-        let submitted = core
-            .lend
-            .with(|reactor, _| submit(reactor, req))
-            .expect("an I/O future was polled outside its reactor's executor");
-        match submitted {
-            Ok(()) => {
+        own: &mut B,
+        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+    ) -> Result<(), NotInFlight> {
+        let core = self.core;
+        let req = IoRequest::new(self.op, self.slba, self.nlb)
+            .with_fua(self.flags & FUA != 0)
+            .with_deallocate(self.flags & DEALLOCATE != 0)
+            .with_user(key as u64);
+        match core.lend.with(|reactor, _| submit(own, reactor, req)) {
+            Some(Ok(())) => {
                 count(&core.ios, 1);
                 self.stage = Stage::InFlight { key };
-                Submitted::Yes
+                Ok(())
             }
-            Err(reason) => self.refused(core, cx, key, reason),
+            Some(Err(reason)) => Err(self.refused(cx, key, reason)),
+            None => not_lent(),
         }
     }
 
     #[cold]
-    fn refused(
-        &mut self,
-        core: &Core<S>,
-        cx: &Context<'_>,
-        key: usize,
-        reason: RejectReason,
-    ) -> Submitted {
-        let mut io = core.io.borrow_mut();
+    #[inline(never)]
+    fn refused(&mut self, cx: &Context<'_>, key: usize, reason: RejectReason) -> NotInFlight {
+        let mut io = self.core.io.borrow_mut();
         io.remove(key);
         if reason.is_queue_full() {
             let front = self.stage == Stage::Turn;
             let ticket = io.wait_for_room(self.device, cx.waker(), front);
             self.stage = Stage::InLine { ticket };
-            return Submitted::InLine;
+            return NotInFlight::InLine;
         }
         self.stage = Stage::Finished;
-        Submitted::Refused(reason)
+        NotInFlight::Refused(reason)
     }
 
-    /// The cases where futures wait for room on a full queue pair.
+    /// The cases where futures wait for room on a full queue pair: the cell to submit
+    /// with once its turn came, or `None` while it waits.
     #[cold]
-    fn poll_in_line(
-        &mut self,
-        cx: &mut Context<'_>,
-        submit: impl FnMut(&mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
-    ) -> Poll<Outcome> {
-        let core = &*self.local.core;
+    #[inline(never)]
+    fn poll_in_line(&mut self, cx: &mut Context<'_>) -> Option<usize> {
+        let core = self.core;
         match self.stage {
             Stage::Start => {
                 let mut io = core.io.borrow_mut();
@@ -322,13 +277,13 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
                 if io.others_waiting(self.device) {
                     let ticket = io.wait_for_room(self.device, cx.waker(), false);
                     self.stage = Stage::InLine { ticket };
-                    return Poll::Pending;
+                    return None;
                 }
             }
             Stage::InLine { ticket } => {
                 let mut io = core.io.borrow_mut();
                 if io.still_waiting(self.device, ticket, cx.waker()) {
-                    return Poll::Pending;
+                    return None;
                 }
                 self.stage = Stage::Turn;
             }
@@ -336,16 +291,18 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
             Stage::InFlight { .. } => unreachable!("handled by `poll`"),
             Stage::Finished => panic!("an I/O future was polled after it completed"),
         }
-        let key = core.io.borrow_mut().insert(Waiter::new(core, cx));
-        match self.submit(core, cx, key, submit) {
-            Submitted::Yes | Submitted::InLine => Poll::Pending,
-            Submitted::Refused(reason) => Poll::Ready(Outcome::Refused(reason)),
-        }
+        Some(core.io.borrow_mut().insert(Waiter::new(core, cx)))
     }
 }
 
+#[cold]
+#[inline(never)]
+fn not_lent() -> ! {
+    panic!("an I/O future was polled outside its reactor's executor")
+}
+
 impl<S: 'static> Drop for Submission<'_, S> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if !matches!(self.stage, Stage::Start | Stage::Finished) {
             self.drop_unfinished();
@@ -355,8 +312,9 @@ impl<S: 'static> Drop for Submission<'_, S> {
 
 impl<S: 'static> Submission<'_, S> {
     #[cold]
+    #[inline(never)]
     fn drop_unfinished(&mut self) {
-        let core = &self.local.core;
+        let core = self.core;
         let mut io = core.io.borrow_mut();
         let pass_turn = match self.stage {
             Stage::InFlight { key } => {
@@ -415,20 +373,11 @@ impl<'a, S: HasExecutor, T: IoOutput> IoFuture<'a, S, T> {
 impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
     type Output = T;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        // In flight: the output made straight from the completion, into the return value.
-        if let Stage::InFlight { key } = this.submission.stage {
-            let core = &*this.submission.local.core;
-            let polled = core.io.borrow_mut().poll(key, core, cx, T::from_done);
-            if polled.is_ready() {
-                this.submission.stage = Stage::Finished;
-            }
-            return polled;
-        }
-        let buf = &mut this.buf;
         let device = this.submission.device;
-        let submit = |reactor: &mut Reactor<S>, req| {
+        let submit = |buf: &mut Option<IoBuf>, reactor: &mut Reactor<S>, req| {
             reactor
                 .submit(device, req, buf.take(), io_done::<S>)
                 .map_err(|rejected| {
@@ -436,15 +385,12 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
                     rejected.reason
                 })
         };
-        match this.submission.poll(cx, submit) {
-            Poll::Ready(Outcome::Done(result, buf)) => Poll::Ready(T::from_done(result, buf)),
-            // A refused I/O's buffer is still here.
-            Poll::Ready(Outcome::Refused(reason)) => Poll::Ready(T::from_parts(
-                Err(IoError::Refused(reason)),
-                this.buf.take(),
-            )),
-            Poll::Pending => Poll::Pending,
-        }
+        // A refused I/O's buffer is back here (put back by `submit`).
+        let refused = |buf: &mut Option<IoBuf>, reason| {
+            T::from_parts(Err(IoError::Refused(reason)), buf.take())
+        };
+        this.submission
+            .poll(cx, &mut this.buf, submit, T::from_done, refused)
     }
 }
 
@@ -472,25 +418,18 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let segments = this.segments.as_ref();
         let device = this.submission.device;
-        let submit = |reactor: &mut Reactor<S>, req| {
+        let submit = |segments: &mut V, reactor: &mut Reactor<S>, req| {
             reactor
-                .submit_vectored(device, req, segments, io_done::<S>)
+                .submit_vectored(device, req, segments.as_ref(), io_done::<S>)
                 .map_err(|rejected| rejected.reason)
         };
-        this.submission
-            .poll(cx, submit)
-            .map(|outcome| match outcome {
-                Outcome::Done(result, _) => result.map_err(IoError::Failed),
-                Outcome::Refused(reason) => Err(IoError::Refused(reason)),
-            })
-    }
-}
-
-/// Shorthand for a [`IoFailure`] as the futures report it.
-impl From<IoFailure> for IoError {
-    fn from(failure: IoFailure) -> Self {
-        IoError::Failed(failure)
+        this.submission.poll(
+            cx,
+            &mut this.segments,
+            submit,
+            |result, _| result.map_err(IoError::Failed),
+            |_, reason| Err(IoError::Refused(reason)),
+        )
     }
 }

@@ -33,7 +33,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
@@ -53,7 +53,7 @@ struct Vtable {
 pub(super) struct Header {
     vtable: &'static Vtable,
     /// Counted references, see the module's docs.
-    refs: AtomicUsize,
+    refs: AtomicU32,
     /// [`TaskRef::cancel`] asked for the future to be dropped instead of polled.
     cancel: AtomicBool,
     /// The task is in the remote queue (or on its way there): later remote wakes skip it.
@@ -73,13 +73,16 @@ pub(super) struct OwnerSide {
     local_refs: Cell<usize>,
     /// The next task in the local run queue.
     pub(super) next: Cell<Option<NonNull<Header>>>,
-    /// Where the executor keeps it ([`Owned::key`]).
-    key: Cell<usize>,
+    /// Where the executor keeps it ([`Owned::set_key`]); a `u32` so that the header fits in
+    /// less than a cache line (the executor keeps fewer than `u32::MAX` tasks).
+    key: Cell<u32>,
 }
 
 /// A task: its header, then its future (dropped in place by `drop_future`, hence
-/// `ManuallyDrop`). `repr(C)` so that a pointer to it is a pointer to its header.
-#[repr(C)]
+/// `ManuallyDrop`). `repr(C)` so that a pointer to it is a pointer to its header; aligned
+/// to a cache line so that the header and the start of the future share the first one (a
+/// completion touches the header, and the poll after it the future).
+#[repr(C, align(64))]
 struct RawTask<F> {
     header: Header,
     future: UnsafeCell<ManuallyDrop<F>>,
@@ -138,7 +141,7 @@ unsafe fn acquire(h: NonNull<Header>) {
     // SAFETY: see `header`.
     let refs = unsafe { header(h) }.refs.fetch_add(1, Ordering::Relaxed);
     // As `Arc` does: a count this high can only come from leaked references.
-    if refs > isize::MAX as usize {
+    if refs > u32::MAX / 2 {
         std::process::abort();
     }
 }
@@ -161,7 +164,7 @@ unsafe fn release(h: NonNull<Header>) {
 /// Owner thread: gives the owner side's counted reference back once nothing on this
 /// thread holds the task (future gone, not queued, no `LocalRef`). Called at each of those
 /// three ends; once all three hold they stay so, so it releases once.
-#[inline]
+#[inline(always)]
 unsafe fn release_if_idle(h: NonNull<Header>) {
     // SAFETY: see `header`; on the owner thread, as the caller promises.
     let owner = &unsafe { header(h) }.owner;
@@ -268,7 +271,7 @@ impl Queue {
             header: Header {
                 vtable: &RawTask::<F>::VTABLE,
                 // The owner side's and the returned `TaskRef`'s.
-                refs: AtomicUsize::new(2),
+                refs: AtomicU32::new(2),
                 cancel: AtomicBool::new(false),
                 remote_queued: AtomicBool::new(false),
                 queue: self.queue.clone(),
@@ -277,7 +280,7 @@ impl Queue {
                     done: Cell::new(false),
                     local_refs: Cell::new(0),
                     next: Cell::new(None),
-                    key: Cell::new(usize::MAX),
+                    key: Cell::new(u32::MAX),
                 },
             },
             future: UnsafeCell::new(ManuallyDrop::new(future)),
@@ -360,6 +363,7 @@ pub(crate) struct Owned {
 impl Owned {
     /// Remembers where the executor keeps it (returned by [`Queued::run`]).
     pub(crate) fn set_key(&self, key: usize) {
+        let key = u32::try_from(key).expect("an executor keeps fewer than u32::MAX tasks");
         // SAFETY: the future is alive, so the owner side's reference keeps the task; on the
         // owner thread.
         unsafe { header(self.h) }.owner.key.set(key);
@@ -409,43 +413,54 @@ impl Queued {
     /// Polls the task, with `current` saying which task runs; or reports it cancelled.
     #[inline]
     pub(crate) fn run(self, current: &Current) -> Ran {
-        let h = self.h;
         // SAFETY: queued until `pop` returned it, and `self` keeps the owner side's
         // reference until dropped; on the owner thread.
-        let task = unsafe { header(h) };
-        if task.owner.done.get() {
-            return Ran::Gone;
+        unsafe { run(self.h, current) }
+    }
+}
+
+/// Polls task `h`, with `current` saying which task runs; or reports it cancelled, or gone.
+///
+/// # Safety
+/// On the owner thread; the caller holds a reference to the task (the owner side's, or a
+/// local one) until this returns; the task is not being polled.
+#[inline(always)]
+unsafe fn run(h: NonNull<Header>, current: &Current) -> Ran {
+    // SAFETY: alive, as the caller promises.
+    let task = unsafe { header(h) };
+    if task.owner.done.get() {
+        return Ran::Gone;
+    }
+    let key = task.owner.key.get() as usize;
+    if task.cancel.load(Ordering::Relaxed) {
+        return Ran::Ended { key, polled: false };
+    }
+    // The task's own waker, lent to the poll (it holds no reference: never dropped).
+    // SAFETY: `WAKER`'s functions take a live header, and this one outlives the poll.
+    let waker = ManuallyDrop::new(unsafe {
+        Waker::from_raw(RawWaker::new(h.as_ptr().cast_const().cast(), &WAKER))
+    });
+    let mut cx = Context::from_waker(&waker);
+    let before = current.0.replace(Some(h));
+    /// Says no task runs however the poll ends.
+    struct Restore<'a>(&'a Cell<Option<NonNull<Header>>>, Option<NonNull<Header>>);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            self.0.set(self.1);
         }
-        let key = task.owner.key.get();
-        if task.cancel.load(Ordering::Relaxed) {
-            return Ran::Ended { key, polled: false };
-        }
-        // The task's own waker, lent to the poll (it holds no reference: never dropped).
-        // SAFETY: `WAKER`'s functions take a live header, and this one outlives the poll.
-        let waker = ManuallyDrop::new(unsafe {
-            Waker::from_raw(RawWaker::new(h.as_ptr().cast_const().cast(), &WAKER))
-        });
-        let mut cx = Context::from_waker(&waker);
-        let before = current.0.replace(Some(h));
-        /// Says no task runs however the poll ends.
-        struct Restore<'a>(&'a Cell<Option<NonNull<Header>>>, Option<NonNull<Header>>);
-        impl Drop for Restore<'_> {
-            fn drop(&mut self) {
-                self.0.set(self.1);
-            }
-        }
-        let _restore = Restore(&current.0, before);
-        let poll = task.vtable.poll;
-        // SAFETY: the future is alive (not done), on its owner thread, and nothing else
-        // polls or drops it meanwhile: its `Owned` is dropped only when this returns.
-        match unsafe { poll(h, &mut cx) } {
-            Poll::Pending => Ran::Pending,
-            Poll::Ready(()) => Ran::Ended { key, polled: true },
-        }
+    }
+    let _restore = Restore(&current.0, before);
+    let poll = task.vtable.poll;
+    // SAFETY: the future is alive (not done), on its owner thread, and nothing else
+    // polls or drops it meanwhile: its `Owned` is dropped only when this returns.
+    match unsafe { poll(h, &mut cx) } {
+        Poll::Pending => Ran::Pending,
+        Poll::Ready(()) => Ran::Ended { key, polled: true },
     }
 }
 
 impl Drop for Queued {
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: popped from the queue (`queued` is false now): the owner side's reference
         // is still held if the task is done, and given back here if nothing else holds it.
@@ -487,11 +502,38 @@ pub(crate) struct LocalRef {
 }
 
 impl LocalRef {
-    /// Queues the task to run (unless queued already, or done).
+    /// Queues the task to run (unless queued already, or done), giving the reference up.
     #[inline]
     pub(crate) fn wake(self) {
+        let h = ManuallyDrop::new(self).h;
+        // SAFETY: the reference just given up keeps it alive until it is counted out
+        // below; on the owner thread.
+        let owner = &unsafe { header(h) }.owner;
+        owner.local_refs.set(owner.local_refs.get() - 1);
+        if owner.done.get() {
+            // SAFETY: on the owner thread; the reference was counted out just above.
+            unsafe { release_if_idle(h) };
+        } else if !owner.queued.get() {
+            // SAFETY: on the owner thread; alive (not done: the owner side holds it) and
+            // not queued.
+            unsafe { header(h).queue.push_local(h) };
+        }
+    }
+
+    /// Whether the task waits in the run queue already (it will be polled from there).
+    #[inline]
+    pub(crate) fn is_queued(&self) -> bool {
         // SAFETY: `self` keeps it alive; on the owner thread.
-        unsafe { schedule_local(self.h) };
+        unsafe { header(self.h) }.owner.queued.get()
+    }
+
+    /// Polls the task now, instead of queueing it (see [`run`]), giving the reference up:
+    /// for a task whose I/O just completed, when no other task is being polled.
+    #[inline]
+    pub(crate) fn run_now(self, current: &Current) -> Ran {
+        // SAFETY: on the owner thread (a `LocalRef` never leaves it); `self` holds a local
+        // reference until it drops at the end of this call; the caller polls no task.
+        unsafe { run(self.h, current) }
     }
 
     /// Whether `waker` would wake the same task.

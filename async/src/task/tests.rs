@@ -156,6 +156,61 @@ fn a_local_reference_wakes_its_task_without_a_waker_and_outlives_its_future() {
     assert_eq!(polls.get(), 2, "cancelled, not polled");
 }
 
+/// A completion that polls its task at once (no trip through the run queue): the task is
+/// polled through the reference, which goes with the poll; a task that ends in that poll
+/// is reported ended (the executor then drops its future), and its memory goes with its
+/// last reference; a reference to a task already gone polls nothing.
+#[test]
+fn a_local_reference_polls_its_task_at_once_and_goes_with_the_poll() {
+    let h = Harness::new();
+    let kept: Rc<RefCell<Option<LocalRef>>> = Rc::default();
+    let polls = Rc::new(Cell::new(0));
+    let (k, p, current) = (kept.clone(), polls.clone(), h.current.clone());
+    let task = h.spawn(std::future::poll_fn(move |cx| {
+        p.set(p.get() + 1);
+        if p.get() == 3 {
+            return Poll::Ready(());
+        }
+        *k.borrow_mut() = Some(current.local_ref(cx.waker()).unwrap());
+        Poll::Pending
+    }));
+    assert_eq!(h.run(), 1);
+    let first = kept.borrow_mut().take().unwrap();
+    assert!(!first.is_queued());
+    assert_eq!(first.run_now(&h.current), Ran::Pending);
+    assert_eq!(polls.get(), 2);
+    assert_eq!(h.queue.len(), 0, "polled, not queued");
+    // The poll took a new reference (a new I/O in flight); this one ends the task.
+    let second = kept.borrow_mut().take().unwrap();
+    let Ran::Ended { key, polled: true } = second.run_now(&h.current) else {
+        panic!("the task ended in that poll");
+    };
+    assert_eq!(polls.get(), 3);
+    drop(h.tasks.borrow_mut().remove(key));
+    assert_eq!(h.live(), 0);
+    // The join handle holds the memory now, and only it.
+    assert_eq!(h.allocated(), 1);
+    drop(task);
+    assert_eq!(h.allocated(), 0);
+
+    // A reference that outlives its task's future polls nothing.
+    let task = h.spawn(std::future::poll_fn({
+        let (k, current) = (kept.clone(), h.current.clone());
+        move |cx| {
+            *k.borrow_mut() = Some(current.local_ref(cx.waker()).unwrap());
+            Poll::<()>::Pending
+        }
+    }));
+    assert_eq!(h.run(), 1);
+    let in_flight = kept.borrow_mut().take().unwrap();
+    task.cancel();
+    assert_eq!(h.run(), 1);
+    drop(task);
+    assert_eq!(h.allocated(), 1, "the reference keeps the memory");
+    assert_eq!(in_flight.run_now(&h.current), Ran::Gone);
+    assert_eq!(h.allocated(), 0);
+}
+
 #[test]
 fn a_waker_that_is_not_the_running_tasks_own_gets_no_local_reference() {
     let h = Harness::new();

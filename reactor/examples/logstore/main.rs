@@ -9,7 +9,8 @@
 //! The client (`demo.rs`) appends `records` records of 1 to 4088 bytes, keeping up to
 //! `WINDOW` requests out at once and sending again those refused for back-pressure, reads
 //! every one back and compares it, then prints what each shard did. `store.rs` is the
-//! store's interface, `shard.rs` a reactor's part of it, `policy.rs` the poll policy.
+//! store's interface, `shard.rs` a reactor's part of it (its I/O, by callbacks), `log.rs`
+//! the shard's log (ring, limits, record format), `policy.rs` the poll policy.
 
 mod demo;
 mod policy;

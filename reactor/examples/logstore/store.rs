@@ -6,7 +6,7 @@
 //! reaches a shard through its reactor's handle, with a message that carries the request
 //! and a channel for the answer; every request gets exactly one answer on that channel,
 //! whether the record was written, read, refused for a limit, or failed on the device.
-//! How a shard batches appends into 4 KiB blocks is in `shard.rs`.
+//! How a shard batches appends into 4 KiB blocks is in `log.rs`.
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;

@@ -73,6 +73,15 @@ impl<S> Reactor<S> {
         false
     }
 
+    /// From an I/O callback: how many completions of its batch come after it (their
+    /// callbacks run next, in this turn). 0 for the last, and outside a batch. A callback
+    /// that would rather leave work for `after_completions` when more completions follow
+    /// asks this.
+    #[inline]
+    pub fn completions_left(&self) -> usize {
+        self.batch_left
+    }
+
     /// The policy's name, as its spec.
     pub fn policy_name(&self) -> &str {
         self.policy.name()

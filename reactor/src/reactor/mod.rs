@@ -227,6 +227,9 @@ pub struct Reactor<S = ()> {
     /// Whether the callbacks of a batch of completions are running (see
     /// `Reactor::after_completions`).
     in_batch: bool,
+    /// Completions of the batch being run whose callbacks have not run yet
+    /// (`Reactor::completions_left`); 0 outside a batch.
+    batch_left: usize,
     /// What runs once the batch's callbacks have (`Reactor::after_completions`).
     after_batch: [Option<AfterBatch<S>>; AFTER_BATCH_MAX],
     policy: Box<dyn PollPolicy>,
@@ -320,6 +323,7 @@ impl<S> Reactor<S> {
             next_seq: 0,
             completions: Vec::new(),
             in_batch: false,
+            batch_left: 0,
             after_batch: [None; AFTER_BATCH_MAX],
             policy,
             mailbox,

@@ -350,3 +350,28 @@ fn the_oracle_policy_alone_is_told_the_emulated_deadline_and_sleeps_by_it() {
         );
     }
 }
+
+/// Each callback of a batch of completions learns how many of the batch come after it
+/// (an executor polls a task woken alone at once, and leaves a batch's tasks for one run
+/// after it); outside a batch, none.
+#[test]
+fn a_callback_learns_how_many_completions_of_its_batch_follow() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let mut r = reactor(&clock, "classic");
+    let device = Device::new(Arc::new(emu("emu:nand,size=1M", &clock)));
+    let dev = r.attach(&device, 4).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for slba in [0, 8, 16] {
+        let seen = seen.clone();
+        let callback = move |r: &mut Reactor, _: &mut (), _| {
+            seen.lock().unwrap().push(r.completions_left());
+        };
+        r.read(dev, slba, 8, IoBuf::zeroed(4096), callback).unwrap();
+    }
+    assert_eq!(r.completions_left(), 0, "outside a batch");
+    // Every read's deadline passes, and one turn reaps the three in one batch.
+    clock.advance_by(1_000_000_000);
+    r.sim_turn(&mut ());
+    assert_eq!(*seen.lock().unwrap(), [2, 1, 0]);
+    assert_eq!(r.completions_left(), 0);
+}

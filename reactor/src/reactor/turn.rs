@@ -148,7 +148,9 @@ impl<S> Reactor<S> {
         self.now_ns = self.clock.now_ns();
         let mut batch = std::mem::take(&mut self.completions);
         self.in_batch = true;
+        self.batch_left = batch.len();
         for (dev, completion) in batch.drain(..) {
+            self.batch_left -= 1;
             self.complete(state, dev, completion);
         }
         self.in_batch = false;
