@@ -4,7 +4,13 @@
 //! it without depending on each other.
 
 /// Device kinds a device string may name.
-pub const DEVICE_KINDS: &[&str] = &["emu:<profile>", "null", "uring:/path", "vfio:<pci address>"];
+pub const DEVICE_KINDS: &[&str] = &[
+    "emu:<profile>",
+    "null",
+    "uring:/path",
+    "vfio:<pci address>",
+    "nvme-tcp:HOST:PORT/SUBNQN",
+];
 
 /// Why a device string (or one of its keys) was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
