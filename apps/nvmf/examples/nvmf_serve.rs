@@ -24,7 +24,9 @@ fn main() {
     let mut seconds = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let value = args.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let value = args
+            .next()
+            .unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--listen" => listen = value.parse().expect("--listen ADDR:PORT"),
             "--export" => {

@@ -182,7 +182,9 @@ impl Wire {
     }
 
     /// Connect of queue `qid` (0: the admin queue, which makes a controller) of `sqsize + 1`
-    /// entries; returns the controller ID.
+    /// entries; returns the controller ID. An I/O queue asks for SQ flow control off: this
+    /// host never has more commands in flight than the queue holds, and the target may then
+    /// let a read's last data PDU stand for its response (one PDU less per read).
     pub(crate) fn connect_queue(
         &mut self,
         qid: u16,
@@ -194,6 +196,9 @@ impl Wire {
         let mut sqe = fabrics_sqe(qid, fabrics::fctype::CONNECT);
         sqe.cdw10 = u32::from(qid) << 16;
         sqe.cdw11 = u32::from(sqsize);
+        if qid != 0 {
+            sqe.cdw11 |= u32::from(fabrics::CATTR_DISABLE_SQ_FLOW_CONTROL) << 16;
+        }
         sqe.cdw12 = kato_ms;
         SglDescriptor::in_capsule(bytes.len() as u32).store(&mut sqe);
         let a = self.command(&sqe, &bytes)?;
