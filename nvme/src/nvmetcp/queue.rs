@@ -1,8 +1,9 @@
 //! An NVMe/TCP I/O queue as a [`QueuePair`]: one TCP connection, non-blocking. `submit`
 //! encodes a command capsule (a write's data in it when it fits the target's in-capsule
-//! size) and writes what the socket takes; `process_completions` sends what is left, reads
-//! what arrived and decodes it: C2HData lands in the command's memory, an R2T is answered
-//! with H2CData from it, a response completes it. A connection that breaks (the target
+//! size); the next `process_completions` (or `arm_interrupt`) writes every capsule encoded
+//! since in one system call, as a driver rings a doorbell once per batch, then reads what
+//! arrived and decodes it: C2HData lands in the command's memory, an R2T is answered with
+//! H2CData from it, a response completes it. A connection that breaks (the target
 //! closed it, terminated it, sent what cannot be decoded) completes every command in flight
 //! with an error, and refuses new ones.
 //!
@@ -29,6 +30,9 @@ use crate::tcp::{DataHeader, Pdu, PduType, R2t, SglDescriptor};
 
 /// Bytes asked of the kernel per read.
 const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Output `submit` lets gather before it writes to the socket itself, instead of leaving
+/// it to the next poll: a batch of large in-capsule writes is not held in memory whole.
+const OUT_GATHER_BYTES_MAX: usize = 64 << 10;
 /// Bytes of one Dataset Management range.
 const DSM_RANGE_BYTES: usize = 16;
 /// The status every command in flight gets when the connection breaks.
@@ -478,7 +482,9 @@ impl QueuePair for NvmeTcpQueuePair {
         self.free.pop();
         let data: &[u8] = if in_capsule { &self.scratch } else { &[] };
         encode::capsule_cmd(&mut self.out, &self.framing, &sqe, data);
-        self.send();
+        if self.out.len() - self.out_sent >= OUT_GATHER_BYTES_MAX {
+            self.send();
+        }
         Ok(())
     }
 
@@ -489,8 +495,9 @@ impl QueuePair for NvmeTcpQueuePair {
             let _ = self.line.watch(false, false);
             self.line.lower();
         }
+        // Submitted commands go out even when completions are left to hand out.
+        self.send();
         if self.dead.is_none() && self.done.len() < max {
-            self.send();
             self.receive();
             self.decode_all();
             // R2Ts answered while decoding.
@@ -504,6 +511,8 @@ impl QueuePair for NvmeTcpQueuePair {
     }
 
     fn arm_interrupt(&mut self) {
+        // What was submitted since the last poll goes out before the wait.
+        self.send();
         self.armed = true;
         let whole_pdu = matches!(
             self.decoder.decode(&self.input[self.in_start..self.in_end]),
