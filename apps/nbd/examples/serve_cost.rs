@@ -1,6 +1,6 @@
 //! The NBD server's instructions per request on its reactor thread: a server on a `null`
-//! export, and a client thread keeping `depth` 4 KiB reads in flight over loopback TCP
-//! until `count` are answered. Socket-watching and request gathering are off, so the
+//! export, and a client thread sending 4 KiB reads over loopback TCP in batches of `depth`
+//! (one write each, each batch answered before the next) until `count` are answered. Socket-watching and request gathering are off, so the
 //! reactor does no timed spinning and the count follows the code, not the machine. Run
 //! under callgrind with one file per thread, at two counts, and divide the difference of
 //! the reactor thread's totals (`scripts/serve-cost` does it):
@@ -47,19 +47,19 @@ fn main() {
     c.write_all(&client::handshake_go("null")).unwrap();
     while option_reply(&mut c) != REP_ACK {}
     let request = |cookie: u64| client::request(CMD_READ, 0, cookie, (cookie % 4096) * 4096, 4096);
-    let mut sent = 0;
-    while sent < depth.min(count) {
-        c.write_all(&request(sent)).unwrap();
-        sent += 1;
-    }
+    // Batches of `depth` requests in one write, each batch answered before the next: the
+    // server sees the same arrivals whatever the scheduler does.
     let mut reply = vec![0u8; REPLY_HEADER_BYTES + 4096];
-    for _ in 0..count {
-        c.read_exact(&mut reply).unwrap();
-        assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
-        if sent < count {
-            c.write_all(&request(sent)).unwrap();
-            sent += 1;
+    let mut sent = 0;
+    while sent < count {
+        let n = depth.min(count - sent);
+        let batch: Vec<u8> = (sent..sent + n).flat_map(request).collect();
+        c.write_all(&batch).unwrap();
+        for _ in 0..n {
+            c.read_exact(&mut reply).unwrap();
+            assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
         }
+        sent += n;
     }
     drop(c);
     let report = server.stop();

@@ -1,7 +1,7 @@
 //! The NVMe/TCP server's instructions per command on its reactor thread, the counterpart of
-//! hypoll-nbd's `serve_cost`: a server on a `null` export, and a host thread keeping
-//! `depth` 4 KiB reads in flight on one I/O queue over loopback TCP until `count` are
-//! answered (SQ flow control off when `flow` is not given, as the nvme-tcp device asks).
+//! hypoll-nbd's `serve_cost`: a server on a `null` export, and a host thread sending 4 KiB
+//! reads on one I/O queue over loopback TCP in batches of `depth` (one write each, each
+//! batch answered before the next) until `count` are answered (SQ flow control off when `flow` is not given, as the nvme-tcp device asks).
 //! Socket-watching and request gathering are off. Count with `scripts/serve-cost
 //! nvmf_serve_cost [DEPTH]`.
 
@@ -97,25 +97,24 @@ fn main() {
         connect[8 + 44 + 2] |= CATTR_DISABLE_SQ_FLOW_CONTROL;
     }
     assert_eq!(q.ask(&connect).2, Status::SUCCESS);
-    let read = |cid: u16, i: u64| host.read(cid, 1, i % 4096, 1, 4096);
+    // Batches of `depth` reads in one write, each batch answered before the next: the
+    // server sees the same arrivals whatever the scheduler does.
     let mut sent = 0;
-    while sent < depth.min(count) {
-        q.s.write_all(&read(sent as u16, sent)).unwrap();
-        sent += 1;
-    }
-    let mut answered = 0;
-    while answered < count {
-        let (cid, done, status) = q.next();
-        if !done {
-            continue;
+    while sent < count {
+        let n = depth.min(count - sent);
+        let batch: Vec<u8> = (0..n)
+            .flat_map(|i| host.read(i as u16, 1, (sent + i) % 4096, 1, 4096))
+            .collect();
+        q.s.write_all(&batch).unwrap();
+        let mut answered = 0;
+        while answered < n {
+            let (_, done, status) = q.next();
+            if done {
+                assert_eq!(status, Status::SUCCESS);
+                answered += 1;
+            }
         }
-        assert_eq!(status, Status::SUCCESS);
-        answered += 1;
-        if sent < count {
-            // The answered command's identifier is free again.
-            q.s.write_all(&read(cid, sent)).unwrap();
-            sent += 1;
-        }
+        sent += n;
     }
     drop((q, admin));
     let report = server.stop();
