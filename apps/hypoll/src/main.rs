@@ -99,8 +99,9 @@ struct SimArgs {
 
 #[derive(Parser)]
 struct BenchArgs {
-    /// Device string: emu:<profile>[,key=value...], null, or uring:/path[,direct=0|1]
-    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`).
+    /// Device string: emu:<profile>[,key=value...], null, uring:/path[,direct=0|1]
+    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`),
+    /// or nvme-tcp:HOST:PORT/SUBNQN[,ns=N][,digests=...] (a namespace of an NVMe/TCP target).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceConfig,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus
