@@ -13,8 +13,8 @@
 //! - [`identify`]: Identify data structures and log pages.
 //! - [`client`]: what a host sends, byte for byte, for tests and the fuzz corpus.
 //! - `shard.rs`: NVMe/TCP's state on a reactor ([`Nvmf`]) and per connection, the parser
-//!   loop and the keep-alive tick; `pipeline.rs`: a command as device commands and its
-//!   answer, a read's data sent from the device's buffers.
+//!   loop and the keep-alive tick; `pipeline.rs`: a command as device commands;
+//!   `answer.rs`: its answer, a read's data sent from the device's buffers.
 //! - [`server`]: a server of its own ([`NvmfServer`]), and the target an export list makes.
 //!
 //! # What the queues of one controller share
@@ -46,6 +46,7 @@
 //! controller, Dataset Management ranges per command (256), and the longest PDU
 //! ([`Session::pdu_bytes_max`]).
 
+mod answer;
 pub mod client;
 pub mod config;
 pub mod identify;

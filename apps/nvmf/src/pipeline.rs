@@ -1,8 +1,7 @@
 //! How an NVMe/TCP I/O command runs on a reactor: split into device-sized commands on the
 //! reactor's queue pair for its namespace (waiting in the namespace's backlog while the
 //! queue pair is full), a flush after the data when the host asked for FUA, and one answer
-//! once every device command is back: a read's data goes out from the device's own
-//! buffers, behind the C2HData header the session frames, with no copy.
+//! once every device command is back (`answer.rs`).
 //!
 //! Each device command carries its command's identity in its `user` word: the connection's
 //! key, the command's key and the piece's index, so a completion finds its command without
@@ -12,11 +11,13 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use hypoll_frontend::REQUESTS_INFLIGHT_MAX;
-use hypoll_frontend::{BufCache, Shard, CONNECTIONS_PER_REACTOR_MAX, HEAD_INLINE_BYTES_MAX};
+use hypoll_frontend::{BufCache, Shard, CONNECTIONS_PER_REACTOR_MAX};
 use hypoll_nvme::{IoBuf, Status, SubmitError};
-use hypoll_reactor::{IoDone, IoFailure, IoOp, IoRequest, Reactor, RejectReason};
 
-use crate::session::{BlockRange, CompleteError, IoCommand, IoOp as NvmeOp, WriteData};
+use crate::answer::{answer, status_of};
+use hypoll_reactor::{IoDone, IoOp, IoRequest, Reactor, RejectReason};
+
+use crate::session::{BlockRange, IoCommand, IoOp as NvmeOp, WriteData};
 use crate::shard::{Nvmf, ShardExport};
 
 /// Bits of a command's `user` word that hold, from the top: the connection's key, the
@@ -87,7 +88,7 @@ impl Ranges {
 /// A command in flight.
 pub(crate) struct Pending {
     pub(crate) cid: u16,
-    kind: Kind,
+    pub(crate) kind: Kind,
     export: usize,
     ranges: Ranges,
     fua: bool,
@@ -103,11 +104,11 @@ pub(crate) struct Pending {
     /// Device commands in flight.
     pieces_out: u32,
     /// The first failure (SUCCESS while there is none).
-    status: Status,
+    pub(crate) status: Status,
     /// A write's data, one buffer per piece, taken as pieces are submitted.
     write_bufs: VecDeque<IoBuf>,
     /// A read's data, one buffer per piece, filled as pieces complete.
-    read_bufs: Vec<Option<IoBuf>>,
+    pub(crate) read_bufs: Vec<Option<IoBuf>>,
     /// Bytes counted against the connection's bound while the command is at the device.
     held: usize,
     start_ns: u64,
@@ -125,16 +126,6 @@ fn unpack(user: u64) -> (usize, usize, u32) {
         ((user >> PIECE_BITS) & ((1 << CMD_BITS) - 1)) as usize,
         user as u32,
     )
-}
-
-/// The NVMe status a failed device command is answered with: the device's own where it
-/// gave one.
-pub(crate) fn status_of(failure: &IoFailure) -> Status {
-    match failure {
-        IoFailure::Device(s) => *s,
-        IoFailure::Shutdown => Status::ABORTED_SQ_DELETION,
-        _ => Status::INTERNAL_ERROR,
-    }
 }
 
 /// Starts a valid I/O command of connection `key`. An in-capsule write's data is still at
@@ -556,66 +547,6 @@ fn maybe_finish(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usiz
     shard.mark_dirty(key);
 }
 
-/// Tells the session a command is done and queues what it says: a read's C2HData around
-/// the device's buffers, a response capsule, and any R2Ts the freed room lets it send.
-fn answer(shard: &mut Shard<Nvmf>, key: usize, p: Pending) {
-    let nvmf = &mut shard.proto;
-    let conn = &mut shard.conns[key];
-    let session = &mut conn.proto.session;
-    let (head, tail) = (&mut nvmf.head, &mut nvmf.tail);
-    head.clear();
-    tail.clear();
-    let mut data = Vec::new();
-    let result = if p.kind == Kind::Read && p.status.is_success() {
-        data = p
-            .read_bufs
-            .into_iter()
-            .map(|b| b.expect("every piece of a successful read is back"))
-            .collect();
-        match &data[..] {
-            [one] => session.complete_read_framed(p.cid, &[&one[..]], head, tail),
-            many => {
-                let pieces: Vec<&[u8]> = many.iter().map(|b| &b[..]).collect();
-                session.complete_read_framed(p.cid, &pieces, head, tail)
-            }
-        }
-    } else {
-        p.read_bufs
-            .into_iter()
-            .flatten()
-            .for_each(|b| shard.bufs.give(b));
-        session.complete(p.cid, p.status, head)
-    };
-    match result {
-        Ok(()) if !conn.gone => {
-            push(conn, head, data);
-            push(conn, tail, Vec::new());
-        }
-        Ok(()) | Err(CompleteError::Closed) => data.into_iter().for_each(|b| shard.bufs.give(b)),
-        Err(e) => {
-            // The pipeline answers each command once, as the session handed it out.
-            debug_assert!(false, "the session refused a completion: {e}");
-            data.into_iter().for_each(|b| shard.bufs.give(b));
-        }
-    }
-}
-
-/// Queues `head` (and a read's `data` behind it): inline when it is short, as its own
-/// message otherwise (a header padded to the host's alignment, R2Ts after a response).
-fn push(conn: &mut hypoll_frontend::Conn<Nvmf>, head: &[u8], data: Vec<IoBuf>) {
-    if head.is_empty() && data.is_empty() {
-        return;
-    }
-    if head.len() <= HEAD_INLINE_BYTES_MAX {
-        conn.push_reply(head, data);
-    } else {
-        conn.push_bytes(head.to_vec());
-        if !data.is_empty() {
-            conn.push_reply(&[], data);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,20 +555,6 @@ mod tests {
     fn a_piece_identity_survives_the_user_word() {
         for (c, k, p) in [(0, 0, 0), (65535, 65535, u32::MAX), (7, 300, 8191)] {
             assert_eq!(unpack(pack(c, k, p)), (c, k, p));
-        }
-    }
-
-    #[test]
-    fn a_device_status_is_passed_on_and_other_failures_are_internal_errors() {
-        let s = Status::LBA_OUT_OF_RANGE;
-        assert_eq!(status_of(&IoFailure::Device(s)), s);
-        assert_eq!(status_of(&IoFailure::Shutdown), Status::ABORTED_SQ_DELETION);
-        for other in [
-            IoFailure::TimedOut,
-            IoFailure::Abandoned,
-            IoFailure::Refused,
-        ] {
-            assert_eq!(status_of(&other), Status::INTERNAL_ERROR, "{other}");
         }
     }
 }
