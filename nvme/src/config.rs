@@ -10,6 +10,7 @@ pub const DEVICE_KINDS: &[&str] = &[
     "uring:/path",
     "vfio:<pci address>",
     "nvme-tcp:HOST:PORT/SUBNQN",
+    "vhost-user:/path.sock",
 ];
 
 /// Why a device string (or one of its keys) was refused.

@@ -15,6 +15,7 @@ use crate::nvmetcp::{NvmeTcpConfig, NvmeTcpController};
 use crate::qpair::Controller;
 use crate::uring::{UringConfig, UringController};
 use crate::vfio::{VfioConfig, VfioController};
+use crate::vhost_user::{VhostUserConfig, VhostUserController};
 
 /// A parsed device string.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +27,8 @@ pub enum DeviceConfig {
     Vfio(VfioConfig),
     /// A namespace of an NVMe/TCP target, over the network.
     NvmeTcp(NvmeTcpConfig),
+    /// A vhost-user-blk back end, as a client (libblkio).
+    VhostUser(VhostUserConfig),
 }
 
 impl DeviceConfig {
@@ -42,6 +45,7 @@ impl DeviceConfig {
             DeviceConfig::Uring(cfg) => Arc::new(UringController::open(cfg)?),
             DeviceConfig::Vfio(cfg) => Arc::new(VfioController::open(cfg)?),
             DeviceConfig::NvmeTcp(cfg) => Arc::new(NvmeTcpController::open(cfg)?),
+            DeviceConfig::VhostUser(cfg) => Arc::new(VhostUserController::open(cfg)?),
         })
     }
 }
@@ -89,6 +93,20 @@ impl FromStr for DeviceConfig {
                 cfg.set(k, v)?;
             }
             Ok(DeviceConfig::Uring(cfg))
+        } else if let Some(path) = head.strip_prefix("vhost-user:") {
+            if path.is_empty() {
+                return Err(ConfigError::BadValue {
+                    key: "path".into(),
+                    value: String::new(),
+                    expected: "a vhost-user socket, as in vhost-user:/run/disk.sock".into(),
+                });
+            }
+            let mut cfg = VhostUserConfig::new(path);
+            for pair in pairs {
+                let (k, v) = pair?;
+                cfg.set(k, v)?;
+            }
+            Ok(DeviceConfig::VhostUser(cfg))
         } else if let Some(addr) = head.strip_prefix("vfio:") {
             let cfg = VfioConfig::parse(addr).map_err(|expected| ConfigError::BadValue {
                 key: "vfio".into(),
@@ -188,6 +206,7 @@ impl fmt::Display for DeviceConfig {
             DeviceConfig::Uring(cfg) => write!(f, "{cfg}"),
             DeviceConfig::Vfio(cfg) => write!(f, "{cfg}"),
             DeviceConfig::NvmeTcp(cfg) => write!(f, "{cfg}"),
+            DeviceConfig::VhostUser(cfg) => write!(f, "{cfg}"),
         }
     }
 }

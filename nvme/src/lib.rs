@@ -37,6 +37,7 @@ pub mod sys;
 pub mod tcp;
 pub mod uring;
 pub mod vfio;
+pub mod vhost_user;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, VirtualClock};

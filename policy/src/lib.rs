@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod adaptive;
+mod arrivals;
 pub mod classic;
 pub mod fixed;
 pub mod histogram;
@@ -44,6 +45,7 @@ pub mod stats;
 pub mod uring_hybrid;
 
 pub use adaptive::Adaptive;
+pub use arrivals::{Arrival, ArrivalStats, IdleContext, ARRIVAL_GAP_MEAN_SHIFT};
 pub use classic::Classic;
 pub use fixed::Fixed;
 pub use histogram::{Histogram, Summary};

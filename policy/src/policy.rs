@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::arrivals::{Arrival, IdleContext};
 use crate::stats::{Bucket, BucketStats, OvershootStats, Snapshot};
 
 /// What the reactor does next while it has outstanding I/O and nothing else to run.
@@ -141,7 +142,8 @@ pub struct Observation {
 }
 
 /// A poll policy: asked what to do whenever its reactor has outstanding I/O and nothing else
-/// to run, and told of every completion. One instance per reactor, so it keeps its state
+/// to run, and told of every completion; asked too how long an idle reactor spins for its
+/// front ends' next request, and told of their requests. One instance per reactor, so it keeps its state
 /// without synchronisation. `decide` and `on_completion` are on the hot path: no allocation,
 /// no lock, no atomic, no clock read (the time is in the context).
 pub trait PollPolicy: Send {
@@ -162,6 +164,25 @@ pub trait PollPolicy: Send {
     /// the thread, read from the OS. For policies that calibrate.
     fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
         let _ = (slept, cpu_ns);
+    }
+
+    /// A front end reported a batch of requests that arrived (a guest's avail ring, a
+    /// socket): the request stream, as [`PollPolicy::on_completion`] is the completion
+    /// stream. For policies that learn when requests come. On the hot path, as
+    /// `on_completion` is.
+    fn on_arrivals(&mut self, arrival: &Arrival) {
+        let _ = arrival;
+    }
+
+    /// The reactor has nothing outstanding and nothing to run, and a front end has reported
+    /// requests: how long to spin for the next one (counted from `ctx.now_ns`) before it
+    /// parks, until a message, a timer, a poller's fd (a guest's kick) or a timeout wakes it.
+    /// Zero parks at once. Asked once per idle stretch, at its first turn; a park that wakes
+    /// with nothing to do parks again without asking. The default spins what the reactor
+    /// would without a policy, `ctx.idle_spin_ns`: a reactor whose front ends report nothing
+    /// does not ask at all, and spins that too.
+    fn decide_idle(&mut self, ctx: &IdleContext) -> Duration {
+        Duration::from_nanos(ctx.idle_spin_ns)
     }
 }
 

@@ -96,7 +96,8 @@ pub use io::{
 };
 pub use reactor::{
     AfterBatch, ExitReport, Message, Poller, PollerId, Reactor, ReactorHandle, ReactorTuning,
-    SendError, StandaloneConfig, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, MESSAGE_BATCH,
+    SendError, StandaloneConfig, AFTER_BATCH_MAX, COMPLETION_BATCH, DEVICES_MAX, IDLE_SPIN_NS_MAX,
+    MESSAGE_BATCH,
 };
 pub use set::{
     InitError, PolicyFactory, ReactorConfig, ReactorPanic, ReactorSet, ReactorStartError,
@@ -120,6 +121,7 @@ pub use hypoll_nvme::{
 };
 pub use hypoll_policy as policy;
 pub use hypoll_policy::{
-    Bucket, BucketStats, Decision, DeviceStats, Direction, InFlight, Observation, OvershootStats,
-    PolicySpecError, PollContext, PollPolicy, Slept, Snapshot, StatsConfigError,
+    Arrival, ArrivalStats, Bucket, BucketStats, Decision, DeviceStats, Direction, IdleContext,
+    InFlight, Observation, OvershootStats, PolicySpecError, PollContext, PollPolicy, Slept,
+    Snapshot, StatsConfigError,
 };

@@ -53,6 +53,10 @@ pub struct Counters {
     pub abandoned_ios: u64,
     /// Completions that arrived for abandoned I/Os, and were dropped.
     pub late_completions: u64,
+    /// Requests front ends reported arriving (`Reactor::note_arrivals`).
+    pub arrivals: u64,
+    /// Idle stretches whose spin the policy decided (`PollPolicy::decide_idle`).
+    pub idle_decisions: u64,
 }
 
 /// What [`crate::ReactorHandle::stats`] returns: the counters as last published, the
@@ -122,6 +126,8 @@ impl ReactorStats {
                 reset_failures: a.reset_failures.saturating_sub(b.reset_failures),
                 abandoned_ios: a.abandoned_ios.saturating_sub(b.abandoned_ios),
                 late_completions: a.late_completions.saturating_sub(b.late_completions),
+                arrivals: a.arrivals.saturating_sub(b.arrivals),
+                idle_decisions: a.idle_decisions.saturating_sub(b.idle_decisions),
             },
             wall_ns: self.wall_ns.saturating_sub(earlier.wall_ns),
             cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),

@@ -1,6 +1,8 @@
 //! Per-I/O timeouts on real reactor threads: lost commands are aborted, stuck ones reset,
 //! and on a device that can do neither they are abandoned, under every way of waiting
-//! (spinning, sleeping, blocking on the interrupt).
+//! (spinning, sleeping, blocking on the interrupt). The bounds on time leave room for a
+//! busy machine (`LATE`), so these run beside other tests; the simulation holds every
+//! timeout to its bound in virtual time.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,14 +13,6 @@ use hypoll_reactor::{
     allowed_cores, CoreList, Device, DeviceId, DeviceOptions, IoFailure, ReactorConfig,
     ReactorHandle, ReactorSet,
 };
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn config(policy: &str) -> ReactorConfig {
     ReactorConfig {
@@ -102,7 +96,6 @@ fn eventually(h: &ReactorHandle, what: &str, cond: impl Fn(&hypoll_reactor::Coun
 
 #[test]
 fn lost_commands_are_aborted_at_their_timeout_however_the_reactor_waits() {
-    let _serial = serial();
     for policy in ["classic", "hybrid", "interrupt"] {
         let device = Device::open("emu:optane,size=16M,lost_pct=100").unwrap();
         let set = ReactorSet::start(config(policy), move |r| {
@@ -132,7 +125,6 @@ fn lost_commands_are_aborted_at_their_timeout_however_the_reactor_waits() {
 
 #[test]
 fn commands_deaf_to_aborts_are_completed_by_a_reset() {
-    let _serial = serial();
     for policy in ["classic", "interrupt"] {
         let device = Device::open("emu:optane,size=16M,lost_pct=100,stuck_pct=100").unwrap();
         let set = ReactorSet::start(config(policy), move |r| {
@@ -161,7 +153,6 @@ fn commands_deaf_to_aborts_are_completed_by_a_reset() {
 
 #[test]
 fn a_device_that_cannot_abort_or_reset_gets_its_commands_abandoned_and_quarantined() {
-    let _serial = serial();
     let ctrl = EmuController::new(
         "emu:optane,size=16M,lost_pct=100"
             .parse::<hypoll_nvme::DeviceConfig>()
@@ -211,7 +202,6 @@ fn a_device_that_cannot_abort_or_reset_gets_its_commands_abandoned_and_quarantin
 
 #[test]
 fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
-    let _serial = serial();
     // Depth 2 and room for 4 waiting: 6 I/Os are accepted at once, the 7th is refused.
     let device = Device::open("emu:nand,size=16M").unwrap();
     let set = ReactorSet::start(config("classic"), move |r| {
@@ -340,7 +330,6 @@ fn a_full_queue_pair_makes_io_wait_in_a_bounded_queue_then_refuses() {
 
 #[test]
 fn send_timeout_waits_for_room_in_a_full_mailbox_but_not_forever() {
-    let _serial = serial();
     let cfg = ReactorConfig {
         mailbox_capacity: 2,
         ..config("classic")
@@ -348,11 +337,13 @@ fn send_timeout_waits_for_room_in_a_full_mailbox_but_not_forever() {
     let set = ReactorSet::start(cfg, |_| Ok(())).unwrap();
     let h = &set.handles()[0];
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(0);
+    let (stuck_tx, stuck_rx) = crossbeam_channel::bounded::<()>(1);
     h.send(move |_, _| {
+        stuck_tx.send(()).unwrap();
         let _ = release_rx.recv_timeout(Duration::from_secs(10));
     })
     .unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    stuck_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     // The reactor is stuck in that message: fill its mailbox.
     while h.send(|_, _| {}).is_ok() {}
     let t0 = Instant::now();

@@ -67,8 +67,8 @@ pub use intake::LARGE_INPUTS_PER_REACTOR;
 pub use linger::LINGER_MS;
 pub use listen::ListenAddr;
 pub use loglimit::{LOG_LINES_PER_WINDOW_MAX, LOG_WINDOW_MS};
-pub use protocol::Protocol;
-pub use service::{Service, StartError};
+pub use protocol::{HasShard, Protocol};
+pub use service::{Service, ShardBuilder, StartError};
 pub use shard::Shard;
 
 /// A reactor serving protocol `P`: its state is its shard of the service.

@@ -17,8 +17,8 @@ use hypoll_reactor::ReactorHandle;
 
 use crate::config::UnixOwner;
 use crate::loglimit::{suppressed_note, LogLimit};
-use crate::protocol::Protocol;
-use crate::shard::Shard;
+use crate::protocol::{HasShard, Protocol};
+
 use crate::stream::Stream;
 
 /// How often the listener checks whether it should stop.
@@ -283,12 +283,12 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 /// The listener thread's loop: accepts until `stop`, refuses past `connections_max` open
 /// connections (counted in `open`, which the reactors decrement as connections close), and
 /// hands each accepted stream to the next reactor's shard of protocol `P`.
-pub(crate) fn accept_loop<P: Protocol>(
+pub(crate) fn accept_loop<P: Protocol, S: HasShard<P>>(
     listener: Listener,
     stop: &AtomicBool,
     open: &AtomicUsize,
     connections_max: usize,
-    handles: &[ReactorHandle<Shard<P>>],
+    handles: &[ReactorHandle<S>],
 ) {
     assert!(!handles.is_empty());
     let mut next = 0usize;
@@ -339,7 +339,7 @@ pub(crate) fn accept_loop<P: Protocol>(
         next = next.wrapping_add(1);
         let index = h.index();
         // A refused send drops the message, and the stream in it, here: closed.
-        let sent = h.send(move |r, shard| shard.adopt(r, stream, peer));
+        let sent = h.send(move |r, state: &mut S| state.shard().adopt(r, stream, peer));
         if let Err(e) = sent {
             open.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!("connection dropped: reactor {index}: {e}");

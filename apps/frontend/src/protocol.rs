@@ -28,10 +28,25 @@ pub trait Protocol: Sized + 'static {
     fn has_backlog(&self) -> bool;
     /// Runs the protocol over connection `key`'s input while [`Shard::can_parse`] allows:
     /// consumes what it parsed, queues replies, starts requests. Returns the work done.
-    fn parse(shard: &mut Shard<Self>, r: &mut Reactor<Shard<Self>>, key: usize) -> usize;
+    fn parse<S: HasShard<Self>>(shard: &mut Shard<Self>, r: &mut Reactor<S>, key: usize) -> usize;
     /// Submits what requests waiting for room at a device can now. Returns the work done.
-    fn retry_backlog(shard: &mut Shard<Self>, r: &mut Reactor<Shard<Self>>) -> usize;
+    fn retry_backlog<S: HasShard<Self>>(shard: &mut Shard<Self>, r: &mut Reactor<S>) -> usize;
     /// What the connection's close line adds (e.g. requests refused and not logged); a
     /// non-empty note gets the close logged.
     fn close_note(conn: &Self::Conn) -> String;
+}
+
+/// A reactor's state that holds a shard of protocol `P`: the shard itself (a server of one
+/// protocol), or a state of several front ends' parts (one set of reactors serving NBD and
+/// vhost-user-blk, say), which says where its shard is. Everything the shared machinery
+/// runs on a reactor (its poller, timers, the listener's hand-off, a protocol's I/O
+/// callbacks) finds the shard through this, at no cost: a field of a known type.
+pub trait HasShard<P: Protocol>: Sized + 'static {
+    fn shard(&mut self) -> &mut Shard<P>;
+}
+
+impl<P: Protocol> HasShard<P> for Shard<P> {
+    fn shard(&mut self) -> &mut Shard<P> {
+        self
+    }
 }

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use hypoll_reactor::{InitError, Reactor, ReactorConfig, ReactorSet, ReactorTuning};
+use hypoll_reactor::{InitError, Reactor, ReactorConfig, ReactorHandle, ReactorSet, ReactorTuning};
 
 use crate::endpoint::Endpoint;
 use crate::fdlimit::{self, FdLimit, FDS_PER_REACTOR, FDS_SERVICE};
 use crate::listen::{accept_loop, ListenAddr, Listener};
-use crate::metrics::Metrics;
-use crate::protocol::Protocol;
+use crate::metrics::{ConnMetrics, Metrics};
+use crate::protocol::{HasShard, Protocol};
 use crate::shard::{self, Shard};
 use crate::tls::{TlsError, TlsMode};
 use crate::ServiceConfig;
@@ -54,10 +54,11 @@ impl StartError {
     }
 }
 
-/// A running service of protocol `P`. [`Service::stop`] stops it gracefully; dropping it
-/// stops it too.
-pub struct Service<P: Protocol> {
-    pub(crate) set: Option<ReactorSet<Shard<P>>>,
+/// A running service of protocol `P` on reactors whose state is `S`: the protocol's shard
+/// itself, or a state of several front ends' parts that holds it ([`HasShard`]).
+/// [`Service::stop`] stops it gracefully; dropping it stops it too.
+pub struct Service<P: Protocol, S: HasShard<P> = Shard<P>> {
+    pub(crate) set: Option<ReactorSet<S>>,
     pub(crate) listener: Option<JoinHandle<()>>,
     pub(crate) stop: Arc<AtomicBool>,
     local: ListenAddr,
@@ -67,6 +68,29 @@ pub struct Service<P: Protocol> {
     /// The exports' names, in the order their devices are attached on every reactor.
     pub(crate) export_names: Vec<String>,
     protocol: PhantomData<fn() -> P>,
+}
+
+/// What builds a reactor's shard of the service, handed to a composed service's `init`
+/// ([`Service::start_with`]) on each reactor.
+pub struct ShardBuilder<P: Protocol> {
+    cfg: ServiceConfig,
+    metrics: ConnMetrics,
+    open: Arc<AtomicUsize>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    protocol: PhantomData<fn() -> P>,
+}
+
+impl<P: Protocol> ShardBuilder<P> {
+    /// The shard of `proto` on reactor `r`: its epoll set, its poller and its sweep timer
+    /// join `r`, and find the shard through `S`.
+    pub fn build<S: HasShard<P>>(
+        self,
+        r: &mut Reactor<S>,
+        proto: P,
+    ) -> Result<Shard<P>, InitError> {
+        let shard = shard::build(r, proto, &self.cfg, self.metrics, self.open, self.tls)?;
+        Ok(shard)
+    }
 }
 
 impl<P: Protocol> Service<P> {
@@ -79,6 +103,27 @@ impl<P: Protocol> Service<P> {
         export_names: Vec<String>,
         init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
     ) -> Result<Service<P>, StartError> {
+        Service::start_with(cfg, metrics, export_names, move |r, metrics, shard| {
+            let proto = init(r, metrics)?;
+            shard.build(r, proto)
+        })
+    }
+}
+
+impl<P: Protocol, S: HasShard<P>> Service<P, S> {
+    /// Starts the service on reactors whose state is `S`, which holds this protocol's
+    /// shard beside other front ends' parts: `init` builds each reactor's state, the
+    /// protocol's shard with the [`ShardBuilder`] it is handed. The exports' devices are
+    /// attached first, in `export_names` order (the final flush names them by position).
+    pub fn start_with(
+        cfg: &ServiceConfig,
+        metrics: Arc<Metrics>,
+        export_names: Vec<String>,
+        init: impl Fn(&mut Reactor<S>, &Metrics, ShardBuilder<P>) -> Result<S, InitError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Result<Service<P, S>, StartError> {
         check_fds(cfg);
         let tls = cfg.tls.load()?;
         let listener = bind(cfg, cfg.tls.mode)?;
@@ -90,7 +135,7 @@ impl<P: Protocol> Service<P> {
         let set = start_reactors(cfg, metrics.clone(), open.clone(), tls, init)?;
         let endpoint = start_endpoint(cfg.metrics, metrics, &set)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = start_listener::<P>(listener, &stop, &open, cfg.connections_max, &set)?;
+        let thread = start_listener::<P, S>(listener, &stop, &open, cfg.connections_max, &set)?;
         Ok(Service {
             set: Some(set),
             listener: Some(thread),
@@ -117,9 +162,14 @@ impl<P: Protocol> Service<P> {
     pub fn connections_open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
+
+    /// The reactors' handles, for a composed service's other parts.
+    pub fn handles(&self) -> Option<&Arc<[ReactorHandle<S>]>> {
+        self.set.as_ref().map(ReactorSet::handles)
+    }
 }
 
-impl<P: Protocol> Drop for Service<P> {
+impl<P: Protocol, S: HasShard<P>> Drop for Service<P, S> {
     fn drop(&mut self) {
         let _ = self.stop_inner();
     }
@@ -169,13 +219,16 @@ fn bind(cfg: &ServiceConfig, tls: TlsMode) -> Result<Listener, StartError> {
 }
 
 /// Step 2: one reactor per core, each with the protocol's state (from `init`) in a shard.
-fn start_reactors<P: Protocol>(
+fn start_reactors<P: Protocol, S: HasShard<P>>(
     cfg: &ServiceConfig,
     metrics: Arc<Metrics>,
     open: Arc<AtomicUsize>,
     tls: Option<Arc<rustls::ServerConfig>>,
-    init: impl Fn(&mut Reactor<Shard<P>>, &Metrics) -> Result<P, InitError> + Send + Sync + 'static,
-) -> Result<ReactorSet<Shard<P>>, StartError> {
+    init: impl Fn(&mut Reactor<S>, &Metrics, ShardBuilder<P>) -> Result<S, InitError>
+        + Send
+        + Sync
+        + 'static,
+) -> Result<ReactorSet<S>, StartError> {
     let shard_cfg = cfg.clone();
     let set = ReactorSet::start(
         ReactorConfig {
@@ -190,17 +243,14 @@ fn start_reactors<P: Protocol>(
             ..ReactorConfig::default()
         },
         move |reactor| {
-            let proto = init(reactor, &metrics)?;
-            let conn_metrics = metrics.conns(reactor.index());
-            let shard = shard::build(
-                reactor,
-                proto,
-                &shard_cfg,
-                conn_metrics,
-                open.clone(),
-                tls.clone(),
-            )?;
-            Ok(shard)
+            let builder = ShardBuilder {
+                cfg: shard_cfg.clone(),
+                metrics: metrics.conns(reactor.index()),
+                open: open.clone(),
+                tls: tls.clone(),
+                protocol: PhantomData,
+            };
+            init(reactor, &metrics, builder)
         },
     )?;
     Ok(set)
@@ -221,18 +271,18 @@ fn start_endpoint<S: 'static>(
 }
 
 /// Step 4: the listener thread, handing connections to the reactors until `stop`.
-fn start_listener<P: Protocol>(
+fn start_listener<P: Protocol, S: HasShard<P>>(
     listener: Listener,
     stop: &Arc<AtomicBool>,
     open: &Arc<AtomicUsize>,
     connections_max: usize,
-    set: &ReactorSet<Shard<P>>,
+    set: &ReactorSet<S>,
 ) -> Result<JoinHandle<()>, StartError> {
     let stop = stop.clone();
     let open = open.clone();
     let handles = set.handles().clone();
     std::thread::Builder::new()
         .name("hypoll-listen".into())
-        .spawn(move || accept_loop::<P>(listener, &stop, &open, connections_max, &handles))
+        .spawn(move || accept_loop::<P, S>(listener, &stop, &open, connections_max, &handles))
         .map_err(StartError::Thread)
 }

@@ -20,7 +20,7 @@ use crate::conn::{Conn, StartTlsError, READ_CHUNK_BYTES};
 use crate::epoll::{Epoll, Interest};
 use crate::loglimit::{suppressed_note, LogLimit};
 use crate::metrics::ConnMetrics;
-use crate::protocol::Protocol;
+use crate::protocol::{HasShard, Protocol};
 use crate::stream::Stream;
 use crate::sweep::SWEEP_PERIOD;
 use crate::turn::Pace;
@@ -67,8 +67,8 @@ pub struct Shard<P: Protocol> {
 /// Sets up a shard of `proto` on reactor `r`: its epoll set, its poller and the handshake
 /// sweep. The shard is the reactor's state (what `init` returns): every message, timer and
 /// I/O callback on that reactor is handed it.
-pub(crate) fn build<P: Protocol>(
-    r: &mut Reactor<Shard<P>>,
+pub(crate) fn build<P: Protocol, S: HasShard<P>>(
+    r: &mut Reactor<S>,
     proto: P,
     cfg: &ServiceConfig,
     metrics: ConnMetrics,
@@ -100,21 +100,25 @@ pub(crate) fn build<P: Protocol>(
         log_limit: LogLimit::default(),
         tls,
     };
-    r.add_poller(Box::new(ShardPoller { epoll }))
-        .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
-    r.every(SWEEP_PERIOD, |r, shard: &mut Shard<P>| shard.sweep(r));
+    r.add_poller(Box::new(ShardPoller::<P> {
+        epoll,
+        protocol: std::marker::PhantomData,
+    }))
+    .map_err(|e| format!("adding the {} poller: {e}", P::NAME))?;
+    r.every(SWEEP_PERIOD, |r, state: &mut S| state.shard().sweep(r));
     Ok(shard)
 }
 
 /// Polls the reactor's shard every turn; its wake fd is the shard's epoll set, so a parked
 /// reactor wakes when a client sends.
-struct ShardPoller {
+struct ShardPoller<P> {
     epoll: Rc<Epoll>,
+    protocol: std::marker::PhantomData<fn() -> P>,
 }
 
-impl<P: Protocol> Poller<Shard<P>> for ShardPoller {
-    fn poll(&mut self, reactor: &mut Reactor<Shard<P>>, shard: &mut Shard<P>) -> usize {
-        shard.poll(reactor)
+impl<P: Protocol, S: HasShard<P>> Poller<S> for ShardPoller<P> {
+    fn poll(&mut self, reactor: &mut Reactor<S>, state: &mut S) -> usize {
+        state.shard().poll(reactor)
     }
 
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -173,7 +177,12 @@ impl<P: Protocol> Shard<P> {
     }
 
     /// A new connection from the listener (counted open by it).
-    pub(crate) fn adopt(&mut self, r: &mut Reactor<Shard<P>>, stream: Stream, peer: String) {
+    pub(crate) fn adopt<S: HasShard<P>>(
+        &mut self,
+        r: &mut Reactor<S>,
+        stream: Stream,
+        peer: String,
+    ) {
         if self.draining || self.conns.len() >= CONNECTIONS_PER_REACTOR_MAX {
             self.open_dec();
             self.log(
@@ -216,7 +225,7 @@ impl<P: Protocol> Shard<P> {
 
     /// Parses buffered input, sends replies, closes a finished connection, and watches the
     /// socket for what the connection waits for. Returns the work done.
-    pub(crate) fn progress(&mut self, r: &mut Reactor<Shard<P>>, key: usize) -> usize {
+    pub(crate) fn progress<S: HasShard<P>>(&mut self, r: &mut Reactor<S>, key: usize) -> usize {
         let Some(conn) = self.conns.get_mut(key) else {
             return 0;
         };

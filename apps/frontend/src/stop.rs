@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use hypoll_reactor::{DeviceId, IoDone, ReactorSet};
 
-use crate::protocol::Protocol;
+use crate::protocol::{HasShard, Protocol};
 use crate::service::Service;
-use crate::shard::Shard;
 use crate::{DRAIN_TIMEOUT, FLUSH_TIMEOUT};
 
 /// How often a stop looks whether every connection has closed.
@@ -29,7 +28,7 @@ pub struct StopReport {
     pub panics: Vec<String>,
 }
 
-impl<P: Protocol> Service<P> {
+impl<P: Protocol, S: HasShard<P>> Service<P, S> {
     /// Stops gracefully: stops accepting, lets every connection finish the requests it has
     /// in flight and send their replies (reading no new ones), closes it, flushes every
     /// export, then stops the reactors.
@@ -58,9 +57,9 @@ impl<P: Protocol> Service<P> {
 
     /// Asks every reactor to stop reading requests and close connections as they finish;
     /// waits for them up to [`DRAIN_TIMEOUT`]. Returns the connections still open.
-    fn drain(&self, set: &ReactorSet<Shard<P>>) -> usize {
+    fn drain(&self, set: &ReactorSet<S>) -> usize {
         for h in set.handles().iter() {
-            let _ = h.send(|_, shard| shard.drain());
+            let _ = h.send(|_, state: &mut S| state.shard().drain());
         }
         let deadline = Instant::now() + DRAIN_TIMEOUT;
         while self.open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -71,7 +70,7 @@ impl<P: Protocol> Service<P> {
 
     /// Flushes every export from the first reactor (a flush covers the whole device), and
     /// waits for the answers up to [`FLUSH_TIMEOUT`].
-    fn flush_exports(&self, set: &ReactorSet<Shard<P>>, report: &mut StopReport) {
+    fn flush_exports(&self, set: &ReactorSet<S>, report: &mut StopReport) {
         let (tx, rx) = mpsc::channel();
         for (i, name) in self.export_names.iter().enumerate() {
             let tx = tx.clone();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hypoll_reactor::Reactor;
 
 use crate::conn::Conn;
-use crate::protocol::Protocol;
+use crate::protocol::{HasShard, Protocol};
 use crate::shard::Shard;
 
 /// How often each reactor sweeps its connections.
@@ -24,7 +24,7 @@ enum Overdue {
 
 impl<P: Protocol> Shard<P> {
     /// Ends the connections past their time.
-    pub(crate) fn sweep(&mut self, r: &mut Reactor<Shard<P>>) {
+    pub(crate) fn sweep<S: HasShard<P>>(&mut self, r: &mut Reactor<S>) {
         let now_ns = r.now_ns();
         let due: Vec<(usize, Overdue)> = self
             .conns

@@ -8,7 +8,7 @@ use hypoll_reactor::Reactor;
 
 use crate::coalesce::{Coalesce, BATCH_EWMA_WEIGHT};
 use crate::epoll::{HANGUP_BITS, READ_BITS, WRITE_BITS};
-use crate::protocol::Protocol;
+use crate::protocol::{HasShard, Protocol};
 use crate::shard::Shard;
 
 /// While I/O is at a device, the sockets are checked at most this often: the reactor turns
@@ -45,7 +45,7 @@ impl Pace {
 
 impl<P: Protocol> Shard<P> {
     /// The shard poller's turn. Returns the work done.
-    pub(crate) fn poll(&mut self, r: &mut Reactor<Shard<P>>) -> usize {
+    pub(crate) fn poll<S: HasShard<P>>(&mut self, r: &mut Reactor<S>) -> usize {
         let mut work = P::retry_backlog(self, r);
         if let Some(end_ns) = self.coalesce_window(r) {
             // Send what the last batch has ready; let the next batch gather.
@@ -95,7 +95,7 @@ impl<P: Protocol> Shard<P> {
     /// while coalescing is on (or a trial is due), within a window of the last batch, with
     /// nothing at the devices (a sleep would hold their completions), no request waiting for
     /// room at a device, and no stop under way.
-    fn coalesce_window(&self, r: &Reactor<Shard<P>>) -> Option<u64> {
+    fn coalesce_window<S>(&self, r: &Reactor<S>) -> Option<u64> {
         let c = &self.pace.coalesce;
         if c.window_ns == 0 || self.draining || r.outstanding() > 0 {
             return None;
@@ -116,7 +116,7 @@ impl<P: Protocol> Shard<P> {
     /// add to). Under load, batches are larger and parking costs nothing that matters. (The
     /// caller also skips it once a coalescing window showed the clients pipelining: a fast
     /// reactor sees small batches even then.)
-    fn should_wait_for_next_request(&self, r: &Reactor<Shard<P>>) -> bool {
+    fn should_wait_for_next_request<S>(&self, r: &Reactor<S>) -> bool {
         self.pace.idle_spin_ns > 0
             && !self.conns.is_empty()
             && !self.draining
@@ -130,7 +130,7 @@ impl<P: Protocol> Shard<P> {
     }
 
     /// Reads ready sockets, parses, submits, writes replies. Returns the work done.
-    fn service_ready(&mut self, r: &mut Reactor<Shard<P>>) -> usize {
+    fn service_ready<S: HasShard<P>>(&mut self, r: &mut Reactor<S>) -> usize {
         let mut work = 0;
         let mut ready = std::mem::take(&mut self.ready);
         if let Err(e) = self.epoll.ready(&mut ready) {
@@ -170,7 +170,7 @@ impl<P: Protocol> Shard<P> {
     }
 
     /// Parses, submits and writes for the connections marked dirty. Returns the work done.
-    pub(crate) fn progress_dirty(&mut self, r: &mut Reactor<Shard<P>>) -> usize {
+    pub(crate) fn progress_dirty<S: HasShard<P>>(&mut self, r: &mut Reactor<S>) -> usize {
         let mut work = 0;
         let dirty = std::mem::take(&mut self.dirty);
         for &key in &dirty {

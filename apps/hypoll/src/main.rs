@@ -11,6 +11,7 @@ mod bench;
 mod bench_async;
 mod report;
 mod serve;
+mod serve_state;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -100,8 +101,10 @@ struct SimArgs {
 #[derive(Parser)]
 struct BenchArgs {
     /// Device string: emu:<profile>[,key=value...], null, uring:/path[,direct=0|1]
-    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal] (see `hypoll devices`),
-    /// or nvme-tcp:HOST:PORT/SUBNQN[,ns=N][,digests=...] (a namespace of an NVMe/TCP target).
+    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal],
+    /// vhost-user:/path.sock[,queues=N] (a vhost-user-blk back end, as a client; one queue
+    /// per reactor), or nvme-tcp:HOST:PORT/SUBNQN[,ns=N][,digests=...] (a namespace of an
+    /// NVMe/TCP target) (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceConfig,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus
@@ -233,6 +236,12 @@ fn main() -> ExitCode {
                 "{:<13} a PCI NVMe controller bound to vfio-pci, driven from user space \
                  (vfio:0000:01:00.0; see docs/vfio.md)",
                 "vfio:<addr>"
+            );
+            println!(
+                "{:<13} a vhost-user-blk back end (hypoll serve --vhost-user-blk, \
+                 qemu-storage-daemon, SPDK) as a client, through libblkio: keys queues=N (one \
+                 per reactor, default 1), depth=D (default 256; see docs/devices.md)",
+                "vhost-user:/path.sock"
             );
             ExitCode::SUCCESS
         }

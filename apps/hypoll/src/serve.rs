@@ -18,6 +18,8 @@ use hypoll_nbd::server::{
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
+
+use crate::serve_state::{compose, VhostSocket};
 use hypoll_nvme::parse_size_bytes;
 use hypoll_reactor::CoreList;
 use tracing::field::{Field, Visit};
@@ -83,6 +85,12 @@ pub struct ServeArgs {
     /// 64G).
     #[arg(long = "max-connection-bytes", default_value_t = CONNECTION_BYTES_MAX_DEFAULT as u64, value_parser = parse_size_bytes)]
     connection_bytes_max: u64,
+    /// Serve export NAME to a virtual machine's virtio-blk over vhost-user on the unix
+    /// socket PATH (QEMU: -chardev socket,id=c,path=PATH -device
+    /// vhost-user-blk-pci,chardev=c), on the same reactors as NBD, one queue offered per
+    /// reactor. Repeat for several exports; one front end per socket at a time.
+    #[arg(long = "vhost-user-blk", value_name = "NAME=PATH", value_parser = parse_vhost)]
+    vhost_user_blk: Vec<(String, PathBuf)>,
     /// Queue depth of each reactor's queue pair on each export.
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -206,6 +214,17 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
 
 /// The flag that sets a [`ServerConfig`] field, for the libraries' messages, which name the
 /// field (a library cannot know how its user was configured).
+fn parse_vhost(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!(
+            "{s:?}: expected NAME=PATH, e.g. disk=/run/disk.sock"
+        )),
+    }
+}
+
 fn flag_of(setting: &str) -> Option<&'static str> {
     Some(match setting {
         "exports" => "--export",
@@ -345,6 +364,20 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         },
         ..ServiceConfig::new(args.listen)
     };
+    let mut sockets = Vec::with_capacity(args.vhost_user_blk.len());
+    for (name, socket) in args.vhost_user_blk {
+        let Some(export) = args.exports.iter().position(|(n, _)| *n == name) else {
+            return crate::usage_error(format!(
+                "--vhost-user-blk {name}={}: no --export named {name}",
+                socket.display()
+            ));
+        };
+        sockets.push(VhostSocket {
+            name,
+            export,
+            socket,
+        });
+    }
     let cfg = ServerConfig {
         exports: args.exports,
         read_only: args.read_only,
@@ -352,7 +385,8 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         queue_depth: usize::from(args.queue_depth),
         service,
     };
-    let server = match Server::start(cfg) {
+    let composed = sockets.clone();
+    let server = match Server::start_with(cfg, move |r, nbd| compose(r, nbd, &composed)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("hypoll serve: {}", with_flag(&e.to_string(), e.setting()));
@@ -379,6 +413,9 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
                 }
             );
         }
+        for s in &sockets {
+            let _ = writeln!(out, "vhost-user-blk {} on {}", s.name, s.socket.display());
+        }
         let _ = out.flush();
     }
     let signal = signals.forever().next();
@@ -387,6 +424,9 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         signal.unwrap_or_default()
     );
     let report = server.stop();
+    for s in &sockets {
+        let _ = std::fs::remove_file(&s.socket);
+    }
     let mut ok = true;
     if report.connections_left > 0 {
         eprintln!(

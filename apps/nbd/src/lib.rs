@@ -24,3 +24,4 @@ pub use server::{
     ListenAddr, ServeError, Server, ServerConfig, ServiceConfig, ServiceConfigError, StopReport,
 };
 pub use session::{Close, ExportInfo, Limits, Op, Request, Session, Step};
+pub use shard::{Nbd, NbdConn};

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use hypoll_frontend::{Shard, CONNECTIONS_PER_REACTOR_MAX, REQUESTS_INFLIGHT_MAX};
+use hypoll_frontend::{HasShard, Shard, CONNECTIONS_PER_REACTOR_MAX, REQUESTS_INFLIGHT_MAX};
 use hypoll_nvme::{IoBuf, Status, SubmitError};
 use hypoll_reactor::{IoDone, IoFailure, IoOp, IoRequest, Reactor, RejectReason};
 
@@ -99,9 +99,9 @@ fn nbd_error_of(failure: &IoFailure) -> u32 {
 
 /// Starts a valid request of connection `key`, whose payload is still at the front of the
 /// connection's input: splits it into device commands and submits what fits.
-pub(crate) fn start(
+pub(crate) fn start<S: HasShard<Nbd>>(
     shard: &mut Shard<Nbd>,
-    r: &mut Reactor<Shard<Nbd>>,
+    r: &mut Reactor<S>,
     key: usize,
     export: usize,
     req: Request,
@@ -159,7 +159,12 @@ pub(crate) fn start(
 
 /// Submits the request's next device commands until all are submitted (true) or the
 /// queue pair is full (false).
-fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usize) -> bool {
+fn pump<S: HasShard<Nbd>>(
+    shard: &mut Shard<Nbd>,
+    r: &mut Reactor<S>,
+    ck: usize,
+    rk: usize,
+) -> bool {
     let p = &mut shard.conns[ck].proto.inflight[rk];
     let ex = &shard.proto.exports[p.export];
     let lba = u64::from(ex.lba_bytes);
@@ -216,7 +221,7 @@ fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usiz
             }
             _ => return true,
         };
-        match r.submit(ex.dev, req, buf, piece_done) {
+        match r.submit(ex.dev, req, buf, piece_done::<S>) {
             Ok(()) => {
                 p.pieces_out += 1;
                 if p.stage == Stage::Flush {
@@ -251,9 +256,9 @@ fn pump(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usiz
 
 /// Submits the requests waiting for room at export `export`'s queue pair, in order, until
 /// it is full again. Returns the requests fully submitted.
-pub(crate) fn retry_backlog(
+pub(crate) fn retry_backlog<S: HasShard<Nbd>>(
     shard: &mut Shard<Nbd>,
-    r: &mut Reactor<Shard<Nbd>>,
+    r: &mut Reactor<S>,
     export: usize,
 ) -> usize {
     let mut work = 0;
@@ -269,14 +274,14 @@ pub(crate) fn retry_backlog(
 }
 
 /// Runs on the reactor when a device command of a request completes.
-fn piece_done(r: &mut Reactor<Shard<Nbd>>, shard: &mut Shard<Nbd>, done: IoDone) {
+fn piece_done<S: HasShard<Nbd>>(r: &mut Reactor<S>, state: &mut S, done: IoDone) {
     let (conn, req, piece) = unpack(done.user);
-    on_piece_done(shard, r, conn, req, piece, done);
+    on_piece_done(state.shard(), r, conn, req, piece, done);
 }
 
-fn on_piece_done(
+fn on_piece_done<S: HasShard<Nbd>>(
     shard: &mut Shard<Nbd>,
-    r: &mut Reactor<Shard<Nbd>>,
+    r: &mut Reactor<S>,
     ck: usize,
     rk: usize,
     piece: u32,
@@ -320,7 +325,12 @@ fn on_piece_done(
 }
 
 /// Once every command of a request is back: a flush for FUA, or the reply.
-fn maybe_finish(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, ck: usize, rk: usize) {
+fn maybe_finish<S: HasShard<Nbd>>(
+    shard: &mut Shard<Nbd>,
+    r: &mut Reactor<S>,
+    ck: usize,
+    rk: usize,
+) {
     loop {
         let p = &mut shard.conns[ck].proto.inflight[rk];
         let all_submitted = match p.stage {

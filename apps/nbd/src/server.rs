@@ -8,9 +8,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hypoll_frontend::Service;
+use hypoll_frontend::{HasShard, Service, Shard};
 use hypoll_nvme::Opcode;
-use hypoll_reactor::Device;
+use hypoll_reactor::{Device, InitError, Reactor, ReactorHandle};
 
 use crate::metrics::nbd_metrics;
 use crate::proto;
@@ -33,8 +33,8 @@ pub use hypoll_frontend::{
 pub use hypoll_frontend::{TlsConfig, TlsError, TlsMode, UnixOwner};
 
 /// A running server. [`Server::stop`] stops it gracefully; dropping it stops it too.
-pub struct Server {
-    service: Service<Nbd>,
+pub struct Server<S: HasShard<Nbd> = Shard<Nbd>> {
+    service: Service<Nbd, S>,
     exports: Arc<[ExportInfo]>,
     /// Each export's device as it describes itself, for the operator only.
     devices: Vec<String>,
@@ -143,6 +143,19 @@ impl Server {
     /// Opens the exports' devices, starts the reactors, the listener and the metrics
     /// endpoint. Returns once clients can connect.
     pub fn start(cfg: ServerConfig) -> Result<Server, ServeError> {
+        Server::start_with(cfg, |_r, shard| Ok(shard))
+    }
+}
+
+impl<S: HasShard<Nbd>> Server<S> {
+    /// As [`Server::start`], on reactors whose state `S` holds NBD's shard beside other
+    /// front ends' parts: `compose` makes each reactor's state from NBD's shard there,
+    /// after the exports' devices are attached (export `i` is `DeviceId` `i` on every
+    /// reactor, for the other parts to serve too).
+    pub fn start_with(
+        cfg: ServerConfig,
+        compose: impl Fn(&mut Reactor<S>, Shard<Nbd>) -> Result<S, InitError> + Send + Sync + 'static,
+    ) -> Result<Server<S>, ServeError> {
         cfg.check()?;
         let tls = &cfg.service.tls;
         let verify_peer = tls.verify_peer && tls.mode != TlsMode::Off;
@@ -164,12 +177,12 @@ impl Server {
             clients: clients.into(),
         };
         let shard_infos = infos.clone();
-        let service = Service::start(
+        let service = Service::start_with(
             &cfg.service,
             Arc::new(nbd_metrics()),
             names,
-            move |r, metrics| {
-                Ok(Nbd::attach(
+            move |r, metrics, builder| {
+                let nbd = Nbd::attach(
                     r,
                     &devices,
                     &shard_infos,
@@ -177,7 +190,9 @@ impl Server {
                     access.clone(),
                     queue_depth,
                     metrics,
-                )?)
+                )?;
+                let shard = builder.build(r, nbd)?;
+                compose(r, shard)
             },
         )?;
         Ok(Server {
@@ -211,6 +226,11 @@ impl Server {
     /// Connections open now.
     pub fn connections_open(&self) -> usize {
         self.service.connections_open()
+    }
+
+    /// The reactors' handles (for the other front ends of a composed server).
+    pub fn handles(&self) -> Option<&Arc<[ReactorHandle<S>]>> {
+        self.service.handles()
     }
 
     /// Stops gracefully: stops accepting, lets every connection finish the requests it has

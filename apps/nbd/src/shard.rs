@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use hypoll_frontend::{certificate_names, Protocol, Shard};
+use hypoll_frontend::{certificate_names, HasShard, Protocol, Shard};
 use hypoll_reactor::{AttachError, Device, DeviceId, Reactor};
 use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
@@ -46,8 +46,10 @@ pub(crate) struct Access {
     pub(crate) clients: Arc<[Option<Vec<String>>]>,
 }
 
-/// NBD's state on one reactor.
-pub(crate) struct Nbd {
+/// NBD's state on one reactor (the protocol part of its [`Shard`]): its exports there and
+/// their device queues. A reactor state that serves NBD beside other front ends holds a
+/// `Shard<Nbd>` and says where ([`HasShard`]); see [`Server::start_with`](crate::Server::start_with).
+pub struct Nbd {
     pub(crate) exports: Vec<ShardExport>,
     infos: Arc<[ExportInfo]>,
     limits: Limits,
@@ -57,7 +59,7 @@ pub(crate) struct Nbd {
 }
 
 /// An NBD connection's protocol state.
-pub(crate) struct NbdConn {
+pub struct NbdConn {
     session: Session,
     /// Requests in flight, keyed as in their device commands' `user` word.
     pub(crate) inflight: Slab<Pending>,
@@ -67,10 +69,16 @@ pub(crate) struct NbdConn {
 }
 
 impl Nbd {
+    /// What clients are told of each export, in export order (export `i`'s device is
+    /// `DeviceId` `i` on every reactor).
+    pub fn exports(&self) -> &[ExportInfo] {
+        &self.infos
+    }
+
     /// Attaches every export's device to reactor `r` (at `queue_depth`) and takes the
     /// reactor's metric handles for them.
-    pub(crate) fn attach(
-        r: &mut Reactor<Shard<Nbd>>,
+    pub(crate) fn attach<S>(
+        r: &mut Reactor<S>,
         devices: &[Device],
         infos: &Arc<[ExportInfo]>,
         limits: Limits,
@@ -133,11 +141,11 @@ impl Protocol for Nbd {
         self.exports.iter().any(|e| !e.backlog.is_empty())
     }
 
-    fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usize {
+    fn parse<S: HasShard<Nbd>>(shard: &mut Shard<Nbd>, r: &mut Reactor<S>, key: usize) -> usize {
         parse(shard, r, key)
     }
 
-    fn retry_backlog(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>) -> usize {
+    fn retry_backlog<S: HasShard<Nbd>>(shard: &mut Shard<Nbd>, r: &mut Reactor<S>) -> usize {
         let mut work = 0;
         for e in 0..shard.proto.exports.len() {
             work += pipeline::retry_backlog(shard, r, e);
@@ -166,7 +174,7 @@ impl NbdConn {
 }
 
 /// Runs the session over the buffered input while the connection may take requests.
-fn parse(shard: &mut Shard<Nbd>, r: &mut Reactor<Shard<Nbd>>, key: usize) -> usize {
+fn parse<S: HasShard<Nbd>>(shard: &mut Shard<Nbd>, r: &mut Reactor<S>, key: usize) -> usize {
     let mut work = 0;
     let mut out = std::mem::take(&mut shard.proto.scratch);
     loop {

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use hypoll_frontend::REQUESTS_INFLIGHT_MAX;
-use hypoll_frontend::{BufCache, Shard, CONNECTIONS_PER_REACTOR_MAX};
+use hypoll_frontend::{BufCache, HasShard, Shard, CONNECTIONS_PER_REACTOR_MAX};
 use hypoll_nvme::{IoBuf, Status, SubmitError};
 
 use crate::answer::{answer, status_of};
@@ -131,9 +131,9 @@ fn unpack(user: u64) -> (usize, usize, u32) {
 /// Starts a valid I/O command of connection `key`. An in-capsule write's data is still at
 /// `input_at..` of the connection's input (`data` is relative to that); a solicited
 /// write waits for its data ([`receive`]).
-pub(crate) fn start(
+pub(crate) fn start<S: HasShard<Nvmf>>(
     shard: &mut Shard<Nvmf>,
-    r: &mut Reactor<Shard<Nvmf>>,
+    r: &mut Reactor<S>,
     key: usize,
     cmd: IoCommand,
 ) {
@@ -254,7 +254,12 @@ pub(crate) fn start(
 }
 
 /// Submits command `ck` now if nothing waits before it, else queues it behind them.
-fn submit_or_wait(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize, ck: usize) {
+fn submit_or_wait<S: HasShard<Nvmf>>(
+    shard: &mut Shard<Nvmf>,
+    r: &mut Reactor<S>,
+    key: usize,
+    ck: usize,
+) {
     let export = shard.conns[key].proto.inflight[ck].export;
     if shard.proto.exports[export].backlog.is_empty() && pump(shard, r, key, ck) {
         maybe_finish(shard, r, key, ck);
@@ -267,9 +272,9 @@ fn submit_or_wait(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: us
 /// data (`data` is a range of the connection's input); after the `last` piece the write is
 /// submitted. Data for a command the connection
 /// does not hold (the session checked it) is ignored.
-pub(crate) fn receive(
+pub(crate) fn receive<S: HasShard<Nvmf>>(
     shard: &mut Shard<Nvmf>,
-    r: &mut Reactor<Shard<Nvmf>>,
+    r: &mut Reactor<S>,
     key: usize,
     cid: u16,
     offset: u32,
@@ -391,7 +396,12 @@ fn stage_submitted(p: &Pending) -> bool {
 
 /// Submits the command's next device commands until all are submitted (true) or the queue
 /// pair is full (false).
-fn pump(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize, ck: usize) -> bool {
+fn pump<S: HasShard<Nvmf>>(
+    shard: &mut Shard<Nvmf>,
+    r: &mut Reactor<S>,
+    key: usize,
+    ck: usize,
+) -> bool {
     loop {
         let p = &mut shard.conns[key].proto.inflight[ck];
         if stage_submitted(p) {
@@ -412,7 +422,7 @@ fn pump(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize, ck: u
             (req, buf, p.pieces_submitted)
         };
         let req = req.with_user(pack(key, ck, piece));
-        let result = r.submit(dev, req, buf, piece_done);
+        let result = r.submit(dev, req, buf, piece_done::<S>);
         let p = &mut shard.conns[key].proto.inflight[ck];
         match result {
             Ok(()) => {
@@ -455,9 +465,9 @@ fn pump(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize, ck: u
 
 /// Submits the commands waiting for room at namespace `export`'s queue pair, in order,
 /// until it is full again. Returns the commands fully submitted.
-pub(crate) fn retry_backlog(
+pub(crate) fn retry_backlog<S: HasShard<Nvmf>>(
     shard: &mut Shard<Nvmf>,
-    r: &mut Reactor<Shard<Nvmf>>,
+    r: &mut Reactor<S>,
     export: usize,
 ) -> usize {
     let mut work = 0;
@@ -473,7 +483,8 @@ pub(crate) fn retry_backlog(
 }
 
 /// Runs on the reactor when a device command completes.
-fn piece_done(r: &mut Reactor<Shard<Nvmf>>, shard: &mut Shard<Nvmf>, done: IoDone) {
+fn piece_done<S: HasShard<Nvmf>>(r: &mut Reactor<S>, state: &mut S, done: IoDone) {
+    let shard = state.shard();
     let (key, ck, piece) = unpack(done.user);
     let Some(p) = shard
         .conns
@@ -513,7 +524,12 @@ fn piece_done(r: &mut Reactor<Shard<Nvmf>>, shard: &mut Shard<Nvmf>, done: IoDon
 }
 
 /// Once every device command of a command is back: a flush for FUA, or the answer.
-fn maybe_finish(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize, ck: usize) {
+fn maybe_finish<S: HasShard<Nvmf>>(
+    shard: &mut Shard<Nvmf>,
+    r: &mut Reactor<S>,
+    key: usize,
+    ck: usize,
+) {
     loop {
         let p = &mut shard.conns[key].proto.inflight[ck];
         if !stage_submitted(p) || p.pieces_out > 0 {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypoll_frontend::metrics::{IoMetrics, Metrics};
-use hypoll_frontend::{Protocol, Shard};
+use hypoll_frontend::{HasShard, Protocol, Shard};
 use hypoll_reactor::{AttachError, Device, DeviceId, Reactor};
 use slab::Slab;
 
@@ -61,12 +61,14 @@ pub struct NvmfConn {
 }
 
 impl Nvmf {
-    /// NVMe/TCP's state on reactor `r`, whose devices `devs` are the target's namespaces
-    /// in order (attached by the caller), with metric handles under `names`.
-    pub fn new(
-        r: &mut Reactor<Shard<Nvmf>>,
+    /// NVMe/TCP's state on reactor `r`, whose namespaces' devices are attached already
+    /// (`devices`, in namespace order: the device's ID on `r`, and whether it writes all of
+    /// a read's buffer), with metric handles under `names`. A reactor shared with other
+    /// front ends attaches each device once for all of them.
+    pub fn new<S: HasShard<Nvmf>>(
+        r: &mut Reactor<S>,
         target: Arc<Target>,
-        devices: &[(Device, DeviceId)],
+        devices: &[(DeviceId, bool)],
         names: &[String],
         metrics: &Metrics,
     ) -> Nvmf {
@@ -75,21 +77,21 @@ impl Nvmf {
         let exports = devices
             .iter()
             .zip(names)
-            .map(|((device, dev), name)| {
-                let ns = r.namespace(*dev).expect("attached");
+            .map(|(&(dev, reads_fill), name)| {
+                let ns = r.namespace(dev).expect("attached");
                 ShardExport {
-                    dev: *dev,
+                    dev,
                     lba_bytes: ns.lba_size_bytes,
                     rw_piece_bytes: ns.transfer_bytes_max.max(ns.lba_size_bytes),
                     zero_piece_blocks: hypoll_nvme::spec::NLB_MAX,
-                    reads_fill: device.ctrl.reads_fill_buffer(),
+                    reads_fill,
                     io: Kind::ALL.map(|k| metrics.io(r.index(), name, k.name())),
                     backlog: VecDeque::new(),
                 }
             })
             .collect();
         let pdu_bytes_max = Session::new(target.clone()).pdu_bytes_max();
-        r.every(TICK_PERIOD, |r, shard: &mut Shard<Nvmf>| tick(shard, r));
+        r.every(TICK_PERIOD, |r, state: &mut S| tick(state.shard(), r));
         Nvmf {
             target,
             exports,
@@ -102,8 +104,8 @@ impl Nvmf {
 
     /// Attaches every namespace's device to reactor `r` at `queue_depth`, then
     /// [`Nvmf::new`].
-    pub fn attach(
-        r: &mut Reactor<Shard<Nvmf>>,
+    pub fn attach<S: HasShard<Nvmf>>(
+        r: &mut Reactor<S>,
         target: Arc<Target>,
         devices: &[Device],
         names: &[String],
@@ -112,7 +114,8 @@ impl Nvmf {
     ) -> Result<Nvmf, AttachError> {
         let mut attached = Vec::with_capacity(devices.len());
         for device in devices {
-            attached.push((device.clone(), r.attach(device, queue_depth)?));
+            let dev = r.attach(device, queue_depth)?;
+            attached.push((dev, device.ctrl.reads_fill_buffer()));
         }
         Ok(Nvmf::new(r, target, &attached, names, metrics))
     }
@@ -149,11 +152,11 @@ impl Protocol for Nvmf {
         self.exports.iter().any(|e| !e.backlog.is_empty())
     }
 
-    fn parse(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize) -> usize {
+    fn parse<S: HasShard<Nvmf>>(shard: &mut Shard<Nvmf>, r: &mut Reactor<S>, key: usize) -> usize {
         parse(shard, r, key)
     }
 
-    fn retry_backlog(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>) -> usize {
+    fn retry_backlog<S: HasShard<Nvmf>>(shard: &mut Shard<Nvmf>, r: &mut Reactor<S>) -> usize {
         let mut work = 0;
         for e in 0..shard.proto.exports.len() {
             work += pipeline::retry_backlog(shard, r, e);
@@ -186,7 +189,7 @@ fn closing(close: &Close) -> (String, bool) {
 }
 
 /// Runs the session over the buffered input while the connection may take commands.
-fn parse(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize) -> usize {
+fn parse<S: HasShard<Nvmf>>(shard: &mut Shard<Nvmf>, r: &mut Reactor<S>, key: usize) -> usize {
     let mut work = 0;
     let mut out = std::mem::take(&mut shard.proto.scratch);
     loop {
@@ -235,7 +238,7 @@ fn parse(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>, key: usize) -> u
 
 /// Ends the sessions that time or another queue ended: an admin queue past its keep-alive
 /// deadline, an I/O queue whose controller is gone.
-fn tick(shard: &mut Shard<Nvmf>, r: &mut Reactor<Shard<Nvmf>>) {
+fn tick<S: HasShard<Nvmf>>(shard: &mut Shard<Nvmf>, r: &mut Reactor<S>) {
     let now_ns = r.now_ns();
     let mut ended = Vec::new();
     for (key, conn) in shard.conns.iter_mut() {

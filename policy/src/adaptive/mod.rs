@@ -45,15 +45,23 @@
 //!    once the interrupt is priced on a device that has one, the sleep is interruptible: a
 //!    completion ends it one interrupt wake-up later, so no I/O is later than that price,
 //!    and `w` moves later.
-//! 4. Otherwise spin. Idle reactors park (the reactor does that, with nothing outstanding).
+//! 4. Otherwise spin.
+//!
+//! With nothing outstanding, and front ends reporting requests, it decides how long the
+//! reactor spins for the next request before parking (`arrivals`): from the learnt gaps
+//! between requests and what a park costs (the sleep's CPU and a wake-up's latency), the
+//! spin whose expected cost is least; until both are measured, what the reactor spins
+//! without a policy.
 //!
 //! The parts, each owning its state: `reservoir` (the sample store), `distribution` (the
 //! learnt latencies per bucket), `calibration` (overshoot and sleep cost), `probe` (probe
 //! sleeps and spin probes), `interrupt_price`, `lateness` (the lateness check), `plan`
-//! (step 2's batch and step 3's budgeted sleep) and `batch_trial`. This file holds the
+//! (step 2's batch and step 3's budgeted sleep), `batch_trial` and `arrivals` (the idle
+//! decision). This file holds the
 //! policy, its configuration, the current I/O, and [`PollPolicy::decide`], which dispatches
 //! to them.
 
+mod arrivals;
 mod batch_trial;
 mod calibration;
 mod distribution;
@@ -65,6 +73,7 @@ mod reservoir;
 #[cfg(test)]
 mod tests;
 
+use arrivals::Arrivals;
 use batch_trial::{BatchTrial, LoadWait};
 use calibration::Calibration;
 use distribution::Buckets;
@@ -72,6 +81,9 @@ use interrupt_price::InterruptPrice;
 use lateness::Lateness;
 use probe::Probes;
 
+use std::time::Duration;
+
+use crate::arrivals::{Arrival, IdleContext};
 use crate::policy::{Decision, Observation, PollContext, PollPolicy, Slept};
 use crate::stats::Bucket;
 
@@ -110,6 +122,8 @@ pub struct Adaptive {
     lateness: Lateness,
     /// Whether batching under load pays on this device, by experiment.
     batch_trial: BatchTrial,
+    /// The gaps between its front ends' requests, for the idle decision.
+    arrivals: Arrivals,
 }
 
 /// The oldest outstanding I/O decided for last, and where its decision stands.
@@ -169,6 +183,7 @@ impl std::fmt::Debug for Adaptive {
             .field("sleep_share", &self.lateness.sleep_share)
             .field("batch_trials", &self.batch_trial.trials)
             .field("batch_fraction", &self.batch_trial.held_fraction())
+            .field("arrival_gaps", &self.arrivals.learnt())
             .finish()
     }
 }
@@ -211,6 +226,7 @@ impl Adaptive {
             irq: InterruptPrice::new(),
             lateness: Lateness::new(budget_pct),
             batch_trial: BatchTrial::default(),
+            arrivals: Arrivals::new(),
         }
     }
 
@@ -238,6 +254,16 @@ impl Adaptive {
         self.irq
             .cost_ns()
             .unwrap_or_else(|| self.calibration.median_overshoot_ns())
+    }
+
+    /// What a park costs, once measured: the CPU of a sleep/wake cycle, and the wake-up it
+    /// adds to the next request's latency.
+    pub fn park_cost_ns(&self) -> Option<u64> {
+        if !self.calibration.calibrated() {
+            return None;
+        }
+        let cpu_ns = self.calibration.sleep_cpu_ns()?;
+        Some(cpu_ns.saturating_add(self.interrupt_wake_ns()))
     }
 
     /// A new oldest I/O: it may be an interrupt probe or a spin probe.
@@ -425,5 +451,20 @@ impl PollPolicy for Adaptive {
 
     fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
         self.calibration.learn(slept, cpu_ns);
+    }
+
+    fn on_arrivals(&mut self, arrival: &Arrival) {
+        let wake_ns = self.interrupt_wake_ns();
+        self.arrivals.learn(arrival, wake_ns);
+    }
+
+    fn decide_idle(&mut self, ctx: &IdleContext) -> Duration {
+        // Until the gaps and a park's cost are measured, what the reactor spins without a
+        // policy.
+        let spin_ns = self
+            .park_cost_ns()
+            .and_then(|park_ns| self.arrivals.spin_ns(ctx, park_ns))
+            .unwrap_or(ctx.idle_spin_ns);
+        Duration::from_nanos(spin_ns)
     }
 }

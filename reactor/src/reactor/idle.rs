@@ -1,7 +1,8 @@
 //! The idle path: what a turn that found no work does. With I/O outstanding the reactor asks
 //! its policy, then spins, sleeps (then polls), or blocks on the device interrupts; with
-//! none it spins a little and then parks in epoll until a message, a timer, a poller's fd or
-//! a timeout wakes it. How the last wait ended is the wake state the next turn's
+//! none it spins a while (as long as the policy decides once front ends report requests:
+//! `arrivals`) and then parks in epoll until a message, a timer, a poller's fd or a timeout
+//! wakes it. How the last wait ended is the wake state the next turn's
 //! completions report to the policy.
 
 use std::sync::atomic::Ordering;
@@ -53,10 +54,18 @@ impl<S> Reactor<S> {
         debug_assert!(self.wake_next_turn == WakeState::Awake || self.slept_from_ns == self.now_ns);
     }
 
-    /// No I/O to wait for: spin for `idle_spin_ns`, then park.
+    /// No I/O to wait for: spin for the idle stretch's spin (the policy's decision once front
+    /// ends report requests, `idle_spin_ns` before), then park.
     fn idle_without_io(&mut self) {
-        let since = *self.idle_since_ns.get_or_insert(self.now_ns);
-        if self.now_ns - since >= self.tuning.idle_spin_ns {
+        let since = match self.idle_since_ns {
+            Some(since) => since,
+            None => {
+                self.idle_spin_ns = self.decide_idle_spin_ns();
+                self.idle_since_ns = Some(self.now_ns);
+                self.now_ns
+            }
+        };
+        if self.now_ns - since >= self.idle_spin_ns {
             self.arm_interrupts();
             self.park(false, None);
         } else {
@@ -175,7 +184,9 @@ impl<S> Reactor<S> {
     /// [`ReactorTuning::long_sleep_ns`](super::ReactorTuning::long_sleep_ns), blocks on the device interrupts as well: a
     /// completion ends it early, and then it is an interrupt wait, not the I/O's one sleep
     /// (the policy decides again). Without interrupt lines an interruptible sleep is a timed
-    /// one, and a long sleep lasts `long_sleep_ns`, after which the policy decides again.
+    /// one, and a long sleep lasts `long_sleep_ns`, after which the policy decides again. A
+    /// timed sleep ends at the next timer or timeout if that comes first (a block is armed
+    /// for them): then too the policy decides again.
     fn sleep_for(&mut self, key: usize, duration: Duration, interruptible: bool) {
         // It sleeps for a live I/O: the oldest, one the device still owes.
         debug_assert!(self
@@ -186,11 +197,19 @@ impl<S> Reactor<S> {
         let decided_ns = self.now_ns;
         let long = requested_ns > self.tuning.long_sleep_ns;
         let on_interrupts = (interruptible || long) && self.interrupts_armable();
-        if long && !on_interrupts {
-            // No interrupt to end it early: sleep a bounded piece, then poll.
-            self.sleep_until(decided_ns.saturating_add(self.tuning.long_sleep_ns), true);
-            debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
-            return;
+        let until_ns = decided_ns.saturating_add(requested_ns);
+        if !on_interrupts {
+            // Only its end wakes a timed sleep: it ends no later than the next timer or
+            // timeout (they would run late by the rest of it), nor past the long-sleep bound.
+            // Cut short, it is a piece, not the I/O's sleep: the reactor polls, runs what is
+            // due, and the policy decides again.
+            let bound_ns = long.then(|| decided_ns.saturating_add(self.tuning.long_sleep_ns));
+            let end_ns = [bound_ns, self.next_due_ns()].into_iter().flatten().min();
+            if let Some(end_ns) = end_ns.filter(|&end_ns| end_ns < until_ns) {
+                self.sleep_until(end_ns, true);
+                debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
+                return;
+            }
         }
         // Measure what a sleep costs the thread in CPU, from the OS, on a sample of sleeps:
         // the reading itself is a syscall.
@@ -200,7 +219,6 @@ impl<S> Reactor<S> {
         } else {
             None
         };
-        let until_ns = decided_ns.saturating_add(requested_ns);
         let woke_ns = if on_interrupts {
             self.arm_interrupts();
             self.park(true, Some(until_ns))
@@ -235,16 +253,22 @@ impl<S> Reactor<S> {
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
     }
 
+    /// When the reactor must next be awake for work of its own: its next timer, or its next
+    /// timeout or recovery step (a lost command never interrupts, and an I/O waiting behind
+    /// quarantined slots has nothing else to wake it).
+    fn next_due_ns(&mut self) -> Option<u64> {
+        let next_timer_ns = self.timers.next_deadline_ns();
+        match self.recovery_due_ns() {
+            Some(due_ns) => Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns))),
+            None => next_timer_ns,
+        }
+    }
+
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
     /// armed device interrupts; with `until_ns`, no later than then.
     /// Returns when it woke.
     fn park(&mut self, for_io: bool, until_ns: Option<u64>) -> u64 {
-        let mut next_timer_ns = self.timers.next_deadline_ns();
-        // A lost command never interrupts, and an I/O waiting behind quarantined slots has
-        // nothing to wake it: wake for the next timeout.
-        if let Some(due_ns) = self.recovery_due_ns() {
-            next_timer_ns = Some(next_timer_ns.map_or(due_ns, |t| t.min(due_ns)));
-        }
+        let next_timer_ns = self.next_due_ns();
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
                 Some(deadline_ns) => self.timer_fd.arm_at(deadline_ns),
@@ -263,6 +287,13 @@ impl<S> Reactor<S> {
         // Pairs with the fence in `ReactorHandle::send`.
         std::sync::atomic::fence(Ordering::SeqCst);
         let blocks = self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst);
+        // Every poller arms its signal (each must, whatever the others found), and work one
+        // finds on its second look ends the wait before it starts.
+        let mut found = false;
+        for (_, poller) in self.pollers.iter_mut() {
+            found |= poller.before_block();
+        }
+        let blocks = blocks && !found;
         // A simulated reactor does not block the thread: it learns when it wakes, and is
         // not turned before (nothing sends to it meanwhile but the simulation, which
         // delivers through the waiter, not the eventfd).

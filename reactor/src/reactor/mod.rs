@@ -11,9 +11,13 @@
 //! - `region`: memory the application registers with a device, and vectored I/O into it;
 //! - `recovery`: timeouts, aborts, resets, and abandoning what a device never completes;
 //! - `idle`: what a turn without work does: ask the policy, sleep, wait for an interrupt, or
-//!   park; and the wake state that tells the policy how the last wait ended.
+//!   park; and the wake state that tells the policy how the last wait ended;
+//! - `arrivals`: requests front ends report, and the idle stretch's spin the policy decides
+//!   from them.
 
 mod api;
+mod arrivals;
+pub use arrivals::IDLE_SPIN_NS_MAX;
 mod handle;
 mod idle;
 mod recovery;
@@ -33,7 +37,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use hypoll_nvme::sys::{monotonic_ns, TimerFd};
 use hypoll_nvme::{Clock, Completion, QueuePair};
-use hypoll_policy::{Bucket, PollPolicy, Slept, StatsRecorder};
+use hypoll_policy::{ArrivalStats, Bucket, PollPolicy, Slept, StatsRecorder};
 use slab::Slab;
 
 use crate::io::IoCallback;
@@ -90,6 +94,18 @@ pub trait Poller<S = ()> {
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+
+    /// The reactor is about to block in epoll (to park, or to wait for an interrupt or the
+    /// end of an interruptible sleep). A poller whose source stops signalling while it is
+    /// polled (a virtqueue whose guest is told not to notify while the reactor spins on
+    /// its ring) turns the signal back on here, then looks once more for work that arrived
+    /// before it did: without that second look, a request posted just before the signal
+    /// came back on would wait for the next one. Returns whether work is there already; the
+    /// reactor then does not block. Called on every poller before each block, so it must
+    /// be cheap. The default has nothing to arm.
+    fn before_block(&mut self) -> bool {
+        false
+    }
 }
 
 /// Identifies a poller for [`Reactor::remove_poller`].
@@ -144,7 +160,9 @@ struct IoSlot<S> {
 /// Tunables of a reactor.
 #[derive(Clone, Debug)]
 pub struct ReactorTuning {
-    /// With nothing outstanding and no work, spin this long before parking.
+    /// With nothing outstanding and no work, spin this long before parking; once front ends
+    /// report requests ([`Reactor::note_arrivals`]), the policy decides (this is the
+    /// default of its idle decision, `PollPolicy::decide_idle`).
     pub idle_spin_ns: u64,
     /// How long shutdown waits for outstanding I/O before failing it.
     pub shutdown_timeout: Duration,
@@ -227,7 +245,12 @@ pub struct Reactor<S = ()> {
     start_ns: u64,
     now_ns: u64,
     last_publish_ns: u64,
+    /// When the current idle stretch (nothing outstanding, nothing to run) began.
     idle_since_ns: Option<u64>,
+    /// How long that stretch spins before it parks (decided at its start).
+    idle_spin_ns: u64,
+    /// What front ends reported of the requests they took.
+    arrivals: ArrivalStats,
     /// When the reactor last went to sleep or blocked.
     slept_from_ns: u64,
     /// Whether the current turn is the first after a wait, and how that wait ended:
@@ -315,6 +338,8 @@ impl<S> Reactor<S> {
             now_ns,
             last_publish_ns: now_ns,
             idle_since_ns: None,
+            idle_spin_ns: 0,
+            arrivals: ArrivalStats::default(),
             slept_from_ns: 0,
             wake_this_turn: WakeState::Awake,
             wake_next_turn: WakeState::Awake,

@@ -104,8 +104,9 @@ impl<S> Reactor<S> {
 
     /// What a turn that found nothing does: with I/O outstanding, what the policy decides
     /// (spin, sleep, or wait for a device interrupt); with none, spin for
-    /// [`ReactorTuning::idle_spin_ns`] and then park until a message, a timer, a poller's fd
-    /// or a timeout wakes it. No wait lasts past the next timer, nor an I/O's timeout, and a
+    /// [`ReactorTuning::idle_spin_ns`] (or what the policy's idle decision says, once front
+    /// ends report requests: [`Reactor::note_arrivals`]) and then park until a message, a
+    /// timer, a poller's fd or a timeout wakes it. No wait lasts past the next timer, nor an I/O's timeout, and a
     /// message sent through the handle ends a park at once. Call it right after a
     /// [`Reactor::poll`] that returned 0: at any other time it does nothing and returns at
     /// once, so a wait is never decided from a stale turn.

@@ -90,10 +90,11 @@ impl<S> Reactor<S> {
         work
     }
 
-    /// Sleeps until `until_ns`; nothing ends it early. `long_piece`: a bounded piece of a
-    /// long sleep. Returns when it woke.
+    /// Sleeps until `until_ns`; nothing ends it early. `piece`: not the I/O's sleep, but a
+    /// piece of one (bounded by the long-sleep bound, or cut short at the next timer or
+    /// timeout). Returns when it woke.
     #[cfg_attr(not(any(test, feature = "sim")), allow(unused_variables))]
-    pub(super) fn sleep_until(&mut self, until_ns: u64, long_piece: bool) -> u64 {
+    pub(super) fn sleep_until(&mut self, until_ns: u64, piece: bool) -> u64 {
         self.waited_from(self.now_ns);
         let woke_ns = match &mut self.waiter {
             Waiter::Real => {
@@ -101,7 +102,7 @@ impl<S> Reactor<S> {
                 self.clock.now_ns()
             }
             #[cfg(any(test, feature = "sim"))]
-            Waiter::Virtual(v) => v.sleep_until(self.now_ns, until_ns, long_piece),
+            Waiter::Virtual(v) => v.sleep_until(self.now_ns, until_ns, piece),
         };
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
         woke_ns

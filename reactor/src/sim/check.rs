@@ -46,8 +46,8 @@ pub(super) fn check_waits(
     tuning: &ReactorTuning,
 ) -> Result<(), String> {
     // A block on the interrupts that ran to its deadline was a sleep (the I/O's one), one
-    // that ended early an interrupt wait; a long sleep's pieces are neither.
-    let sleeps = w.sleeps - w.long_sleep_pieces + (w.interrupt_blocks - w.interrupt_blocks_early);
+    // that ended early an interrupt wait; a sleep's pieces are neither.
+    let sleeps = w.sleeps - w.sleep_pieces + (w.interrupt_blocks - w.interrupt_blocks_early);
     let agree = [
         ("parks", c.parks, w.parks),
         (

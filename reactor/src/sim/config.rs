@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::mail::MailSeen;
 use super::waiter::WaitsSeen;
 use crate::stats::Counters;
 
@@ -15,6 +16,9 @@ pub struct SimConfig {
     pub reactors: usize,
     /// I/Os each reactor submits (attempts; a full queue retries later).
     pub ios_per_reactor: usize,
+    /// Messages sent to each reactor through its handle (the deterministic runner's; some
+    /// arm or cancel timers).
+    pub messages_per_reactor: usize,
     /// Fault rates before the seed's factor.
     pub err_pct: f64,
     pub lost_pct: f64,
@@ -33,6 +37,7 @@ impl Default for SimConfig {
         SimConfig {
             reactors: 3,
             ios_per_reactor: 300,
+            messages_per_reactor: 100,
             err_pct: 2.0,
             lost_pct: 2.0,
             stuck_pct: 30.0,
@@ -67,6 +72,8 @@ pub struct SimReport {
     pub policy: String,
     /// What the reactors' virtual waiters carried out, together.
     pub waits: WaitsSeen,
+    /// What the messages and timers did, on every reactor together.
+    pub mail: MailSeen,
     /// A hash of the run's events in order (steps, their work and time, every wait): the
     /// same seed and policy give the same hash.
     pub trace_hash: u64,

@@ -11,6 +11,7 @@ use super::check::{check_accounting, final_check};
 use super::config::{SimConfig, SimFailure, SimReport};
 use super::draw::{mix, recovery_mode, Rng};
 use super::limited::device_for;
+use super::mail::{Mail, WakeBounds, MAILBOX_CAPACITY};
 use super::model::{Model, Shared};
 use super::waiter::{VirtualWaiter, WaitCosts};
 use super::workload::{submit_random, SubmitOutcome};
@@ -53,6 +54,11 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         4 => ",lost_pct=50",
         _ => "",
     };
+    // The devices' statistics windows: the policies that sleep (hybrid and its kin, fixed)
+    // wait for the first window's statistics, and a run lasts a few tens of milliseconds of
+    // virtual time, less than the default window. Drawn from a stream of its own, so the
+    // draws above and below stay what they were.
+    let window_ms = [1u64, 2, 5, 100][Rng(mix(seed, 0x7769_6e64)).below(4) as usize];
     let tuning = ReactorTuning::default();
     let spec = format!(
         "emu:{profile},size={},seed={},err_pct={},lost_pct={},stuck_pct={},reset_pct={},\
@@ -68,7 +74,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let second_text = second.map_or(String::new(), |(_, _, r)| format!(" second={r}"));
     let shape = format!(
         "{spec} depth={depth} wait_queue={wait_queue} step<={step_ns_max}ns \
-         recovery={recovery}{second_text} reactors={} policy={} {costs:?}",
+         recovery={recovery}{second_text} window={window_ms}ms reactors={} policy={} \
+         {costs:?}",
         cfg.reactors, cfg.policy
     );
     let fail = |message: String| SimFailure {
@@ -83,9 +90,14 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let vclock = VirtualClock::new(1_000_000_000);
     let ctrl = EmuController::with_clock(emu_cfg, Clock::Virtual(vclock.clone()))
         .map_err(|e| fail(format!("{spec}: {e}")))?;
-    let mut devices = vec![device_for(&ctrl, abort, reset)];
+    let with_window = |device: crate::io::Device| {
+        device
+            .with_window_ms(window_ms)
+            .map_err(|e| fail(format!("window {window_ms} ms: {e}")))
+    };
+    let mut devices = vec![with_window(device_for(&ctrl, abort, reset))?];
     if let Some((abort, reset, _)) = second {
-        devices.push(device_for(&ctrl, abort, reset));
+        devices.push(with_window(device_for(&ctrl, abort, reset))?);
     }
     let options = DeviceOptions::new(depth)
         .with_io_timeout(Some(cfg.io_timeout))
@@ -96,11 +108,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
 
     let clock = Clock::Virtual(vclock.clone());
     // How late a reactor may notice that something is due: the turns it takes (a reactor
-    // is turned about once every `reactors` steps; allow 64 of those), plus one timed sleep
-    // begun just before (at most the long-sleep bound: nothing ends it early), late by the
-    // machine's costs. A block ends at its timer or timeout.
-    let late_ns_max =
-        64 * cfg.reactors as u64 * step_ns_max + tuning.long_sleep_ns + costs.late_ns_max();
+    // is turned about once every `reactors` steps; allow 64 of those), late by the machine's
+    // costs. Every wait ends at the next timeout: a block is armed for it, a timed sleep is
+    // cut short there.
+    let late_ns_max = 64 * cfg.reactors as u64 * step_ns_max + costs.late_ns_max();
     let model: Shared = Arc::new(parking_lot::Mutex::new(Model {
         history: vec![Vec::new(); blocks as usize],
         // Timeouts, each noticed late at most by `late_ns_max`.
@@ -116,7 +127,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut receivers = Vec::new();
     let mut handles = Vec::new();
     for i in 0..cfg.reactors {
-        let (handle, rx) = mailbox(i, i, 16).map_err(|e| fail(format!("mailbox: {e}")))?;
+        let (handle, rx) =
+            mailbox(i, i, MAILBOX_CAPACITY).map_err(|e| fail(format!("mailbox: {e}")))?;
         handles.push(handle);
         receivers.push(rx);
     }
@@ -133,6 +145,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         reactors.push(r);
     }
 
+    // Messages and timers (see `mail`): their own stream of draws from the seed.
+    let bounds = WakeBounds::new(&costs, &tuning);
+    let mut mail = Mail::new(seed, cfg.reactors, cfg.messages_per_reactor, bounds);
     let mut left: Vec<usize> = vec![cfg.ios_per_reactor; cfg.reactors];
     let mut queue_full = 0u64;
     let mut steps = 0u64;
@@ -166,11 +181,12 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
             }
         }
         let all_issued = left.iter().all(|&n| n == 0);
-        if all_issued && reactors.iter().all(|r| r.outstanding() == 0) {
+        if all_issued && reactors.iter().all(|r| r.outstanding() == 0) && mail.done() {
             break;
         }
         let i = rng.below(cfg.reactors as u64) as usize;
         trace = mix(mix(trace, i as u64), vclock.now_ns());
+        mail.maybe_post(i, vclock.now_ns(), &mut reactors[i], &handles[i]);
         if left[i] > 0 && rng.pct(45) {
             // A submission comes to a reactor as a message would: it ends a park or an
             // interrupt wait, but waits for a timed sleep to end.
@@ -197,12 +213,17 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
                 Err(SubmitOutcome::Bug(message)) => return Err(fail(message)),
             }
         } else if !reactors[i].sim_asleep() {
+            let queued = mail.queued(i);
             let work = reactors[i].sim_step(&mut ());
             trace = mix(trace, work as u64);
+            mail.after_turn(i, queued, vclock.now_ns()).map_err(fail)?;
         }
         vclock.advance_by(rng.below(step_ns_max + 1));
         if let Some(e) = model.lock().errors.first() {
             return Err(fail(e.clone()));
+        }
+        if let Some(e) = mail.error() {
+            return Err(fail(e));
         }
     }
 
@@ -225,7 +246,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         report.waits.add(&seen);
         trace = mix(trace, waiter.trace());
     }
-    report.trace_hash = trace;
+    mail.final_check().map_err(fail)?;
+    report.mail = mail.seen();
+    report.trace_hash = mix(trace, mail.trace());
     check_accounting(&model, report.ios).map_err(fail)?;
     {
         let m = model.lock();

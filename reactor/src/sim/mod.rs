@@ -34,23 +34,31 @@
 //!
 //! The files: `config` (what a run takes and reports), `draw` (the seed's generator and
 //! draws), `limited` (devices that cannot abort or reset), `model` (the shadow model of the
-//! blocks), `workload` (random I/O and its callbacks), `check` (the checks after a run),
+//! blocks), `workload` (random I/O and its callbacks), `mail` (messages and timers, and
+//! their checks), `check` (the checks after a run),
 //! `waiter` (the virtual waiter: sleeps, interrupt waits and parks in virtual time, with
 //! the machine's costs drawn per seed), `deterministic` ([`run`]) and `threaded`
-//! ([`run_threaded`]).
+//! ([`run_threaded`]). Apart from the simulation, `stepped` ([`SimReactor`]) drives one
+//! reactor in virtual time, for tests of how a reactor waits that would otherwise measure
+//! the real clock and CPU.
 //!
 //! The deterministic run takes the reactors through their idle path too: each runs
 //! [`SimConfig::policy`], and its waits put it to sleep in virtual time (see `waiter`).
 //! It also checks that the reactors' counters of sleeps, interrupt waits and parks agree
 //! with what their waiters carried out, that no timed sleep outlasts the long-sleep bound,
 //! and it hashes the run's events ([`SimReport::trace_hash`]): a seed and policy replay.
+//! And it sends the reactors messages through their handles, in bursts, many while they
+//! are parked or asleep, some of which arm and cancel timers: each runs exactly once, and a
+//! waiting reactor wakes for each within a bound (`mail` states it).
 
 mod check;
 mod config;
 mod deterministic;
 mod draw;
 mod limited;
+mod mail;
 mod model;
+mod stepped;
 mod threaded;
 pub(crate) mod waiter;
 mod workload;
@@ -61,6 +69,8 @@ mod tests;
 pub use config::{SimConfig, SimFailure, SimReport};
 pub use deterministic::run;
 pub use limited::LimitedController;
+pub use mail::MailSeen;
+pub use stepped::SimReactor;
 pub use threaded::run_threaded;
 pub use waiter::{VirtualWaiter, WaitCosts, WaitsSeen};
 

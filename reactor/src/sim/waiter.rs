@@ -2,10 +2,10 @@
 //! a virtual clock. A wait does not move the clock every simulated reactor shares (the
 //! others run on meanwhile, as on their own cores): it computes when the reactor wakes and
 //! returns that time, and the reactor stays asleep, not turned, until the clock gets there
-//! ([`VirtualWaiter::asleep`]). A message (a submission from the simulation) wakes a
-//! parked or interrupt-waiting reactor at once, as the mailbox's eventfd would; a timed
-//! sleep it does not end. A block with nothing due lasts at most `wait_ns_max`, as if a
-//! stray event ended it.
+//! ([`VirtualWaiter::asleep`]). A message (a submission from the simulation, or a closure
+//! sent through the reactor's handle) wakes a parked or interrupt-waiting reactor as the
+//! mailbox's eventfd would, an interrupt's latency later; a timed sleep it does not end. A
+//! block with nothing due lasts at most `wait_ns_max`, as if a stray event ended it.
 //!
 //! The machine's costs are parameters drawn per seed, so the policies that measure them
 //! (the timer's overshoot, the CPU a sleep costs) calibrate against something that differs
@@ -57,8 +57,9 @@ impl WaitCosts {
 pub struct WaitsSeen {
     /// Timed sleeps that could not end early.
     pub sleeps: u64,
-    /// Of those, the pieces of a long sleep on a device without interrupts.
-    pub long_sleep_pieces: u64,
+    /// Of those, the pieces that were not an I/O's sleep: a long sleep's bounded piece on a
+    /// device without interrupts, or a sleep cut short at the next timer or timeout.
+    pub sleep_pieces: u64,
     /// Blocks on the device interrupts (with or without a deadline).
     pub interrupt_blocks: u64,
     /// Of those, how many ended before their deadline (or had none).
@@ -72,12 +73,31 @@ pub struct WaitsSeen {
 impl WaitsSeen {
     pub(super) fn add(&mut self, o: &WaitsSeen) {
         self.sleeps += o.sleeps;
-        self.long_sleep_pieces += o.long_sleep_pieces;
+        self.sleep_pieces += o.sleep_pieces;
         self.interrupt_blocks += o.interrupt_blocks;
         self.interrupt_blocks_early += o.interrupt_blocks_early;
         self.parks += o.parks;
         self.sleep_ns_max = self.sleep_ns_max.max(o.sleep_ns_max);
     }
+}
+
+/// How a reactor waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitKind {
+    /// A timed sleep: nothing ends it before its deadline.
+    Sleep,
+    /// A block (a park or an interrupt wait): a message, a timer or an interrupt ends it.
+    Block,
+}
+
+/// A reactor's last wait, as its waiter carried it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LastWait {
+    pub(crate) kind: WaitKind,
+    /// When it began: the idle turn's time.
+    pub(crate) from_ns: u64,
+    /// When it ended (a message may have brought that forward).
+    pub(crate) woke_ns: u64,
 }
 
 /// What a block waits for, as the reactor computed it.
@@ -102,10 +122,8 @@ pub struct VirtualWaiter {
     cpu_ns: u64,
     seen: WaitsSeen,
     trace: u64,
-    /// Asleep until then (virtual ns); 0: awake.
-    asleep_until_ns: u64,
-    /// Whether a message ends the current wait (a block, not a timed sleep).
-    wakes_for_messages: bool,
+    /// The last wait; the reactor is asleep while the clock is before its `woke_ns`.
+    last: Option<LastWait>,
 }
 
 impl VirtualWaiter {
@@ -117,8 +135,7 @@ impl VirtualWaiter {
             cpu_ns: 0,
             seen: WaitsSeen::default(),
             trace: 0,
-            asleep_until_ns: 0,
-            wakes_for_messages: false,
+            last: None,
         }
     }
 
@@ -156,37 +173,51 @@ impl VirtualWaiter {
         }
     }
 
-    /// A timed sleep until `until_ns` that nothing ends early; `long_piece`: a piece of a
-    /// long sleep on a device without interrupts.
     /// Whether the reactor is still waiting at `now_ns` (the simulation does not turn it).
     pub(crate) fn asleep(&self, now_ns: u64) -> bool {
-        now_ns < self.asleep_until_ns
+        self.waiting(now_ns).is_some()
     }
 
-    /// Whether a message would end its wait now: it waits, on something a message ends.
-    pub(crate) fn message_wakes(&self, now_ns: u64) -> bool {
-        self.asleep(now_ns) && self.wakes_for_messages
+    /// The wait the reactor is in at `now_ns`, if any.
+    pub(crate) fn waiting(&self, now_ns: u64) -> Option<WaitKind> {
+        self.last.filter(|w| now_ns < w.woke_ns).map(|w| w.kind)
     }
 
-    /// A message arrived at `now_ns`: a block ends (the reactor already took its wake-up
-    /// time as predicted: only the next turn comes earlier).
+    /// The reactor's last wait (it may still be in it).
+    pub(crate) fn last_wait(&self) -> Option<LastWait> {
+        self.last
+    }
+
+    /// A message arrived at `now_ns`: a block ends an interrupt's latency later, as the
+    /// mailbox's eventfd would end it (the reactor already took its wake-up time as
+    /// predicted: only the next turn comes earlier). A timed sleep runs its course.
     pub(crate) fn deliver_message(&mut self, now_ns: u64) {
-        if self.message_wakes(now_ns) {
-            self.asleep_until_ns = now_ns;
-            self.record(4, now_ns, 0, now_ns);
+        let Some(w) = self.last.as_mut() else {
+            return;
+        };
+        if w.kind == WaitKind::Block && now_ns < w.woke_ns {
+            let woke_ns = w.woke_ns.min(now_ns + self.costs.interrupt_ns);
+            if woke_ns < w.woke_ns {
+                w.woke_ns = woke_ns;
+                self.record(4, now_ns, 0, woke_ns);
+            }
         }
     }
 
-    /// Returns when it wakes.
-    pub(crate) fn sleep_until(&mut self, now_ns: u64, until_ns: u64, long_piece: bool) -> u64 {
+    /// A timed sleep until `until_ns` that nothing ends early; `piece`: not an I/O's sleep,
+    /// a piece of one (see [`WaitsSeen::sleep_pieces`]). Returns when it wakes.
+    pub(crate) fn sleep_until(&mut self, now_ns: u64, until_ns: u64, piece: bool) -> u64 {
         let woke_ns = until_ns.max(now_ns) + self.overshoot_ns();
         self.seen.sleeps += 1;
-        self.seen.long_sleep_pieces += u64::from(long_piece);
+        self.seen.sleep_pieces += u64::from(piece);
         self.seen.sleep_ns_max = self.seen.sleep_ns_max.max(until_ns.saturating_sub(now_ns));
         self.cpu_ns += self.costs.sleep_cpu_ns;
         self.record(1, now_ns, until_ns, woke_ns);
-        self.asleep_until_ns = woke_ns;
-        self.wakes_for_messages = false;
+        self.last = Some(LastWait {
+            kind: WaitKind::Sleep,
+            from_ns: now_ns,
+            woke_ns,
+        });
         woke_ns
     }
 
@@ -215,8 +246,11 @@ impl VirtualWaiter {
         self.cpu_ns += self.costs.sleep_cpu_ns;
         let kind = 2 + u64::from(b.for_io);
         self.record(kind, b.now_ns, b.until_ns.unwrap_or(u64::MAX), woke_ns);
-        self.asleep_until_ns = woke_ns;
-        self.wakes_for_messages = true;
+        self.last = Some(LastWait {
+            kind: WaitKind::Block,
+            from_ns: b.now_ns,
+            woke_ns,
+        });
         woke_ns
     }
 }

@@ -7,7 +7,6 @@
 
 use std::io::Write;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::store::{
@@ -23,9 +22,6 @@ const RETRY_WINDOW: usize = 4;
 /// Rounds of sending refused requests again before the test calls the store stuck.
 const RETRY_ROUNDS_MAX: usize = 1000;
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
-
-/// One test at a time: each runs two spinning reactors, on machines with two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Small limits, so that a burst from one client meets each of them.
 fn config() -> StoreConfig {
@@ -235,9 +231,6 @@ fn bad_requests(
 
 /// Drives the store on device `spec` and checks everything above.
 pub fn run(spec: &str) {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let store = LogStore::start(Device::open(spec).unwrap(), config()).unwrap();
     let client = store.client();
     let (tally, offsets, rx) = std::thread::spawn(move || run_client(client))

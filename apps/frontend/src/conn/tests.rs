@@ -7,6 +7,7 @@ use std::os::unix::net::UnixStream;
 use hypoll_reactor::Reactor;
 
 use super::*;
+use crate::protocol::HasShard;
 use crate::shard::Shard;
 
 /// A protocol that only sends: enough to drive a connection's output side.
@@ -28,10 +29,14 @@ impl Protocol for Sender {
     fn has_backlog(&self) -> bool {
         false
     }
-    fn parse(_shard: &mut Shard<Self>, _r: &mut Reactor<Shard<Self>>, _key: usize) -> usize {
+    fn parse<S: HasShard<Self>>(
+        _shard: &mut Shard<Self>,
+        _r: &mut Reactor<S>,
+        _key: usize,
+    ) -> usize {
         0
     }
-    fn retry_backlog(_shard: &mut Shard<Self>, _r: &mut Reactor<Shard<Self>>) -> usize {
+    fn retry_backlog<S: HasShard<Self>>(_shard: &mut Shard<Self>, _r: &mut Reactor<S>) -> usize {
         0
     }
     fn close_note(_conn: &()) -> String {

@@ -123,7 +123,7 @@ fn listen_while(
             stop.store(true, Ordering::Release);
         });
         tracing::subscriber::with_default(subscriber, || {
-            accept_loop::<Sender>(listener, &stop, open, connections_max, set.handles());
+            accept_loop::<Sender, _>(listener, &stop, open, connections_max, set.handles());
         });
     });
     assert!(set.shutdown().panics.is_empty());

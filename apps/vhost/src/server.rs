@@ -1,0 +1,132 @@
+//! A vhost-user-blk server of its own: reactors whose state is the back end's shard and
+//! nothing else, each export's socket listened to on the first reactor. (A server that
+//! shares its reactors with other front ends holds a [`VhostShard`] in its own state and
+//! calls [`VhostShard::new`] and [`VhostShard::listen`] from its reactors' `init`.)
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+
+use hypoll_reactor::{
+    CoreList, Device, InitError, Opcode, Reactor, ReactorConfig, ReactorHandle, ReactorSet,
+    ShutdownReport,
+};
+
+use crate::blk::Geometry;
+use crate::conn::Listen;
+use crate::shard::{VhostShard, VhostState};
+
+/// Queue depth of each export's queue pair on each reactor, unless configured.
+pub const QUEUE_DEPTH_DEFAULT: usize = 256;
+
+/// One export: a device served on a vhost-user socket.
+pub struct VhostExport {
+    /// Its name (the guest reads it with GET_ID, its first 20 bytes).
+    pub name: String,
+    pub device: Device,
+    pub read_only: bool,
+    /// Where the socket is made (an old socket file there is replaced).
+    pub socket: PathBuf,
+}
+
+impl VhostExport {
+    /// What the guest is shown of this export, served on `num_queues` queues.
+    pub fn geometry(&self, num_queues: u16) -> Geometry {
+        let ctrl = &self.device.ctrl;
+        Geometry::new(
+            &ctrl.namespace(),
+            self.read_only,
+            ctrl.supports(Opcode::DatasetManagement),
+            ctrl.supports(Opcode::WriteZeroes),
+            num_queues,
+        )
+    }
+}
+
+/// How to run a server.
+pub struct VhostConfig {
+    pub exports: Vec<VhostExport>,
+    pub cores: Option<CoreList>,
+    pub policy: String,
+    pub queue_depth: usize,
+    /// Queues offered to each guest (`num_queues`); queue `i` runs on reactor
+    /// `i % reactors`.
+    pub num_queues: u16,
+}
+
+/// A reactor's state in a server of its own.
+pub struct Standalone {
+    pub vhost: VhostShard<Standalone>,
+}
+
+impl VhostState for Standalone {
+    fn vhost(&mut self) -> &mut VhostShard<Standalone> {
+        &mut self.vhost
+    }
+}
+
+impl<S: VhostState> VhostShard<S> {
+    /// Makes `socket` a listening socket for export `export` and watches it on `r`.
+    pub fn listen(
+        &mut self,
+        r: &mut Reactor<S>,
+        export: usize,
+        socket: &std::path::Path,
+    ) -> std::io::Result<()> {
+        match std::fs::remove_file(socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(socket)?;
+        listener.set_nonblocking(true)?;
+        r.add_poller(Box::new(Listen { listener, export }))?;
+        Ok(())
+    }
+}
+
+/// A running server.
+pub struct VhostServer {
+    set: ReactorSet<Standalone>,
+}
+
+impl VhostServer {
+    /// Starts the reactors, attaches every export's device on each, and listens on every
+    /// export's socket (on the first reactor). Returns once front ends can connect.
+    pub fn start(cfg: VhostConfig) -> Result<VhostServer, hypoll_reactor::StartError> {
+        let exports: Vec<(String, Device, Geometry)> = cfg
+            .exports
+            .iter()
+            .map(|e| (e.name.clone(), e.device.clone(), e.geometry(cfg.num_queues)))
+            .collect();
+        let sockets: Vec<PathBuf> = cfg.exports.iter().map(|e| e.socket.clone()).collect();
+        let depth = cfg.queue_depth;
+        let set = ReactorSet::start(
+            ReactorConfig {
+                cores: cfg.cores,
+                policy: cfg.policy,
+                ..ReactorConfig::default()
+            },
+            move |r: &mut Reactor<Standalone>| {
+                let mut vhost = VhostShard::new(r, &exports, depth)?;
+                if r.index() == 0 {
+                    for (i, socket) in sockets.iter().enumerate() {
+                        vhost.listen(r, i, socket).map_err(|e| {
+                            InitError::from(format!("listening on {}: {e}", socket.display()))
+                        })?;
+                    }
+                }
+                Ok(Standalone { vhost })
+            },
+        )?;
+        Ok(VhostServer { set })
+    }
+
+    pub fn handles(&self) -> &[ReactorHandle<Standalone>] {
+        self.set.handles()
+    }
+
+    /// Stops the reactors (I/O in flight finishes or fails as a reactor's shutdown says).
+    pub fn shutdown(self) -> ShutdownReport {
+        self.set.shutdown()
+    }
+}
