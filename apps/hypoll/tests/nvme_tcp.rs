@@ -1,8 +1,18 @@
-//! `hypoll bench` on the `nvme-tcp:` device, against hypoll's own NVMe/TCP target served in
-//! this process: every policy that waits differently (spin, sleep, interrupt) runs, and
-//! the verify pass reads back what it wrote through the network.
+//! NVMe/TCP end to end: `hypoll bench` on the `nvme-tcp:` device against hypoll's own
+//! target served in this process (every kind of wait, the verify pass), and `hypoll serve
+//! --nvme-tcp` serving the same exports over NBD and NVMe/TCP on one set of reactors.
 
+mod support;
+
+use std::io::{Read, Write};
 use std::process::Command;
+use std::time::Duration;
+
+use hypoll_nbd::client;
+use hypoll_nbd::proto::*;
+use hypoll_nvme::{Controller, DeviceConfig, IoError, NvmeTcpController, Status, SyncIo};
+use support::nbd::{handshake, simple_reply};
+use support::serve::{two_cores, Serve};
 
 use hypoll_frontend::ListenAddr;
 use hypoll_nvmf::{NvmfConfig, NvmfExport, NvmfServer};
@@ -74,4 +84,81 @@ fn bench_runs_every_kind_of_wait_against_an_nvme_tcp_target_and_verifies() {
     }
     let report = server.stop();
     assert_eq!(report.connections_left, 0);
+}
+
+fn open(port: u16, nqn: &str, ns: u32) -> NvmeTcpController {
+    let text = format!("nvme-tcp:127.0.0.1:{port}/{nqn},ns={ns}");
+    let DeviceConfig::NvmeTcp(cfg) = text.parse().unwrap() else {
+        panic!("an nvme-tcp device string")
+    };
+    NvmeTcpController::open(&cfg).unwrap()
+}
+
+#[test]
+fn serve_exports_the_same_disks_over_nbd_and_nvme_tcp_and_stops_cleanly() {
+    let nqn = "nqn.2026-12.io.hypoll:serve-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=16M", "ro=emu:dram,size=4M,ro"],
+        &[
+            "--cores",
+            &two_cores(),
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+        ],
+    );
+    let (port, printed) = serve.nvme.clone().expect("the NVMe/TCP line");
+    assert_eq!(printed, nqn);
+    // NBD writes a block and flushes.
+    let mut nbd = handshake(serve.port, "disk");
+    let mut w = client::request(CMD_WRITE, 0, 1, 1 << 20, 4096);
+    w.extend([0x5a; 4096]);
+    w.extend(client::request(CMD_FLUSH, 0, 2, 0, 0));
+    nbd.write_all(&w).unwrap();
+    assert_eq!(simple_reply(&mut nbd), (1, 0));
+    assert_eq!(simple_reply(&mut nbd), (2, 0));
+
+    // A host reads it over NVMe/TCP (namespace 1 is the first export), and writes another.
+    let disk = open(port, nqn, 1);
+    let lba = u64::from(disk.namespace().lba_size_bytes);
+    assert_eq!(disk.namespace().capacity_bytes(), 16 << 20);
+    let mut qp = disk.create_queue_pair(16).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    let nlb = (4096 / lba) as u32;
+    let got = io.read((1 << 20) / lba, nlb).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 0x5a),
+        "NBD's write, read over NVMe/TCP"
+    );
+    io.write((2 << 20) / lba, &[0xa5; 4096]).unwrap();
+    io.flush().unwrap();
+
+    // NBD reads the host's write.
+    nbd.write_all(&client::request(CMD_READ, 0, 3, 2 << 20, 4096))
+        .unwrap();
+    assert_eq!(simple_reply(&mut nbd), (3, 0));
+    let mut back = vec![0u8; 4096];
+    nbd.read_exact(&mut back).unwrap();
+    assert!(
+        back.iter().all(|&x| x == 0xa5),
+        "the host's write, read over NBD"
+    );
+
+    // The read-only export is namespace 2, and refuses writes.
+    let ro = open(port, nqn, 2);
+    let mut qp2 = ro.create_queue_pair(4).unwrap();
+    let mut io2 = SyncIo::new(&mut *qp2, Duration::from_secs(10));
+    assert_eq!(
+        io2.write(0, &vec![1u8; ro.namespace().lba_size_bytes as usize]),
+        Err(IoError::Status(Status::NAMESPACE_WRITE_PROTECTED))
+    );
+
+    // A stop with both hosts still connected: every connection closes, the exports flush.
+    drop(nbd);
+    let (status, stderr) = serve.signal_and_wait(libc::SIGTERM);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("stopped cleanly"), "{stderr}");
+    drop((io, io2));
+    drop((qp, qp2, disk, ro));
 }
