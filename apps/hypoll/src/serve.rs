@@ -408,6 +408,18 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         queue_depth: usize::from(args.queue_depth),
         service,
     };
+    if args.nvme_tcp.is_some() {
+        let restricted = cfg
+            .exports
+            .iter()
+            .find(|(_, spec)| ExportSpec::parse(spec).clients.is_some());
+        if let Some((name, _)) = restricted {
+            return crate::usage_error(format!(
+                "--nvme-tcp: export {name} is restricted to named clients (clients=), which \
+                 NVMe/TCP cannot check here (it has no TLS): serve it over NBD only"
+            ));
+        }
+    }
     // NVMe/TCP's socket is bound first: its address goes in the target's discovery log,
     // which the reactors build.
     let nvme = match args.nvme_tcp {

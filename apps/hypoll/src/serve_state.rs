@@ -58,6 +58,10 @@ impl NvmeTcp {
         }
         let mut cfg = TargetConfig::new(&self.subsystem_nqn);
         for (i, info) in nbd.exports().iter().enumerate() {
+            if info.restricted {
+                // Refused before start (serve.rs): NVMe/TCP cannot tell clients apart.
+                return Err(format!("--nvme-tcp: export {} is restricted", info.name).into());
+            }
             let ns = r
                 .namespace(DeviceId::from_index(i as u16))
                 .ok_or_else(|| format!("export {} has no device on this reactor", info.name))?;
