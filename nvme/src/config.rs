@@ -9,6 +9,7 @@ pub const DEVICE_KINDS: &[&str] = &[
     "null",
     "uring:/path",
     "vfio:<pci address>",
+    "nvme-tcp:HOST:PORT/SUBNQN",
     "vhost-user:/path.sock",
 ];
 

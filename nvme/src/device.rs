@@ -11,6 +11,7 @@ pub use crate::config::{parse_size_bytes, size_text, ConfigError, DEVICE_KINDS};
 use crate::emu::config::profile_names;
 use crate::emu::{EmuConfig, EmuController};
 use crate::null::{NullConfig, NullController, NULL_KEYS};
+use crate::nvmetcp::{NvmeTcpConfig, NvmeTcpController};
 use crate::qpair::Controller;
 use crate::uring::{UringConfig, UringController};
 use crate::vfio::{VfioConfig, VfioController};
@@ -24,6 +25,8 @@ pub enum DeviceConfig {
     Uring(UringConfig),
     /// A PCI NVMe function bound to vfio-pci, driven from user space.
     Vfio(VfioConfig),
+    /// A namespace of an NVMe/TCP target, over the network.
+    NvmeTcp(NvmeTcpConfig),
     /// A vhost-user-blk back end, as a client (libblkio).
     VhostUser(VhostUserConfig),
 }
@@ -41,6 +44,7 @@ impl DeviceConfig {
             DeviceConfig::Null(cfg) => Arc::new(NullController::new(cfg)),
             DeviceConfig::Uring(cfg) => Arc::new(UringController::open(cfg)?),
             DeviceConfig::Vfio(cfg) => Arc::new(VfioController::open(cfg)?),
+            DeviceConfig::NvmeTcp(cfg) => Arc::new(NvmeTcpController::open(cfg)?),
             DeviceConfig::VhostUser(cfg) => Arc::new(VhostUserController::open(cfg)?),
         })
     }
@@ -118,6 +122,13 @@ impl FromStr for DeviceConfig {
                 });
             }
             Ok(DeviceConfig::Vfio(cfg))
+        } else if let Some(target) = head.strip_prefix("nvme-tcp:") {
+            let mut cfg = NvmeTcpConfig::parse(target)?;
+            for pair in pairs {
+                let (k, v) = pair?;
+                cfg.set(k, v)?;
+            }
+            Ok(DeviceConfig::NvmeTcp(cfg))
         } else if head == "null" {
             let mut cfg = NullConfig::default();
             for pair in pairs {
@@ -194,6 +205,7 @@ impl fmt::Display for DeviceConfig {
             DeviceConfig::Null(cfg) => write!(f, "{cfg}"),
             DeviceConfig::Uring(cfg) => write!(f, "{cfg}"),
             DeviceConfig::Vfio(cfg) => write!(f, "{cfg}"),
+            DeviceConfig::NvmeTcp(cfg) => write!(f, "{cfg}"),
             DeviceConfig::VhostUser(cfg) => write!(f, "{cfg}"),
         }
     }
@@ -203,6 +215,46 @@ impl fmt::Display for DeviceConfig {
 mod tests {
     use super::*;
     use crate::emu::Backing;
+
+    #[test]
+    fn nvme_tcp_device_strings_round_trip_and_bad_ones_say_why() {
+        for text in [
+            "nvme-tcp:127.0.0.1:4420/nqn.2026-12.io.hypoll:serve",
+            "nvme-tcp:[::1]:4420/nqn.2026-12.io.hypoll:serve,ns=2,digests=both,kato_ms=0",
+            "nvme-tcp:storage.example:4420/nqn.2014-08.org.example:disk,digests=header",
+        ] {
+            let device: DeviceConfig = text.parse().unwrap();
+            assert_eq!(device.to_string(), text);
+        }
+        let DeviceConfig::NvmeTcp(cfg) = "nvme-tcp:10.0.0.1:4420/nqn.a:b".parse().unwrap() else {
+            panic!("nvme-tcp")
+        };
+        assert_eq!(
+            (cfg.address.as_str(), cfg.subnqn.as_str()),
+            ("10.0.0.1:4420", "nqn.a:b")
+        );
+        assert_eq!(cfg.nsid, 1);
+        for bad in [
+            "nvme-tcp:127.0.0.1:4420",
+            "nvme-tcp:127.0.0.1/nqn.a:b",
+            "nvme-tcp:127.0.0.1:4420/",
+            "nvme-tcp:127.0.0.1:4420/nqn.2014-08.org.nvmexpress.discovery",
+            "nvme-tcp:127.0.0.1:4420/nqn.a:b,ns=0",
+            "nvme-tcp:127.0.0.1:4420/nqn.a:b,digests=crc",
+        ] {
+            assert!(
+                matches!(
+                    bad.parse::<DeviceConfig>(),
+                    Err(ConfigError::BadValue { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            "nvme-tcp:127.0.0.1:4420/nqn.a:b,depth=4".parse::<DeviceConfig>(),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+    }
 
     #[test]
     fn null_device_strings_round_trip() {

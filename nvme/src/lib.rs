@@ -27,6 +27,7 @@ pub mod device;
 pub mod emu;
 pub mod fabrics;
 pub mod null;
+pub mod nvmetcp;
 mod pool;
 pub mod qpair;
 pub mod region;
@@ -44,6 +45,7 @@ pub use config::{parse_size_bytes, ConfigError};
 pub use device::DeviceConfig;
 pub use emu::{EmuConfig, EmuController, EmuQueuePair};
 pub use null::{NullConfig, NullController, NullQueuePair};
+pub use nvmetcp::{NvmeTcpConfig, NvmeTcpController, NvmeTcpQueuePair};
 pub use qpair::{
     Command, Completion, Controller, QueuePair, QueuePairError, RecoveryError, Segment,
     SegmentError, SubmitError, QUEUE_DEPTH_MAX, SEGMENTS_MAX,

@@ -11,7 +11,8 @@
 //!
 //! - `config.rs`: [`ServiceConfig`], its defaults and limits.
 //! - `service.rs`: [`Service::start`], in steps (bind, reactors, metrics endpoint,
-//!   listener); `stop.rs`: the graceful stop and its [`StopReport`].
+//!   listener); `stop.rs`: the graceful stop and its [`StopReport`]; `added.rs`: a second
+//!   stream protocol's listener on reactors a service started ([`AddedProtocol`]).
 //! - `listen.rs`: [`ListenAddr`], the listening socket and the hand-off of accepted sockets.
 //! - `shard.rs`: [`Protocol`] and [`Shard`]: a reactor's connections, adopted, progressed
 //!   and closed, and the poller that drives them; the shard is its reactor's state (see
@@ -28,6 +29,7 @@
 //! - `epoll.rs`: the epoll set, the one system interface needed beyond std; `fdlimit.rs`:
 //!   the open-file limit, checked (and raised) against the connections allowed.
 
+mod added;
 mod bufcache;
 mod coalesce;
 mod config;
@@ -50,6 +52,7 @@ mod tls;
 mod tlsio;
 mod turn;
 
+pub use added::{AddedListener, AddedProtocol, AddedShards};
 pub use bufcache::BufCache;
 pub use config::{
     ServiceConfig, ServiceConfigError, UnixOwner, COALESCE_NS_DEFAULT, COALESCE_NS_MAX,

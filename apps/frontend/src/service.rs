@@ -81,6 +81,21 @@ pub struct ShardBuilder<P: Protocol> {
 }
 
 impl<P: Protocol> ShardBuilder<P> {
+    pub(crate) fn new(
+        cfg: ServiceConfig,
+        metrics: ConnMetrics,
+        open: Arc<AtomicUsize>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> ShardBuilder<P> {
+        ShardBuilder {
+            cfg,
+            metrics,
+            open,
+            tls,
+            protocol: PhantomData,
+        }
+    }
+
     /// The shard of `proto` on reactor `r`: its epoll set, its poller and its sweep timer
     /// join `r`, and find the shard through `S`.
     pub fn build<S: HasShard<P>>(
@@ -199,7 +214,7 @@ fn check_fds(cfg: &ServiceConfig) {
 
 /// Step 1: the listening socket, with a warning when it is reachable on every interface
 /// and clients need not use TLS.
-fn bind(cfg: &ServiceConfig, tls: TlsMode) -> Result<Listener, StartError> {
+pub(crate) fn bind(cfg: &ServiceConfig, tls: TlsMode) -> Result<Listener, StartError> {
     let addr = &cfg.listen;
     let listener = Listener::bind(addr, cfg.unix_mode, cfg.unix_owner).map_err(|error| {
         StartError::Listen {

@@ -101,9 +101,10 @@ struct SimArgs {
 #[derive(Parser)]
 struct BenchArgs {
     /// Device string: emu:<profile>[,key=value...], null, uring:/path[,direct=0|1]
-    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal], or
+    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal],
     /// vhost-user:/path.sock[,queues=N] (a vhost-user-blk back end, as a client; one queue
-    /// per reactor) (see `hypoll devices`).
+    /// per reactor), or nvme-tcp:HOST:PORT/SUBNQN[,ns=N][,digests=...] (a namespace of an
+    /// NVMe/TCP target) (see `hypoll devices`).
     #[arg(long, default_value = "emu:optane", value_parser = parse_device)]
     device: DeviceConfig,
     /// Poll policy spec; repeat to compare several (default: every built-in policy, plus

@@ -1,6 +1,6 @@
-//! `hypoll serve`: exports devices over NBD on per-core reactors until SIGINT, SIGTERM,
-//! SIGHUP or SIGQUIT, then stops gracefully (stop accepting, finish in-flight requests,
-//! flush).
+//! `hypoll serve`: exports devices over NBD (and vhost-user-blk, NVMe/TCP when asked) on
+//! per-core reactors until SIGINT, SIGTERM, SIGHUP or SIGQUIT, then stops gracefully (stop
+//! accepting, finish in-flight requests, flush).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -19,8 +19,11 @@ use hypoll_nbd::server::{
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
 use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
 
-use crate::serve_state::{compose, VhostSocket};
+use crate::serve_state::{compose, NvmeTcp, VhostSocket};
+use hypoll_frontend::{AddedListener, AddedProtocol, TlsConfig as FrontTlsConfig};
 use hypoll_nvme::parse_size_bytes;
+use hypoll_nvmf::server::{nvmf_metrics, PORT_DEFAULT, SUBSYSTEM_NQN_DEFAULT};
+use hypoll_nvmf::Nvmf;
 use hypoll_reactor::CoreList;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
@@ -91,6 +94,16 @@ pub struct ServeArgs {
     /// reactor. Repeat for several exports; one front end per socket at a time.
     #[arg(long = "vhost-user-blk", value_name = "NAME=PATH", value_parser = parse_vhost)]
     vhost_user_blk: Vec<(String, PathBuf)>,
+    /// Also serve every export over NVMe/TCP, as the namespaces (in --export order) of one
+    /// subsystem, on ADDR:PORT (ADDR alone: port 4420; no value: 127.0.0.1:4420), on the
+    /// same reactors as NBD. Hosts connect with `nvme connect -t tcp -a ADDR -s PORT -n
+    /// NQN` (the NQN is printed at start).
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
+          default_missing_value = "127.0.0.1:4420", value_parser = parse_nvme_tcp)]
+    nvme_tcp: Option<SocketAddr>,
+    /// The NVMe/TCP subsystem's NQN.
+    #[arg(long, value_name = "NQN", default_value = SUBSYSTEM_NQN_DEFAULT, requires = "nvme_tcp")]
+    nvme_nqn: String,
     /// Queue depth of each reactor's queue pair on each export.
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -214,6 +227,16 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
 
 /// The flag that sets a [`ServerConfig`] field, for the libraries' messages, which name the
 /// field (a library cannot know how its user was configured).
+fn parse_nvme_tcp(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    s.trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, PORT_DEFAULT))
+        .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:4420) or ADDR"))
+}
+
 fn parse_vhost(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, path)) if !name.is_empty() && !path.is_empty() => {
@@ -385,17 +408,80 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         queue_depth: usize::from(args.queue_depth),
         service,
     };
+    if args.nvme_tcp.is_some() {
+        let restricted = cfg
+            .exports
+            .iter()
+            .find(|(_, spec)| ExportSpec::parse(spec).clients.is_some());
+        if let Some((name, _)) = restricted {
+            return crate::usage_error(format!(
+                "--nvme-tcp: export {name} is restricted to named clients (clients=), which \
+                 NVMe/TCP cannot check here (it has no TLS): serve it over NBD only"
+            ));
+        }
+    }
+    // NVMe/TCP's socket is bound first: its address goes in the target's discovery log,
+    // which the reactors build.
+    let nvme = match args.nvme_tcp {
+        None => None,
+        Some(addr) => {
+            let nvme_cfg = ServiceConfig {
+                listen: ListenAddr::Tcp(addr),
+                tls: FrontTlsConfig::default(),
+                ..cfg.service.clone()
+            };
+            match AddedProtocol::<Nvmf>::bind(&nvme_cfg, std::sync::Arc::new(nvmf_metrics())) {
+                Ok(added) => Some(added),
+                Err(e) => {
+                    eprintln!("hypoll serve: --nvme-tcp: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let nvme_part = nvme.as_ref().map(|added| {
+        let ListenAddr::Tcp(addr) = added.local_addr().clone() else {
+            unreachable!("--nvme-tcp takes ADDR:PORT")
+        };
+        NvmeTcp {
+            shards: added.shards(),
+            subsystem_nqn: args.nvme_nqn.clone(),
+            addr,
+            target: Default::default(),
+        }
+    });
     let composed = sockets.clone();
-    let server = match Server::start_with(cfg, move |r, nbd| compose(r, nbd, &composed)) {
+    let composed_nvme = nvme_part.clone();
+    let started = Server::start_with(cfg, move |r, nbd| {
+        compose(r, nbd, &composed, composed_nvme.as_ref())
+    });
+    let server = match started {
         Ok(s) => s,
         Err(e) => {
             eprintln!("hypoll serve: {}", with_flag(&e.to_string(), e.setting()));
             return ExitCode::FAILURE;
         }
     };
+    let nvme_listener: Option<AddedListener<_>> = match (nvme, server.handles()) {
+        (Some(added), Some(handles)) => match added.serve(handles.clone()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("hypoll serve: --nvme-tcp: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "listening on {}", server.local_addr());
+        if let Some(n) = &nvme_part {
+            let nqn = n
+                .target
+                .get()
+                .map_or(n.subsystem_nqn.as_str(), |t| t.subsystem_nqn());
+            let _ = writeln!(out, "nvme-tcp listening on {}, subsystem {nqn}", n.addr);
+        }
         if let Some(m) = server.metrics_addr() {
             let _ = writeln!(out, "metrics on http://{m}/metrics");
         }
@@ -423,11 +509,18 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         "hypoll serve: signal {}: stopping (finishing in-flight requests, then flushing)",
         signal.unwrap_or_default()
     );
+    let nvme_left = nvme_listener.map_or(0, AddedListener::stop);
     let report = server.stop();
     for s in &sockets {
         let _ = std::fs::remove_file(&s.socket);
     }
     let mut ok = true;
+    if nvme_left > 0 {
+        eprintln!(
+            "hypoll serve: {nvme_left} NVMe/TCP connections did not finish in time and were cut"
+        );
+        ok = false;
+    }
     if report.connections_left > 0 {
         eprintln!(
             "hypoll serve: {} connections did not finish in time and were cut",

@@ -1,14 +1,17 @@
-//! What each of `hypoll serve`'s reactors holds: NBD's shard and the vhost-user-blk back
-//! end's, side by side, so both front ends share the reactors and their policy (see
-//! docs/lab/2026-12-front-end-composition.md). The exports' devices are attached once per
-//! reactor, by NBD's start (export `i` is `DeviceId` `i`); vhost-user-blk serves the same
-//! queue pairs.
+//! What each of `hypoll serve`'s reactors holds: NBD's shard, the vhost-user-blk back
+//! end's, and NVMe/TCP's shard with `--nvme-tcp`, side by side, so every front end shares
+//! the reactors and their policy (see docs/lab/2026-12-front-end-composition.md). The
+//! exports' devices are attached once per reactor, by NBD's start (export `i` is
+//! `DeviceId` `i`); vhost-user-blk and NVMe/TCP serve the same queue pairs.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
-use hypoll_frontend::{HasShard, Shard};
+use hypoll_frontend::{AddedShards, HasShard, Shard};
 use hypoll_nbd::proto::{TFLAG_READ_ONLY, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES};
 use hypoll_nbd::Nbd;
+use hypoll_nvmf::{DiscoveryEntry, NamespaceConfig, Nvmf, Target, TargetConfig};
 use hypoll_reactor::{DeviceId, InitError, Reactor};
 use hypoll_vhost::{Geometry, ShardExport, VhostShard, VhostState};
 
@@ -16,11 +19,70 @@ use hypoll_vhost::{Geometry, ShardExport, VhostShard, VhostState};
 pub struct Serve {
     nbd: Shard<Nbd>,
     vhost: VhostShard<Serve>,
+    nvmf: Option<Shard<Nvmf>>,
 }
 
 impl HasShard<Nbd> for Serve {
     fn shard(&mut self) -> &mut Shard<Nbd> {
         &mut self.nbd
+    }
+}
+
+impl HasShard<Nvmf> for Serve {
+    fn shard(&mut self) -> &mut Shard<Nvmf> {
+        // Only NVMe/TCP's poller, timers, connections and I/O ask, and none of them exists
+        // on a reactor without its shard.
+        self.nvmf
+            .as_mut()
+            .expect("NVMe/TCP is served on this reactor")
+    }
+}
+
+/// `--nvme-tcp`: every export a namespace of one subsystem, on an added listener.
+#[derive(Clone)]
+pub struct NvmeTcp {
+    pub shards: AddedShards<Nvmf>,
+    pub subsystem_nqn: String,
+    /// Where it listens (the discovery log's entry).
+    pub addr: SocketAddr,
+    /// The target, made by the first reactor to start from what it sees of the exports
+    /// (every reactor sees the same), shared by all.
+    pub target: Arc<OnceLock<Arc<Target>>>,
+}
+
+impl NvmeTcp {
+    /// The target of the exports `nbd` serves on reactor `r`.
+    fn target(&self, r: &Reactor<Serve>, nbd: &Nbd) -> Result<Arc<Target>, InitError> {
+        if let Some(t) = self.target.get() {
+            return Ok(t.clone());
+        }
+        let mut cfg = TargetConfig::new(&self.subsystem_nqn);
+        for (i, info) in nbd.exports().iter().enumerate() {
+            if info.restricted {
+                // Refused before start (serve.rs): NVMe/TCP cannot tell clients apart.
+                return Err(format!("--nvme-tcp: export {} is restricted", info.name).into());
+            }
+            let ns = r
+                .namespace(DeviceId::from_index(i as u16))
+                .ok_or_else(|| format!("export {} has no device on this reactor", info.name))?;
+            let read_only = info.flags & TFLAG_READ_ONLY != 0;
+            cfg.namespaces.push(NamespaceConfig {
+                block_bytes: ns.lba_size_bytes,
+                blocks: ns.capacity_lbas,
+                read_only,
+                // Every device takes a flush; one without a cache answers it at once.
+                volatile_cache: true,
+                write_zeroes: !read_only && info.flags & TFLAG_SEND_WRITE_ZEROES != 0,
+                deallocate: !read_only && info.flags & TFLAG_SEND_TRIM != 0,
+                uuid: NamespaceConfig::uuid_for(&info.name),
+            });
+        }
+        cfg.discovery = vec![DiscoveryEntry {
+            addr: self.addr,
+            portid: 1,
+        }];
+        let made = Target::new(cfg).map_err(|e| format!("--nvme-tcp: {e}"))?;
+        Ok(self.target.get_or_init(|| made).clone())
     }
 }
 
@@ -46,6 +108,7 @@ pub fn compose(
     r: &mut Reactor<Serve>,
     nbd: Shard<Nbd>,
     sockets: &[VhostSocket],
+    nvme: Option<&NvmeTcp>,
 ) -> Result<Serve, InitError> {
     let queues = u16::try_from(r.handles().len()).unwrap_or(u16::MAX);
     let mut exports = Vec::with_capacity(sockets.len());
@@ -76,5 +139,18 @@ pub fn compose(
                 .map_err(|e| format!("--vhost-user-blk {}: {}: {e}", s.name, s.socket.display()))?;
         }
     }
-    Ok(Serve { nbd, vhost })
+    let nvmf = match nvme {
+        None => None,
+        Some(n) => {
+            let target = n.target(r, &nbd.proto)?;
+            let exports = nbd.proto.exports();
+            let devices: Vec<(DeviceId, bool)> = (0..exports.len())
+                .map(|i| (DeviceId::from_index(i as u16), nbd.proto.reads_fill(i)))
+                .collect();
+            let names: Vec<String> = exports.iter().map(|e| e.name.clone()).collect();
+            let state = Nvmf::new(r, target, &devices, &names, n.shards.metrics());
+            Some(n.shards.builder(r.index()).build(r, state)?)
+        }
+    };
+    Ok(Serve { nbd, vhost, nvmf })
 }

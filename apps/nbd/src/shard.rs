@@ -75,6 +75,12 @@ impl Nbd {
         &self.infos
     }
 
+    /// Whether export `export`'s device writes all of a read's buffer
+    /// (`Controller::reads_fill_buffer`), for another front end on the same devices.
+    pub fn reads_fill(&self, export: usize) -> bool {
+        self.exports[export].reads_fill
+    }
+
     /// Attaches every export's device to reactor `r` (at `queue_depth`) and takes the
     /// reactor's metric handles for them.
     pub(crate) fn attach<S>(

@@ -1,6 +1,7 @@
 //! hypoll-nvmf: an NVMe over TCP target, written from the NVMe over Fabrics and NVMe/TCP
-//! transport specifications. This crate holds the protocol; the reactor front end that
-//! drives it over sockets comes on top of it.
+//! transport specifications: the protocol as a socket-free state machine, and the front
+//! end that drives it over sockets on hypoll reactors (the shared machinery of
+//! `hypoll_frontend`).
 //!
 //! - [`session`]: one connection (one queue) as a state machine over bytes, with no
 //!   sockets, clocks or devices: ICReq/ICResp, Connect, the admin command set a Linux host
@@ -11,6 +12,10 @@
 //! - [`config`]: the subsystem, its namespaces and the limits.
 //! - [`identify`]: Identify data structures and log pages.
 //! - [`client`]: what a host sends, byte for byte, for tests and the fuzz corpus.
+//! - `shard.rs`: NVMe/TCP's state on a reactor ([`Nvmf`]) and per connection, the parser
+//!   loop and the keep-alive tick; `pipeline.rs`: a command as device commands;
+//!   `answer.rs`: its answer, a read's data sent from the device's buffers.
+//! - [`server`]: a server of its own ([`NvmfServer`]), and the target an export list makes.
 //!
 //! # What the queues of one controller share
 //!
@@ -41,12 +46,18 @@
 //! controller, Dataset Management ranges per command (256), and the longest PDU
 //! ([`Session::pdu_bytes_max`]).
 
+mod answer;
 pub mod client;
 pub mod config;
 pub mod identify;
+mod pipeline;
+pub mod server;
 pub mod session;
+mod shard;
 pub mod target;
 
 pub use config::{ConfigError, DiscoveryEntry, Limits, NamespaceConfig, TargetConfig};
+pub use server::{NvmfConfig, NvmfError, NvmfExport, NvmfServer};
 pub use session::{BlockRange, Close, CompleteError, IoCommand, IoOp, Session, Step, WriteData};
+pub use shard::{Nvmf, NvmfConn, TICK_PERIOD};
 pub use target::Target;

@@ -79,6 +79,20 @@ fn end_header(out: &mut Vec<u8>, start: usize) {
     }
 }
 
+/// Appends a 24-byte header built whole on the stack (the common header's flags say
+/// whether a header digest follows), then padding to `pdo` when it is past the header: the
+/// per-I/O PDUs (responses, data headers) take this path, one copy each.
+fn push_short_header(out: &mut Vec<u8>, h: &[u8; 24], pdo: usize) {
+    let start = out.len();
+    out.extend_from_slice(h);
+    if h[1] & flags::HDGSTF != 0 {
+        out.extend_from_slice(&digest::crc32c(h).to_le_bytes());
+    }
+    if pdo > out.len() - start {
+        out.resize(start + pdo, 0);
+    }
+}
+
 fn put_u16(out: &mut [u8], at: usize, v: u16) {
     out[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
@@ -176,18 +190,19 @@ pub fn capsule_cmd(out: &mut Vec<u8>, framing: &Framing, sqe: &SubmissionEntry, 
 /// A response capsule.
 pub fn capsule_resp(out: &mut Vec<u8>, framing: &Framing, cqe: &CompletionEntry) {
     let hlen = CAPSULE_RESP_HEADER_BYTES;
-    let start = begin(
-        out,
-        CommonHeader {
+    let mut h = [0u8; CAPSULE_RESP_HEADER_BYTES];
+    h[..COMMON_HEADER_BYTES].copy_from_slice(
+        &CommonHeader {
             pdu_type: PduType::CapsuleResp as u8,
             flags: framing.digest_flags(PduType::CapsuleResp, false),
             hlen: hlen as u8,
             pdo: 0,
             plen: (hlen + framing.header_digest_bytes()) as u32,
-        },
+        }
+        .to_bytes(),
     );
-    out[start + 8..start + 24].copy_from_slice(&cqe.to_le_bytes());
-    end_header(out, start);
+    h[8..24].copy_from_slice(&cqe.to_le_bytes());
+    push_short_header(out, &h, 0);
 }
 
 /// An R2T.
@@ -232,24 +247,24 @@ pub fn data_pdu_head(out: &mut Vec<u8>, framing: &Framing, pdu_type: PduType, h:
     if h.success && pdu_type == PduType::C2HData {
         f |= flags::SUCCESS;
     }
-    let start = begin(
-        out,
-        CommonHeader {
+    let mut b = [0u8; DATA_HEADER_BYTES];
+    b[..COMMON_HEADER_BYTES].copy_from_slice(
+        &CommonHeader {
             pdu_type: pdu_type as u8,
             flags: f,
             hlen: hlen as u8,
             pdo: pdo as u8,
             plen: (pdo + h.datal as usize + ddgst) as u32,
-        },
+        }
+        .to_bytes(),
     );
-    let b = &mut out[start..];
-    put_u16(b, 8, h.cccid);
+    put_u16(&mut b, 8, h.cccid);
     if pdu_type == PduType::H2CData {
-        put_u16(b, 10, h.ttag);
+        put_u16(&mut b, 10, h.ttag);
     }
-    put_u32(b, 12, h.datao);
-    put_u32(b, 16, h.datal);
-    end_header(out, start);
+    put_u32(&mut b, 12, h.datao);
+    put_u32(&mut b, 16, h.datal);
+    push_short_header(out, &b, pdo);
 }
 
 /// A whole data PDU: its header, `data` (exactly `h.datal` bytes) and the data digest.

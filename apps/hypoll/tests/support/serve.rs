@@ -15,6 +15,8 @@ pub struct Serve {
     child: Child,
     pub port: u16,
     pub metrics_port: u16,
+    /// With `--nvme-tcp`: its port and the subsystem's NQN, as the server printed them.
+    pub nvme: Option<(u16, String)>,
     stderr: mpsc::Receiver<String>,
 }
 
@@ -66,6 +68,7 @@ impl Serve {
             child,
             port: 0,
             metrics_port: 0,
+            nvme: None,
             stderr: erx,
         };
         let deadline = Instant::now() + START_TIMEOUT;
@@ -85,7 +88,12 @@ impl Serve {
                     .parse()
                     .unwrap()
             };
-            if let Some(addr) = line.strip_prefix("listening on ") {
+            if let Some(rest) = line.strip_prefix("nvme-tcp listening on ") {
+                let (addr, nqn) = rest
+                    .split_once(", subsystem ")
+                    .expect("ADDR, subsystem NQN");
+                serve.nvme = Some((port(addr), nqn.to_string()));
+            } else if let Some(addr) = line.strip_prefix("listening on ") {
                 serve.port = port(addr);
             } else if let Some(addr) = line.strip_prefix("metrics on ") {
                 serve.metrics_port = port(addr);

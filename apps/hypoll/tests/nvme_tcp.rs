@@ -1,0 +1,203 @@
+//! NVMe/TCP end to end: `hypoll bench` on the `nvme-tcp:` device against hypoll's own
+//! target served in this process (every kind of wait, the verify pass), and `hypoll serve
+//! --nvme-tcp` serving the same exports over NBD and NVMe/TCP on one set of reactors.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+use hypoll_nbd::client;
+use hypoll_nbd::proto::*;
+use hypoll_nvme::{Controller, DeviceConfig, IoError, NvmeTcpController, Status, SyncIo};
+use support::nbd::{handshake, simple_reply};
+use support::serve::{two_cores, Serve};
+
+use hypoll_frontend::ListenAddr;
+use hypoll_nvmf::{NvmfConfig, NvmfExport, NvmfServer};
+use hypoll_reactor::Device;
+
+const NQN: &str = "nqn.2026-12.io.hypoll:bench-test";
+
+#[test]
+fn bench_runs_every_kind_of_wait_against_an_nvme_tcp_target_and_verifies() {
+    let export = NvmfExport {
+        name: "mem".into(),
+        device: Device::open("emu:dram,size=64M").unwrap(),
+        read_only: false,
+    };
+    let mut cfg = NvmfConfig::new(vec![export], "127.0.0.1:0".parse().unwrap());
+    cfg.subsystem_nqn = NQN.into();
+    let server = NvmfServer::start(cfg).unwrap();
+    let ListenAddr::Tcp(addr) = server.local_addr() else {
+        panic!("a TCP server")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let device = format!("nvme-tcp:{addr}/{NQN}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+        .args([
+            "bench",
+            "--device",
+            &device,
+            "--rw",
+            "randrw:50",
+            "--qd",
+            "8",
+        ])
+        .args([
+            "--size",
+            "32M",
+            "--runtime",
+            "0.3",
+            "--ramp",
+            "0.1",
+            "--verify",
+        ])
+        .args([
+            "--policy",
+            "classic",
+            "--policy",
+            "hybrid",
+            "--policy",
+            "interrupt",
+        ])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .expect("hypoll runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&device), "{stdout}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        assert!(r["ios"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["mismatches"], 0, "{r}");
+    }
+    let report = server.stop();
+    assert_eq!(report.connections_left, 0);
+}
+
+/// CPU time of process `pid` so far (user and system), from /proc.
+fn cpu_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after its ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+fn open(port: u16, nqn: &str, ns: u32) -> NvmeTcpController {
+    let text = format!("nvme-tcp:127.0.0.1:{port}/{nqn},ns={ns}");
+    let DeviceConfig::NvmeTcp(cfg) = text.parse().unwrap() else {
+        panic!("an nvme-tcp device string")
+    };
+    NvmeTcpController::open(&cfg).unwrap()
+}
+
+#[test]
+fn serve_exports_the_same_disks_over_nbd_and_nvme_tcp_and_stops_cleanly() {
+    let nqn = "nqn.2026-12.io.hypoll:serve-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=16M", "ro=emu:dram,size=4M,ro"],
+        &[
+            "--cores",
+            &two_cores(),
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+        ],
+    );
+    let (port, printed) = serve.nvme.clone().expect("the NVMe/TCP line");
+    assert_eq!(printed, nqn);
+    // NBD writes a block and flushes.
+    let mut nbd = handshake(serve.port, "disk");
+    let mut w = client::request(CMD_WRITE, 0, 1, 1 << 20, 4096);
+    w.extend([0x5a; 4096]);
+    w.extend(client::request(CMD_FLUSH, 0, 2, 0, 0));
+    nbd.write_all(&w).unwrap();
+    assert_eq!(simple_reply(&mut nbd), (1, 0));
+    assert_eq!(simple_reply(&mut nbd), (2, 0));
+
+    // A host reads it over NVMe/TCP (namespace 1 is the first export), and writes another.
+    let disk = open(port, nqn, 1);
+    let lba = u64::from(disk.namespace().lba_size_bytes);
+    assert_eq!(disk.namespace().capacity_bytes(), 16 << 20);
+    let mut qp = disk.create_queue_pair(16).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    let nlb = (4096 / lba) as u32;
+    let got = io.read((1 << 20) / lba, nlb).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 0x5a),
+        "NBD's write, read over NVMe/TCP"
+    );
+    io.write((2 << 20) / lba, &[0xa5; 4096]).unwrap();
+    io.flush().unwrap();
+
+    // NBD reads the host's write.
+    nbd.write_all(&client::request(CMD_READ, 0, 3, 2 << 20, 4096))
+        .unwrap();
+    assert_eq!(simple_reply(&mut nbd), (3, 0));
+    let mut back = vec![0u8; 4096];
+    nbd.read_exact(&mut back).unwrap();
+    assert!(
+        back.iter().all(|&x| x == 0xa5),
+        "the host's write, read over NBD"
+    );
+
+    // The read-only export is namespace 2, and refuses writes.
+    let ro = open(port, nqn, 2);
+    let mut qp2 = ro.create_queue_pair(4).unwrap();
+    let mut io2 = SyncIo::new(&mut *qp2, Duration::from_secs(10));
+    assert_eq!(
+        io2.write(0, &vec![1u8; ro.namespace().lba_size_bytes as usize]),
+        Err(IoError::Status(Status::NAMESPACE_WRITE_PROTECTED))
+    );
+
+    // Hosts connected and idle (keep-alives flowing, each reactor's NVMe/TCP tick running):
+    // the reactors park rather than spin.
+    let before = cpu_ns(serve.pid());
+    let idle = Duration::from_secs(2);
+    std::thread::sleep(idle);
+    let used = cpu_ns(serve.pid()) - before;
+    eprintln!("idle, hosts connected: {used} ns of CPU in {idle:?}");
+    assert!(
+        used < idle.as_nanos() as u64 / 20,
+        "an idle server used {used} ns of CPU in {idle:?}"
+    );
+
+    // A stop with both hosts still connected: every connection closes, the exports flush.
+    drop(nbd);
+    let (status, stderr) = serve.signal_and_wait(libc::SIGTERM);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("stopped cleanly"), "{stderr}");
+    drop((io, io2));
+    drop((qp, qp2, disk, ro));
+}
+
+/// NVMe/TCP has no TLS here, so it cannot serve an export only to the clients named for
+/// it: refused before anything starts.
+#[test]
+fn serve_refuses_nvme_tcp_for_an_export_restricted_to_named_clients() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--nvme-tcp", "127.0.0.1:0"])
+        .args(["--export", "secret=null,clients=alice.test"])
+        .output()
+        .expect("hypoll runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let named = stderr.contains("secret") && stderr.contains("clients=");
+    assert!(named, "{stderr}");
+}
