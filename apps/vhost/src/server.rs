@@ -14,7 +14,7 @@ use hypoll_reactor::{
 };
 
 use crate::blk::Geometry;
-use crate::conn::Listen;
+use crate::conn::{Listen, Pace};
 use crate::shard::{VhostShard, VhostState};
 
 /// Queue depth of each export's queue pair on each reactor, unless configured.
@@ -87,7 +87,11 @@ impl<S: VhostState> VhostShard<S> {
         listener: UnixListener,
     ) -> std::io::Result<()> {
         listener.set_nonblocking(true)?;
-        r.add_poller(Box::new(Listen { listener, export }))?;
+        r.add_poller(Box::new(Listen {
+            listener,
+            export,
+            pace: Pace::default(),
+        }))?;
         Ok(())
     }
 }
