@@ -4,14 +4,17 @@
 //!   `cargo run --release -- bench` runs it on the emulated Optane-class device).
 //! - `hypoll policies`: every policy with a one-line description.
 //! - `hypoll devices`: the emulated device profiles.
-//! - `hypoll serve`: exports devices over NBD on per-core reactors (docs/serve.md).
+//! - `hypoll serve`: exports devices over NBD and vhost-user-blk on per-core reactors
+//!   (docs/serve.md).
 //! - `hypoll sim`: the seeded fault simulation (`--seeds 10000` runs many, `--seed N` one).
 
 mod bench;
 mod bench_async;
 mod report;
 mod serve;
+mod serve_log;
 mod serve_state;
+mod serve_vhost;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -57,7 +60,8 @@ enum Cmd {
     Policies,
     /// List the emulated device profiles.
     Devices,
-    /// Serve devices over NBD until SIGINT, SIGTERM, SIGHUP or SIGQUIT (a graceful stop).
+    /// Serve devices over NBD and vhost-user-blk until SIGINT, SIGTERM, SIGHUP or SIGQUIT (a
+    /// graceful stop).
     Serve(Box<serve::ServeArgs>),
     /// Run the seeded fault simulation: several reactors, faults on, checked against a
     /// shadow model. Exit status 1 and the failing seed on the first failure.
@@ -200,7 +204,7 @@ fn main() -> ExitCode {
     };
     match &cli.command {
         // The server's lines are its operators' log: one per event, as `hypoll serve: ...`.
-        Cmd::Serve(_) => serve::init_log(level),
+        Cmd::Serve(_) => serve_log::init_log(level),
         _ => tracing_subscriber::fmt()
             .with_max_level(level)
             .with_ansi(std::io::stderr().is_terminal())

@@ -1,6 +1,6 @@
-//! `hypoll serve`: exports devices over NBD (and vhost-user-blk, NVMe/TCP when asked) on
-//! per-core reactors until SIGINT, SIGTERM, SIGHUP or SIGQUIT, then stops gracefully (stop
-//! accepting, finish in-flight requests, flush).
+//! `hypoll serve`: exports devices over NBD, vhost-user-blk and NVMe/TCP (or vhost-user-blk
+//! alone, `serve_vhost.rs`) on per-core reactors until SIGINT, SIGTERM, SIGHUP or SIGQUIT,
+//! then stops gracefully (stop accepting, finish in-flight requests, flush).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -17,18 +17,19 @@ use hypoll_nbd::server::{
     UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
-use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
+use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig, StopReport};
 
-use crate::serve_state::{compose, NvmeTcp, VhostSocket};
+use crate::serve_log::with_flag;
+use crate::serve_state::{compose, NvmeTcp, Serve, VhostSocket};
+use crate::serve_vhost::{bind_sockets, vhost_sockets, VhostOnly, VhostOnlyConfig};
 use hypoll_frontend::{AddedListener, AddedProtocol, TlsConfig as FrontTlsConfig};
 use hypoll_nvme::parse_size_bytes;
 use hypoll_nvmf::server::{nvmf_metrics, PORT_DEFAULT, SUBSYSTEM_NQN_DEFAULT};
 use hypoll_nvmf::Nvmf;
 use hypoll_reactor::CoreList;
-use tracing::field::{Field, Visit};
-use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
-use tracing_subscriber::fmt::FmtContext;
-use tracing_subscriber::registry::LookupSpan;
+
+/// NBD's port (IANA-assigned), where clients look first.
+const NBD_PORT_DEFAULT: u16 = 10809;
 
 #[derive(Parser)]
 pub struct ServeArgs {
@@ -54,9 +55,10 @@ pub struct ServeArgs {
     /// Clients must show a certificate signed by the CA of ca-cert.pem.
     #[arg(long)]
     tls_verify_peer: bool,
-    /// Where to listen: ADDR:PORT (port 0 picks a free one) or unix:PATH.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    listen: ListenAddr,
+    /// Where NBD clients connect: ADDR:PORT (port 0 picks a free one) or unix:PATH
+    /// (default 127.0.0.1:10809). With --vhost-user-blk and no --listen, NBD is not served.
+    #[arg(long, value_name = "ADDR:PORT|unix:PATH")]
+    listen: Option<ListenAddr>,
     /// Permissions of the unix:PATH socket file, in octal, whatever the umask (connecting
     /// needs write permission): 600 lets its owner only connect, 660 its group too.
     #[arg(long, value_name = "OCTAL", default_value_t = format!("{UNIX_MODE_DEFAULT:o}"), value_parser = parse_unix_mode)]
@@ -90,8 +92,9 @@ pub struct ServeArgs {
     connection_bytes_max: u64,
     /// Serve export NAME to a virtual machine's virtio-blk over vhost-user on the unix
     /// socket PATH (QEMU: -chardev socket,id=c,path=PATH -device
-    /// vhost-user-blk-pci,chardev=c), on the same reactors as NBD, one queue offered per
-    /// reactor. Repeat for several exports; one front end per socket at a time.
+    /// vhost-user-blk-pci,chardev=c), on the same reactors as NBD (without --listen: no
+    /// NBD), one queue offered per reactor. Repeat for several exports; one front end per
+    /// socket at a time.
     #[arg(long = "vhost-user-blk", value_name = "NAME=PATH", value_parser = parse_vhost)]
     vhost_user_blk: Vec<(String, PathBuf)>,
     /// Also serve every export over NVMe/TCP, as the namespaces (in --export order) of one
@@ -110,7 +113,9 @@ pub struct ServeArgs {
     queue_depth: u16,
     /// Microseconds a reactor with nothing in flight keeps watching its sockets before it
     /// parks, while its clients send one request at a time (parked, their next request costs
-    /// a wake-up; watching costs CPU). Under load it parks at once. 0: always park.
+    /// a wake-up; watching costs CPU). Under load it parks at once. 0: always park. Without
+    /// NBD: how long a reactor with nothing in flight polls its guests' rings before it
+    /// parks.
     #[arg(long, default_value_t = IDLE_SPIN_NS_DEFAULT as f64 / 1000.0, value_parser = parse_idle_spin_us)]
     idle_spin_us: f64,
     /// Microseconds a reactor lets requests gather between reads of its sockets while its
@@ -225,18 +230,6 @@ fn parse_export(s: &str) -> Result<(String, String), String> {
     Ok((name.to_string(), spec.to_string()))
 }
 
-/// The flag that sets a [`ServerConfig`] field, for the libraries' messages, which name the
-/// field (a library cannot know how its user was configured).
-fn parse_nvme_tcp(s: &str) -> Result<SocketAddr, String> {
-    if let Ok(addr) = s.parse() {
-        return Ok(addr);
-    }
-    s.trim_matches(['[', ']'])
-        .parse::<std::net::IpAddr>()
-        .map(|ip| SocketAddr::new(ip, PORT_DEFAULT))
-        .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:4420) or ADDR"))
-}
-
 fn parse_vhost(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, path)) if !name.is_empty() && !path.is_empty() => {
@@ -248,88 +241,150 @@ fn parse_vhost(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-fn flag_of(setting: &str) -> Option<&'static str> {
-    Some(match setting {
-        "exports" => "--export",
-        "connections_max" => "--max-connections",
-        "request_bytes_max" => "--max-request-bytes",
-        "connection_bytes_max" => "--max-connection-bytes",
-        "unix_mode" => "--unix-mode",
-        "tls_certificates" => "--tls-certificates",
-        "tls_verify_peer" => "--tls-verify-peer",
-        _ => return None,
-    })
+/// `--nvme-tcp`'s value: ADDR:PORT, or ADDR alone for NVMe/TCP's port.
+fn parse_nvme_tcp(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    s.trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, PORT_DEFAULT))
+        .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:4420) or ADDR"))
 }
 
-/// `message` about `setting`, with the flag instead of the field name where the message
-/// starts with it (`connections_max 0: ...` becomes `--max-connections 0: ...`), else
-/// after it.
-fn with_flag(message: &str, setting: Option<&str>) -> String {
-    let Some((setting, flag)) = setting.and_then(|s| Some((s, flag_of(s)?))) else {
-        return message.to_string();
-    };
-    match message.strip_prefix(setting) {
-        Some(rest) => format!("{flag}{rest}"),
-        None => format!("{flag}: {message}"),
+/// Where NBD listens: `--listen`, else NBD's port on the loopback, unless `vhost_alone`:
+/// vhost-user-blk sockets asked for without `--listen` and without `--nvme-tcp` (then NBD
+/// is not served; NVMe/TCP is served beside NBD only).
+fn nbd_listen(listen: Option<ListenAddr>, vhost_alone: bool) -> Option<ListenAddr> {
+    match listen {
+        Some(addr) => Some(addr),
+        None if vhost_alone => None,
+        None => Some(ListenAddr::Tcp(SocketAddr::from((
+            [127, 0, 0, 1],
+            NBD_PORT_DEFAULT,
+        )))),
     }
 }
 
-/// Logs every `tracing` event (the reactors', the front end's) at `level` or above to
-/// stderr, one line each: `hypoll serve: `, the message, then the other fields as
-/// `key=value`; a `setting` field, by which a library names the setting it enforces, is
-/// written as the flag that sets it (`(--max-connections)`).
-pub fn init_log(level: tracing::level_filters::LevelFilter) {
-    tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .event_format(ServeLine)
-        .init();
-}
-
-struct ServeLine;
-
-impl<S, N> FormatEvent<S, N> for ServeLine
-where
-    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        _ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &tracing::Event<'_>,
-    ) -> std::fmt::Result {
-        let mut line = Line::default();
-        event.record(&mut line);
-        writeln!(writer, "hypoll serve: {}{}", line.message, line.fields)
-    }
-}
-
-/// An event's message, and its other fields as they follow it.
-#[derive(Default)]
-struct Line {
-    message: String,
-    fields: String,
-}
-
-impl Visit for Line {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "setting" {
-            match flag_of(value) {
-                Some(flag) => self.fields.push_str(&format!(" ({flag})")),
-                None => self.fields.push_str(&format!(" ({value})")),
-            }
-        } else {
-            self.record_debug(field, &value);
+/// The flags among `args` that set NBD's own settings away from their defaults: they
+/// would change nothing in a server without NBD.
+fn nbd_settings_given(args: &ServeArgs) -> Vec<&'static str> {
+    let mut given = Vec::new();
+    let mut check = |set: bool, flag: &'static str| {
+        if set {
+            given.push(flag);
         }
+    };
+    check(args.tls != TlsMode::Off, "--tls");
+    check(args.tls_certificates.is_some(), "--tls-certificates");
+    check(args.tls_verify_peer, "--tls-verify-peer");
+    check(
+        u32::from_str_radix(&args.unix_mode, 8) != Ok(UNIX_MODE_DEFAULT),
+        "--unix-mode",
+    );
+    check(args.unix_owner.is_some(), "--unix-owner");
+    check(args.metrics.is_some(), "--metrics");
+    check(
+        args.connections_max != CONNECTIONS_MAX_DEFAULT,
+        "--max-connections",
+    );
+    check(
+        args.request_bytes_max != REQUEST_BYTES_MAX_DEFAULT as u64,
+        "--max-request-bytes",
+    );
+    check(
+        args.connection_bytes_max != CONNECTION_BYTES_MAX_DEFAULT as u64,
+        "--max-connection-bytes",
+    );
+    check(
+        (args.coalesce_us * 1000.0) as u64 != COALESCE_NS_DEFAULT,
+        "--coalesce-us",
+    );
+    check(
+        Duration::from_secs_f64(args.handshake_timeout_s) != HANDSHAKE_TIMEOUT_DEFAULT,
+        "--handshake-timeout-s",
+    );
+    check(args.idle_timeout_s != 0.0, "--idle-timeout-s");
+    check(
+        Duration::from_secs_f64(args.request_timeout_s) != REQUEST_STALL_TIMEOUT_DEFAULT,
+        "--request-timeout-s",
+    );
+    given
+}
+
+/// A running server: NBD with any vhost-user-blk sockets beside it, or those alone.
+enum Running {
+    Nbd(Box<NbdRunning>),
+    Vhost(VhostOnly),
+}
+
+/// NBD's server, with NVMe/TCP's listener and what it serves when `--nvme-tcp` asked for
+/// them.
+struct NbdRunning {
+    server: Server<Serve>,
+    nvme: Option<(AddedListener<Serve>, NvmeTcp)>,
+}
+
+impl Running {
+    /// Tells the operator where clients connect and what each export is.
+    fn announce(&self, sockets: &[VhostSocket]) {
+        let mut out = std::io::stdout().lock();
+        match self {
+            Running::Nbd(nbd) => {
+                let server = &nbd.server;
+                let _ = writeln!(out, "listening on {}", server.local_addr());
+                if let Some((_, n)) = &nbd.nvme {
+                    let nqn = n
+                        .target
+                        .get()
+                        .map_or(n.subsystem_nqn.as_str(), |t| t.subsystem_nqn());
+                    let _ = writeln!(out, "nvme-tcp listening on {}, subsystem {nqn}", n.addr);
+                }
+                if let Some(m) = server.metrics_addr() {
+                    let _ = writeln!(out, "metrics on http://{m}/metrics");
+                }
+                for (e, device) in server.exports().iter().zip(server.export_devices()) {
+                    let ro = e.flags & TFLAG_READ_ONLY != 0;
+                    let _ = writeln!(
+                        out,
+                        "export {} = {device} ({} bytes, {}-byte blocks{})",
+                        e.name,
+                        e.size_bytes,
+                        e.block_bytes,
+                        if ro { ", read-only" } else { "" }
+                    );
+                }
+            }
+            Running::Vhost(server) => {
+                for e in server.exports() {
+                    let _ = writeln!(
+                        out,
+                        "export {} = {} ({} bytes, {}-byte blocks{})",
+                        e.name,
+                        e.device,
+                        e.size_bytes,
+                        e.block_bytes,
+                        if e.read_only { ", read-only" } else { "" }
+                    );
+                }
+            }
+        }
+        for s in sockets {
+            let _ = writeln!(out, "vhost-user-blk {} on {}", s.name, s.socket.display());
+        }
+        let _ = out.flush();
     }
 
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        } else {
-            self.fields
-                .push_str(&format!(" {}={value:?}", field.name()));
+    /// Stops it: NVMe/TCP's listener and connections first, then NBD's (or the vhost
+    /// part alone). Returns the report and the NVMe/TCP connections cut.
+    fn stop(self) -> (StopReport, usize) {
+        match self {
+            Running::Nbd(nbd) => {
+                let NbdRunning { server, nvme } = *nbd;
+                let nvme_left = nvme.map_or(0, |(listener, _)| listener.stop());
+                (server.stop(), nvme_left)
+            }
+            Running::Vhost(server) => (server.stop(), 0),
         }
     }
 }
@@ -340,6 +395,24 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             "--max-request-bytes {}: at most 1G",
             args.request_bytes_max
         ));
+    };
+    // NBD is served unless only --vhost-user-blk sockets are asked for.
+    let vhost_alone = !args.vhost_user_blk.is_empty() && args.nvme_tcp.is_none();
+    let nbd_listen = nbd_listen(args.listen.clone(), vhost_alone);
+    let nbd = nbd_listen.is_some();
+    if !nbd {
+        let given = nbd_settings_given(&args);
+        if !given.is_empty() {
+            return crate::usage_error(format!(
+                "{}: NBD's settings, but NBD is not served (--vhost-user-blk without \
+                 --listen); add --listen ADDR:PORT to serve NBD too",
+                given.join(", ")
+            ));
+        }
+    }
+    let sockets = match vhost_sockets(&args.exports, &args.vhost_user_blk, nbd) {
+        Ok(s) => s,
+        Err(message) => return crate::usage_error(message),
     };
     let cores = match args.cores {
         Some(c) => c,
@@ -366,154 +439,135 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let service = ServiceConfig {
-        cores: Some(cores),
-        policy: args.policy,
-        metrics: args.metrics,
-        connections_max: args.connections_max,
-        connection_bytes_max: usize::try_from(args.connection_bytes_max).unwrap_or(usize::MAX),
-        idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
-        coalesce_ns: (args.coalesce_us * 1000.0) as u64,
-        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
-        idle_timeout: (args.idle_timeout_s > 0.0)
-            .then(|| Duration::from_secs_f64(args.idle_timeout_s)),
-        request_stall_timeout: Duration::from_secs_f64(args.request_timeout_s),
-        unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
-        unix_owner: args.unix_owner,
-        tls: TlsConfig {
-            mode: args.tls,
-            certificates_dir: args.tls_certificates,
-            verify_peer: args.tls_verify_peer,
-        },
-        ..ServiceConfig::new(args.listen)
-    };
-    let mut sockets = Vec::with_capacity(args.vhost_user_blk.len());
-    for (name, socket) in args.vhost_user_blk {
-        let Some(export) = args.exports.iter().position(|(n, _)| *n == name) else {
-            return crate::usage_error(format!(
-                "--vhost-user-blk {name}={}: no --export named {name}",
-                socket.display()
-            ));
-        };
-        sockets.push(VhostSocket {
-            name,
-            export,
-            socket,
-        });
-    }
-    let cfg = ServerConfig {
-        exports: args.exports,
-        read_only: args.read_only,
-        request_bytes_max,
-        queue_depth: usize::from(args.queue_depth),
-        service,
-    };
-    if args.nvme_tcp.is_some() {
-        let restricted = cfg
-            .exports
-            .iter()
-            .find(|(_, spec)| ExportSpec::parse(spec).clients.is_some());
-        if let Some((name, _)) = restricted {
-            return crate::usage_error(format!(
-                "--nvme-tcp: export {name} is restricted to named clients (clients=), which \
-                 NVMe/TCP cannot check here (it has no TLS): serve it over NBD only"
-            ));
+    let (socket_files, listeners) = match bind_sockets(&sockets) {
+        Ok(bound) => bound,
+        Err(message) => {
+            eprintln!("hypoll serve: {message}");
+            return ExitCode::FAILURE;
         }
-    }
-    // NVMe/TCP's socket is bound first: its address goes in the target's discovery log,
-    // which the reactors build.
-    let nvme = match args.nvme_tcp {
-        None => None,
-        Some(addr) => {
-            let nvme_cfg = ServiceConfig {
-                listen: ListenAddr::Tcp(addr),
-                tls: FrontTlsConfig::default(),
-                ..cfg.service.clone()
+    };
+    let running = if let Some(listen) = nbd_listen {
+        let service = ServiceConfig {
+            cores: Some(cores),
+            policy: args.policy,
+            metrics: args.metrics,
+            connections_max: args.connections_max,
+            connection_bytes_max: usize::try_from(args.connection_bytes_max).unwrap_or(usize::MAX),
+            idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
+            coalesce_ns: (args.coalesce_us * 1000.0) as u64,
+            handshake_timeout: Duration::from_secs_f64(args.handshake_timeout_s),
+            idle_timeout: (args.idle_timeout_s > 0.0)
+                .then(|| Duration::from_secs_f64(args.idle_timeout_s)),
+            request_stall_timeout: Duration::from_secs_f64(args.request_timeout_s),
+            unix_mode: u32::from_str_radix(&args.unix_mode, 8).expect("checked by parse_unix_mode"),
+            unix_owner: args.unix_owner,
+            tls: TlsConfig {
+                mode: args.tls,
+                certificates_dir: args.tls_certificates,
+                verify_peer: args.tls_verify_peer,
+            },
+            ..ServiceConfig::new(listen)
+        };
+        let cfg = ServerConfig {
+            exports: args.exports,
+            read_only: args.read_only,
+            request_bytes_max,
+            queue_depth: usize::from(args.queue_depth),
+            service,
+        };
+        if args.nvme_tcp.is_some() {
+            let restricted = cfg
+                .exports
+                .iter()
+                .find(|(_, spec)| ExportSpec::parse(spec).clients.is_some());
+            if let Some((name, _)) = restricted {
+                return crate::usage_error(format!(
+                    "--nvme-tcp: export {name} is restricted to named clients (clients=), \
+                     which NVMe/TCP cannot check here (it has no TLS): serve it over NBD only"
+                ));
+            }
+        }
+        // NVMe/TCP's socket is bound first: its address goes in the target's discovery
+        // log, which the reactors build.
+        let nvme = match args.nvme_tcp {
+            None => None,
+            Some(addr) => {
+                let nvme_cfg = ServiceConfig {
+                    listen: ListenAddr::Tcp(addr),
+                    tls: FrontTlsConfig::default(),
+                    ..cfg.service.clone()
+                };
+                match AddedProtocol::<Nvmf>::bind(&nvme_cfg, std::sync::Arc::new(nvmf_metrics())) {
+                    Ok(added) => Some(added),
+                    Err(e) => {
+                        eprintln!("hypoll serve: --nvme-tcp: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+        };
+        let nvme_part = nvme.as_ref().map(|added| {
+            let ListenAddr::Tcp(addr) = added.local_addr().clone() else {
+                unreachable!("--nvme-tcp takes ADDR:PORT")
             };
-            match AddedProtocol::<Nvmf>::bind(&nvme_cfg, std::sync::Arc::new(nvmf_metrics())) {
-                Ok(added) => Some(added),
+            NvmeTcp {
+                shards: added.shards(),
+                subsystem_nqn: args.nvme_nqn.clone(),
+                addr,
+                target: Default::default(),
+            }
+        });
+        let composed = sockets.clone();
+        let composed_nvme = nvme_part.clone();
+        let started = Server::start_with(cfg, move |r, nbd| {
+            compose(r, nbd, &composed, &listeners, composed_nvme.as_ref())
+        });
+        let server = match started {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("hypoll serve: {}", with_flag(&e.to_string(), e.setting()));
+                return ExitCode::FAILURE;
+            }
+        };
+        let nvme_listener = match (nvme, server.handles()) {
+            (Some(added), Some(handles)) => match added.serve(handles.clone()) {
+                Ok(l) => Some(l),
                 Err(e) => {
                     eprintln!("hypoll serve: --nvme-tcp: {e}");
                     return ExitCode::FAILURE;
                 }
-            }
-        }
-    };
-    let nvme_part = nvme.as_ref().map(|added| {
-        let ListenAddr::Tcp(addr) = added.local_addr().clone() else {
-            unreachable!("--nvme-tcp takes ADDR:PORT")
+            },
+            _ => None,
         };
-        NvmeTcp {
-            shards: added.shards(),
-            subsystem_nqn: args.nvme_nqn.clone(),
-            addr,
-            target: Default::default(),
-        }
-    });
-    let composed = sockets.clone();
-    let composed_nvme = nvme_part.clone();
-    let started = Server::start_with(cfg, move |r, nbd| {
-        compose(r, nbd, &composed, composed_nvme.as_ref())
-    });
-    let server = match started {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("hypoll serve: {}", with_flag(&e.to_string(), e.setting()));
-            return ExitCode::FAILURE;
-        }
-    };
-    let nvme_listener: Option<AddedListener<_>> = match (nvme, server.handles()) {
-        (Some(added), Some(handles)) => match added.serve(handles.clone()) {
-            Ok(l) => Some(l),
+        Running::Nbd(Box::new(NbdRunning {
+            server,
+            nvme: nvme_listener.zip(nvme_part),
+        }))
+    } else {
+        let cfg = VhostOnlyConfig {
+            exports: args.exports,
+            read_only: args.read_only,
+            cores,
+            policy: args.policy,
+            queue_depth: usize::from(args.queue_depth),
+            idle_spin_ns: (args.idle_spin_us * 1000.0) as u64,
+        };
+        match VhostOnly::start(cfg, sockets.clone(), listeners) {
+            Ok(s) => Running::Vhost(s),
             Err(e) => {
-                eprintln!("hypoll serve: --nvme-tcp: {e}");
+                eprintln!("hypoll serve: {e}");
                 return ExitCode::FAILURE;
             }
-        },
-        _ => None,
+        }
     };
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on {}", server.local_addr());
-        if let Some(n) = &nvme_part {
-            let nqn = n
-                .target
-                .get()
-                .map_or(n.subsystem_nqn.as_str(), |t| t.subsystem_nqn());
-            let _ = writeln!(out, "nvme-tcp listening on {}, subsystem {nqn}", n.addr);
-        }
-        if let Some(m) = server.metrics_addr() {
-            let _ = writeln!(out, "metrics on http://{m}/metrics");
-        }
-        for (e, device) in server.exports().iter().zip(server.export_devices()) {
-            let _ = writeln!(
-                out,
-                "export {} = {device} ({} bytes, {}-byte blocks{})",
-                e.name,
-                e.size_bytes,
-                e.block_bytes,
-                if e.flags & TFLAG_READ_ONLY != 0 {
-                    ", read-only"
-                } else {
-                    ""
-                }
-            );
-        }
-        for s in &sockets {
-            let _ = writeln!(out, "vhost-user-blk {} on {}", s.name, s.socket.display());
-        }
-        let _ = out.flush();
-    }
+    running.announce(&sockets);
     let signal = signals.forever().next();
     eprintln!(
         "hypoll serve: signal {}: stopping (finishing in-flight requests, then flushing)",
         signal.unwrap_or_default()
     );
-    let nvme_left = nvme_listener.map_or(0, AddedListener::stop);
-    let report = server.stop();
-    for s in &sockets {
-        let _ = std::fs::remove_file(&s.socket);
-    }
+    let (report, nvme_left) = running.stop();
+    drop(socket_files);
     let mut ok = true;
     if nvme_left > 0 {
         eprintln!(
@@ -553,58 +607,15 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
 
     #[test]
-    fn a_setting_is_named_by_its_flag() {
-        assert_eq!(
-            with_flag(
-                "connections_max 0: expected 1 to 4096",
-                Some("connections_max")
-            ),
-            "--max-connections 0: expected 1 to 4096"
-        );
-        assert_eq!(
-            with_flag("exports: none given", Some("exports")),
-            "--export: none given"
-        );
-        assert_eq!(with_flag("no such file", None), "no such file");
-        assert_eq!(with_flag("odd", Some("not_a_setting")), "odd");
-    }
-
-    #[test]
-    fn an_event_is_one_line_with_the_flag_of_its_setting() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let log = Captured::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .event_format(ServeLine)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(
-                setting = "connections_max",
-                "peer: refused: 2 connections are open"
-            );
-            tracing::warn!(core = 3, "I/O timed out; aborting it");
-        });
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(
-            text,
-            "hypoll serve: peer: refused: 2 connections are open (--max-connections)\n\
-             hypoll serve: I/O timed out; aborting it core=3\n"
-        );
+    fn nbd_is_served_unless_only_vhost_user_blk_is_asked_for() {
+        let unix: ListenAddr = "unix:/run/nbd.sock".parse().unwrap();
+        let default: ListenAddr = "127.0.0.1:10809".parse().unwrap();
+        assert_eq!(nbd_listen(None, false), Some(default));
+        assert_eq!(nbd_listen(None, true), None);
+        assert_eq!(nbd_listen(Some(unix.clone()), true), Some(unix.clone()));
+        assert_eq!(nbd_listen(Some(unix.clone()), false), Some(unix));
     }
 }

@@ -2,11 +2,13 @@
 //! end's, and NVMe/TCP's shard with `--nvme-tcp`, side by side, so every front end shares
 //! the reactors and their policy (see docs/lab/2026-12-front-end-composition.md). The
 //! exports' devices are attached once per reactor, by NBD's start (export `i` is
-//! `DeviceId` `i`); vhost-user-blk and NVMe/TCP serve the same queue pairs.
+//! `DeviceId` `i`); vhost-user-blk and NVMe/TCP serve the same queue pairs. Without NBD
+//! (`serve_vhost.rs`) the reactors hold the vhost part alone.
 
 use std::net::SocketAddr;
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hypoll_frontend::{AddedShards, HasShard, Shard};
 use hypoll_nbd::proto::{TFLAG_READ_ONLY, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES};
@@ -101,6 +103,19 @@ pub struct VhostSocket {
     pub socket: PathBuf,
 }
 
+/// The sockets' listeners, bound before the reactors start (so a bad path stops the
+/// server with its own message), in `--vhost-user-blk` order; the first reactor takes
+/// them.
+pub type Listeners = Mutex<Vec<Option<UnixListener>>>;
+
+/// What an export offers a guest beyond its device's namespace.
+#[derive(Clone, Copy, Debug)]
+pub struct ExportFacts {
+    pub read_only: bool,
+    pub discard: bool,
+    pub write_zeroes: bool,
+}
+
 /// Makes a reactor's state from NBD's shard there: the vhost-user-blk exports on the
 /// same devices, each guest offered a queue per reactor, and (on the first reactor) their
 /// sockets listened to.
@@ -108,37 +123,20 @@ pub fn compose(
     r: &mut Reactor<Serve>,
     nbd: Shard<Nbd>,
     sockets: &[VhostSocket],
+    listeners: &Listeners,
     nvme: Option<&NvmeTcp>,
 ) -> Result<Serve, InitError> {
-    let queues = u16::try_from(r.handles().len()).unwrap_or(u16::MAX);
-    let mut exports = Vec::with_capacity(sockets.len());
-    for s in sockets {
-        let info = &nbd.proto.exports()[s.export];
-        let device = DeviceId::from_index(s.export as u16);
-        let ns = r
-            .namespace(device)
-            .ok_or_else(|| format!("export {} has no device on this reactor", s.name))?;
-        let geometry = Geometry::new(
-            &ns,
-            info.flags & TFLAG_READ_ONLY != 0,
-            info.flags & TFLAG_SEND_TRIM != 0,
-            info.flags & TFLAG_SEND_WRITE_ZEROES != 0,
-            queues,
-        );
-        exports.push(ShardExport {
-            name: s.name.clone(),
-            device,
-            geometry,
-        });
-    }
-    let mut vhost = VhostShard::with_devices(exports);
-    if r.index() == 0 {
-        for (i, s) in sockets.iter().enumerate() {
-            vhost
-                .listen(r, i, &s.socket)
-                .map_err(|e| format!("--vhost-user-blk {}: {}: {e}", s.name, s.socket.display()))?;
-        }
-    }
+    let facts: Vec<ExportFacts> = nbd
+        .proto
+        .exports()
+        .iter()
+        .map(|info| ExportFacts {
+            read_only: info.flags & TFLAG_READ_ONLY != 0,
+            discard: info.flags & TFLAG_SEND_TRIM != 0,
+            write_zeroes: info.flags & TFLAG_SEND_WRITE_ZEROES != 0,
+        })
+        .collect();
+    let vhost = vhost_part(r, &facts, sockets, listeners)?;
     let nvmf = match nvme {
         None => None,
         Some(n) => {
@@ -153,4 +151,44 @@ pub fn compose(
         }
     };
     Ok(Serve { nbd, vhost, nvmf })
+}
+
+/// The vhost-user-blk part of a reactor's state whose exports' devices are attached
+/// already (export `i` as `DeviceId` `i`, described by `facts[i]`): one guest per socket,
+/// offered a queue per reactor; the first reactor watches the sockets.
+pub fn vhost_part<S: VhostState>(
+    r: &mut Reactor<S>,
+    facts: &[ExportFacts],
+    sockets: &[VhostSocket],
+    listeners: &Listeners,
+) -> Result<VhostShard<S>, InitError> {
+    let queues = u16::try_from(r.handles().len()).unwrap_or(u16::MAX);
+    let mut exports = Vec::with_capacity(sockets.len());
+    for s in sockets {
+        let f = facts[s.export];
+        let device = DeviceId::from_index(s.export as u16);
+        let ns = r
+            .namespace(device)
+            .ok_or_else(|| format!("export {} has no device on this reactor", s.name))?;
+        let geometry = Geometry::new(&ns, f.read_only, f.discard, f.write_zeroes, queues);
+        exports.push(ShardExport {
+            name: s.name.clone(),
+            device,
+            geometry,
+        });
+    }
+    let mut vhost = VhostShard::with_devices(exports);
+    if r.index() == 0 {
+        let mut listeners = listeners.lock().expect("never poisoned");
+        assert_eq!(listeners.len(), sockets.len(), "one listener per socket");
+        for (i, (s, listener)) in sockets.iter().zip(listeners.iter_mut()).enumerate() {
+            let listener = listener
+                .take()
+                .ok_or_else(|| format!("--vhost-user-blk {}: its socket is gone", s.name))?;
+            vhost
+                .listen_on(r, i, listener)
+                .map_err(|e| format!("--vhost-user-blk {}: {}: {e}", s.name, s.socket.display()))?;
+        }
+    }
+    Ok(vhost)
 }

@@ -28,6 +28,12 @@ use crate::sys::{peek, peer_closed};
 
 /// How long one read or write of a control message may block the reactor.
 pub const CONTROL_IO_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a reactor that keeps turning waits before it looks again at a socket that had
+/// nothing to read (a listening socket, a control connection between messages): a look is
+/// a system call, every poller is polled on every turn, and once a guest runs its front
+/// end sends control messages rarely. A reactor about to block arms the socket in epoll
+/// instead, and looks at once when it wakes.
+const IDLE_SOCKET_LOOK_NS: u64 = 1_000_000;
 /// Bytes of a vhost-user message header, and of a header with a `VhostUserVringState`.
 const HEADER_BYTES: usize = 12;
 const VRING_STATE_MESSAGE_BYTES: usize = HEADER_BYTES + 8;
@@ -53,14 +59,45 @@ impl<S: VhostState> ControlConn<S> {
     }
 }
 
+/// When a poller next looks at its socket.
+#[derive(Debug, Default)]
+pub(crate) struct Pace {
+    /// The reactor time of the next look; 0: the next poll.
+    next_ns: u64,
+}
+
+impl Pace {
+    /// Whether to look at the socket at `now_ns`.
+    fn due(&self, now_ns: u64) -> bool {
+        now_ns >= self.next_ns
+    }
+
+    /// A look at `now_ns` found nothing: the next waits [`IDLE_SOCKET_LOOK_NS`].
+    fn found_nothing(&mut self, now_ns: u64) {
+        self.next_ns = now_ns.saturating_add(IDLE_SOCKET_LOOK_NS);
+        debug_assert!(!self.due(now_ns));
+    }
+
+    /// The reactor is about to block with the socket in its epoll set: whatever wakes it,
+    /// the next poll looks.
+    fn before_block(&mut self) {
+        self.next_ns = 0;
+    }
+}
+
 /// Watches one export's listening socket.
 pub(crate) struct Listen {
     pub listener: UnixListener,
     pub export: usize,
+    pub pace: Pace,
 }
 
 impl<S: VhostState> Poller<S> for Listen {
     fn poll(&mut self, r: &mut Reactor<S>, state: &mut S) -> usize {
+        let now_ns = r.now_ns();
+        if !self.pace.due(now_ns) {
+            return 0;
+        }
         let mut work = 0;
         loop {
             let stream = match self.listener.accept() {
@@ -74,11 +111,19 @@ impl<S: VhostState> Poller<S> for Listen {
             work += 1;
             state.vhost().adopt(r, self.export, stream);
         }
+        if work == 0 {
+            self.pace.found_nothing(now_ns);
+        }
         work
     }
 
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.listener.as_fd())
+    }
+
+    fn before_block(&mut self) -> bool {
+        self.pace.before_block();
+        false
     }
 }
 
@@ -86,10 +131,15 @@ impl<S: VhostState> Poller<S> for Listen {
 struct ConnPoller {
     key: usize,
     sock: UnixStream,
+    pace: Pace,
 }
 
 impl<S: VhostState> Poller<S> for ConnPoller {
     fn poll(&mut self, r: &mut Reactor<S>, state: &mut S) -> usize {
+        let now_ns = r.now_ns();
+        if !self.pace.due(now_ns) {
+            return 0;
+        }
         let shard = state.vhost();
         let Some(conn) = shard.controls.get_mut(self.key) else {
             return 0;
@@ -100,7 +150,10 @@ impl<S: VhostState> Poller<S> for ConnPoller {
         let mut head = [0u8; VRING_STATE_MESSAGE_BYTES];
         let n = match peek(self.sock.as_fd(), &mut head) {
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return 0,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.pace.found_nothing(now_ns);
+                return 0;
+            }
             Err(e) => {
                 tracing::info!("a vhost-user connection failed: {e}");
                 shard.close(r, self.key);
@@ -113,12 +166,14 @@ impl<S: VhostState> Poller<S> for ConnPoller {
         }
         if n < HEADER_BYTES {
             // The rest of the header is on its way.
+            self.pace.found_nothing(now_ns);
             return 0;
         }
         let code = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         tracing::trace!(code, "a vhost-user message");
         if code == FrontendReq::GET_VRING_BASE as u32 {
             if n < VRING_STATE_MESSAGE_BYTES {
+                self.pace.found_nothing(now_ns);
                 return 0;
             }
             let index = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
@@ -150,6 +205,11 @@ impl<S: VhostState> Poller<S> for ConnPoller {
 
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.sock.as_fd())
+    }
+
+    fn before_block(&mut self) -> bool {
+        self.pace.before_block();
+        false
     }
 }
 
@@ -206,10 +266,13 @@ impl<S: VhostState> VhostShard<S> {
     /// Puts connection `key`'s socket in the reactor's epoll set (again).
     fn watch(&mut self, r: &mut Reactor<S>, key: usize) {
         let conn = &mut self.controls[key];
-        let added = conn
-            .handler
-            .try_clone_connection()
-            .and_then(|sock| r.add_poller(Box::new(ConnPoller { key, sock })));
+        let added = conn.handler.try_clone_connection().and_then(|sock| {
+            r.add_poller(Box::new(ConnPoller {
+                key,
+                sock,
+                pace: Pace::default(),
+            }))
+        });
         match added {
             Ok(id) => conn.poller = Some(id),
             Err(e) => {
@@ -255,5 +318,85 @@ impl<S: VhostState> VhostShard<S> {
     /// Control connections open on this reactor.
     pub fn connections(&self) -> usize {
         self.controls.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    use hypoll_reactor::{Device, Reactor, ReactorTuning, StandaloneConfig};
+
+    use super::*;
+    use crate::blk::Geometry;
+    use crate::server::{bind_socket, Standalone};
+
+    #[test]
+    fn a_socket_that_had_nothing_is_looked_at_again_after_the_pace_or_a_block() {
+        let mut pace = Pace::default();
+        assert!(pace.due(0), "a new poller looks at once");
+        pace.found_nothing(5_000);
+        assert!(!pace.due(5_000) && !pace.due(5_000 + IDLE_SOCKET_LOOK_NS - 1));
+        assert!(pace.due(5_000 + IDLE_SOCKET_LOOK_NS));
+        pace.before_block();
+        assert!(pace.due(5_001), "after a block the next poll looks");
+        pace.found_nothing(u64::MAX - 1);
+        assert!(!pace.due(u64::MAX - 1));
+    }
+
+    /// A reactor that keeps turning looks at an empty listening socket once per
+    /// [`IDLE_SOCKET_LOOK_NS`] of its own time, not once per turn (each look is a system
+    /// call); a reactor that blocked looks as soon as it wakes.
+    #[test]
+    fn a_turning_reactor_accepts_at_its_pace_and_a_woken_one_at_once() {
+        let (mut r, _handle) = Reactor::<Standalone>::standalone(StandaloneConfig {
+            tuning: ReactorTuning {
+                idle_spin_ns: 0,
+                ..ReactorTuning::default()
+            },
+            ..StandaloneConfig::default()
+        })
+        .unwrap();
+        let device = Device::open("null,size=1M").unwrap();
+        let geometry = Geometry::new(&device.ctrl.namespace(), false, false, false, 1);
+        let vhost = VhostShard::new(&mut r, &[("d".into(), device, geometry)], 8).unwrap();
+        let mut state = Standalone { vhost };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let listener = bind_socket(&path).unwrap();
+        state.vhost.listen_on(&mut r, 0, listener).unwrap();
+
+        // An empty look, then a front end connects: turns before the pace has passed do
+        // not look; the first after it accepts.
+        r.poll(&mut state);
+        let looked_ns = r.now_ns();
+        let _first = UnixStream::connect(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            r.poll(&mut state);
+            let accepted = state.vhost.connections() == 1;
+            if r.now_ns() < looked_ns + IDLE_SOCKET_LOOK_NS {
+                assert!(!accepted, "looked again before the pace");
+            } else {
+                assert!(accepted, "the first turn after the pace accepts");
+                break;
+            }
+            assert!(Instant::now() < deadline);
+        }
+
+        // Its control connection has nothing to read either: the reactor blocks (both
+        // sockets armed), a second front end's connection wakes it, and the next turn
+        // takes it (and closes it: one front end per export at a time) without waiting
+        // for the pace.
+        r.poll(&mut state);
+        r.poll(&mut state);
+        let before = UnixStream::connect(&path).unwrap();
+        let woke = Instant::now();
+        r.idle();
+        let looked = r.poll(&mut state);
+        assert!(looked > 0, "the woken reactor looked at once");
+        assert!(woke.elapsed() < Duration::from_secs(2));
+        drop(before);
     }
 }

@@ -38,7 +38,9 @@ pub mod walk;
 pub use blk::Geometry;
 pub use conn::CONTROL_IO_TIMEOUT;
 pub use request::{parse, Op, ParseError, Request, RequestError};
-pub use server::{Standalone, VhostConfig, VhostExport, VhostServer, QUEUE_DEPTH_DEFAULT};
+pub use server::{
+    bind_socket, Standalone, VhostConfig, VhostExport, VhostServer, QUEUE_DEPTH_DEFAULT,
+};
 pub use shard::{ShardExport, VhostShard, VhostState};
 pub use walk::{walk_chain, Buffer, ChainError, ChainLimits};
 #[doc(hidden)]

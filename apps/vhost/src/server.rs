@@ -3,8 +3,10 @@
 //! shares its reactors with other front ends holds a [`VhostShard`] in its own state and
 //! calls [`VhostShard::new`] and [`VhostShard::listen`] from its reactors' `init`.)
 
-use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 
 use hypoll_reactor::{
     CoreList, Device, InitError, Opcode, Reactor, ReactorConfig, ReactorHandle, ReactorSet,
@@ -12,7 +14,7 @@ use hypoll_reactor::{
 };
 
 use crate::blk::Geometry;
-use crate::conn::Listen;
+use crate::conn::{Listen, Pace};
 use crate::shard::{VhostShard, VhostState};
 
 /// Queue depth of each export's queue pair on each reactor, unless configured.
@@ -65,22 +67,74 @@ impl VhostState for Standalone {
 }
 
 impl<S: VhostState> VhostShard<S> {
-    /// Makes `socket` a listening socket for export `export` and watches it on `r`.
+    /// Makes `socket` a listening socket for export `export` and watches it on `r`
+    /// ([`bind_socket`], then [`VhostShard::listen_on`]).
     pub fn listen(
         &mut self,
         r: &mut Reactor<S>,
         export: usize,
-        socket: &std::path::Path,
+        socket: &Path,
     ) -> std::io::Result<()> {
-        match std::fs::remove_file(socket) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(socket)?;
+        let listener = bind_socket(socket)?;
+        self.listen_on(r, export, listener)
+    }
+
+    /// Watches `listener` (from [`bind_socket`]) on `r` for front ends of export `export`.
+    pub fn listen_on(
+        &mut self,
+        r: &mut Reactor<S>,
+        export: usize,
+        listener: UnixListener,
+    ) -> std::io::Result<()> {
         listener.set_nonblocking(true)?;
-        r.add_poller(Box::new(Listen { listener, export }))?;
+        r.add_poller(Box::new(Listen {
+            listener,
+            export,
+            pace: Pace::default(),
+        }))?;
         Ok(())
+    }
+}
+
+/// A listening socket at `path`, non-blocking. A socket file left there by a server that
+/// died (nothing accepts on it) is replaced; a socket where a server still listens, or a
+/// path that exists and is not a socket, is refused and left alone.
+pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
+    let listener = match UnixListener::bind(path) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            remove_stale_socket(path)?;
+            UnixListener::bind(path)?
+        }
+        bound => bound?,
+    };
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Removes the socket file at `path` if nothing listens on it any more.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket; it is left alone",
+        ));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another server is listening on this socket",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!("{}: replacing a stale socket file", path.display());
+            std::fs::remove_file(path)
+        }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!(
+                "the socket file exists, and connecting to see whether it is stale failed: {e}"
+            ),
+        )),
     }
 }
 
@@ -128,5 +182,42 @@ impl VhostServer {
     /// Stops the reactors (I/O in flight finishes or fails as a reactor's shutdown says).
     pub fn shutdown(self) -> ShutdownReport {
         self.set.shutdown()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_that_is_not_a_socket_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        std::fs::write(&file, b"precious").unwrap();
+        let e = bind_socket(&file).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+        let sub = dir.path().join("a-folder");
+        std::fs::create_dir(&sub).unwrap();
+        bind_socket(&sub).unwrap_err();
+        assert!(sub.is_dir());
+    }
+
+    #[test]
+    fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.sock");
+        let live = bind_socket(&path).unwrap();
+        let e = bind_socket(&path).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
+        // The first server still has its socket.
+        UnixStream::connect(&path).unwrap();
+        // A server that died leaves its socket file behind: the next one takes its place.
+        drop(live);
+        assert!(path.exists());
+        let again = bind_socket(&path).unwrap();
+        UnixStream::connect(&path).unwrap();
+        assert!(again.accept().is_ok());
     }
 }

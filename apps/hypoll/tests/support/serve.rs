@@ -17,6 +17,8 @@ pub struct Serve {
     pub metrics_port: u16,
     /// With `--nvme-tcp`: its port and the subsystem's NQN, as the server printed them.
     pub nvme: Option<(u16, String)>,
+    /// vhost-user-blk sockets it said it listens on.
+    pub vhost_sockets: usize,
     stderr: mpsc::Receiver<String>,
 }
 
@@ -44,7 +46,19 @@ impl Serve {
     }
 
     /// Runs `cmd` (from [`Serve::command`]) and waits until it listens.
-    pub fn spawn(mut cmd: Command) -> Serve {
+    pub fn spawn(cmd: Command) -> Serve {
+        Serve::spawn_until(cmd, |s| s.port != 0 && s.metrics_port != 0)
+    }
+
+    /// Runs `cmd`, a server of vhost-user-blk sockets without NBD (no `--listen`, no
+    /// `--metrics`), and waits until it has said where each of its `sockets` is.
+    #[allow(dead_code)] // Not every test binary serves vhost-user-blk alone.
+    pub fn spawn_vhost_only(cmd: Command, sockets: usize) -> Serve {
+        Serve::spawn_until(cmd, |s| s.vhost_sockets == sockets)
+    }
+
+    /// Runs `cmd` and reads its announcements until `ready` holds.
+    fn spawn_until(mut cmd: Command, ready: impl Fn(&Serve) -> bool) -> Serve {
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -69,10 +83,11 @@ impl Serve {
             port: 0,
             metrics_port: 0,
             nvme: None,
+            vhost_sockets: 0,
             stderr: erx,
         };
         let deadline = Instant::now() + START_TIMEOUT;
-        while serve.port == 0 || serve.metrics_port == 0 {
+        while !ready(&serve) {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = rx.recv_timeout(left).unwrap_or_else(|_| {
                 panic!(
@@ -97,6 +112,8 @@ impl Serve {
                 serve.port = port(addr);
             } else if let Some(addr) = line.strip_prefix("metrics on ") {
                 serve.metrics_port = port(addr);
+            } else if line.starts_with("vhost-user-blk ") {
+                serve.vhost_sockets += 1;
             }
         }
         serve
