@@ -37,6 +37,8 @@ mod conn;
 mod endpoint;
 mod epoll;
 mod fdlimit;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 mod intake;
 mod linger;
 mod listen;

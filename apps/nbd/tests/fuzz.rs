@@ -20,6 +20,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use hypoll_frontend::fuzz::Grammar;
 use hypoll_nbd::proto::*;
 use hypoll_nbd::session::{Close, ExportInfo, Limits, Op, Session, Step, TlsMode};
 use proptest::prelude::*;
@@ -111,96 +112,26 @@ fn exports() -> Arc<[ExportInfo]> {
     .into()
 }
 
-#[derive(Clone, Debug)]
-enum Mutation {
-    Flip {
-        at: usize,
-        bit: u8,
-    },
-    Insert {
-        at: usize,
-        bytes: Vec<u8>,
-    },
-    Delete {
-        at: usize,
-        len: usize,
-    },
-    /// Overwrites 4 bytes with a value that sits on a boundary.
-    Boundary {
-        at: usize,
-        value: u32,
-    },
-    /// Appends (part of) another seed.
-    Splice {
-        seed: usize,
-        from: usize,
-    },
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    let boundary = prop_oneof![
-        Just(0u32),
-        Just(1),
-        Just(511),
-        Just(512),
-        Just(4096),
-        Just(8192),
-        Just(8193),
-        Just(0x7fff_ffff),
-        Just(0x8000_0000),
-        Just(u32::MAX),
-        Just(REQUEST_MAGIC),
-        any::<u32>(),
-    ];
-    prop_oneof![
-        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..64))
-            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-        (any::<usize>(), 1usize..64).prop_map(|(at, len)| Mutation::Delete { at, len }),
-        (any::<usize>(), boundary).prop_map(|(at, value)| Mutation::Boundary { at, value }),
-        (any::<usize>(), any::<usize>()).prop_map(|(seed, from)| Mutation::Splice { seed, from }),
-    ]
-}
-
-fn mutate(seeds: &[Vec<u8>], seed: usize, mutations: &[Mutation]) -> Vec<u8> {
-    let mut s = seeds[seed % seeds.len()].clone();
-    for m in mutations {
-        let len = s.len().max(1);
-        match m {
-            Mutation::Flip { at, bit } => {
-                if !s.is_empty() {
-                    let i = at % s.len();
-                    s[i] ^= 1 << bit;
-                }
-            }
-            Mutation::Insert { at, bytes } => {
-                let i = at % (s.len() + 1);
-                s.splice(i..i, bytes.iter().copied());
-            }
-            Mutation::Delete { at, len: n } => {
-                if !s.is_empty() {
-                    let i = at % s.len();
-                    let end = (i + n).min(s.len());
-                    s.drain(i..end);
-                }
-            }
-            Mutation::Boundary { at, value } => {
-                if s.len() >= 4 {
-                    let i = at % (len - 3);
-                    s[i..i + 4].copy_from_slice(&value.to_be_bytes());
-                }
-            }
-            Mutation::Splice { seed, from } => {
-                let other = &seeds[seed % seeds.len()];
-                if !other.is_empty() {
-                    s.extend_from_slice(&other[from % other.len()..]);
-                }
-            }
-        }
-    }
-    s.truncate(STREAM_BYTES_MAX);
-    s
-}
+/// How this protocol's seeds are mutated: its fields are big-endian, and these values sit
+/// on its boundaries (sizes, limits, the request magic).
+const GRAMMAR: Grammar = Grammar {
+    boundaries: &[
+        0,
+        1,
+        511,
+        512,
+        4096,
+        8192,
+        8193,
+        0x7fff_ffff,
+        0x8000_0000,
+        u32::MAX,
+        REQUEST_MAGIC,
+    ],
+    big_endian: true,
+    delete_bytes_max: 64,
+    stream_bytes_max: STREAM_BYTES_MAX,
+};
 
 /// Everything a session said, with the bytes it consumed for each event.
 #[derive(Debug, PartialEq)]
@@ -423,11 +354,11 @@ proptest! {
     #[test]
     fn mutated_corpus_streams_keep_every_invariant(
         seed in any::<usize>(),
-        mutations in prop::collection::vec(mutation(), 0..8),
+        mutations in prop::collection::vec(GRAMMAR.mutation(), 0..8),
         cuts in prop::collection::vec(1usize..600, 1..8),
         tls in tls_mode(),
     ) {
-        let stream = mutate(corpus(), seed, &mutations);
+        let stream = GRAMMAR.mutate(corpus(), seed, &mutations);
         let pieces = drive_with(&stream, &cuts, tls);
         // Whole or in pieces, the session says the same.
         let whole = drive_with(&stream, &[stream.len().max(1)], tls);

@@ -19,6 +19,7 @@
 
 use std::path::Path;
 
+use hypoll_frontend::fuzz::Grammar;
 use hypoll_nvme::fabrics::CNTLID_DYNAMIC;
 use hypoll_nvme::spec::SubmissionEntry;
 use hypoll_nvme::tcp::SglDescriptor;
@@ -64,93 +65,29 @@ fn corpus() -> &'static [Vec<u8>] {
     })
 }
 
-#[derive(Clone, Debug)]
-enum Mutation {
-    Flip {
-        at: usize,
-        bit: u8,
-    },
-    Insert {
-        at: usize,
-        bytes: Vec<u8>,
-    },
-    Delete {
-        at: usize,
-        len: usize,
-    },
-    /// Overwrites 4 bytes with a little-endian value that sits on a boundary.
-    Boundary {
-        at: usize,
-        value: u32,
-    },
-    /// Appends (part of) another seed.
-    Splice {
-        seed: usize,
-        from: usize,
-    },
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    let boundary = prop_oneof![
-        Just(0u32),
-        Just(1),
-        Just(8),
-        Just(24),
-        Just(72),
-        Just(511),
-        Just(512),
-        Just(4095),
-        Just(4096),
-        Just(4097),
-        Just(16384),
-        Just(0xffff),
-        Just(0x7fff_ffff),
-        Just(u32::MAX),
-        any::<u32>(),
-    ];
-    prop_oneof![
-        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..64))
-            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-        (any::<usize>(), 1usize..128).prop_map(|(at, len)| Mutation::Delete { at, len }),
-        (any::<usize>(), boundary).prop_map(|(at, value)| Mutation::Boundary { at, value }),
-        (any::<usize>(), any::<usize>()).prop_map(|(seed, from)| Mutation::Splice { seed, from }),
-    ]
-}
-
-fn mutate(seeds: &[Vec<u8>], seed: usize, mutations: &[Mutation]) -> Vec<u8> {
-    let mut s = seeds[seed % seeds.len()].clone();
-    for m in mutations {
-        match m {
-            Mutation::Flip { at, bit } if !s.is_empty() => {
-                let i = at % s.len();
-                s[i] ^= 1 << bit;
-            }
-            Mutation::Insert { at, bytes } => {
-                let i = at % (s.len() + 1);
-                s.splice(i..i, bytes.iter().copied());
-            }
-            Mutation::Delete { at, len } if !s.is_empty() => {
-                let i = at % s.len();
-                let end = (i + len).min(s.len());
-                s.drain(i..end);
-            }
-            Mutation::Boundary { at, value } if s.len() >= 4 => {
-                let i = at % (s.len() - 3);
-                s[i..i + 4].copy_from_slice(&value.to_le_bytes());
-            }
-            Mutation::Splice { seed, from } => {
-                let other = &seeds[seed % seeds.len()];
-                if !other.is_empty() {
-                    s.extend_from_slice(&other[from % other.len()..]);
-                }
-            }
-            _ => {}
-        }
-    }
-    s.truncate(STREAM_BYTES_MAX);
-    s
-}
+/// How this protocol's seeds are mutated: its fields are little-endian, and these values
+/// sit on its boundaries (PDU and header lengths, sector and page sizes, limits).
+const GRAMMAR: Grammar = Grammar {
+    boundaries: &[
+        0,
+        1,
+        8,
+        24,
+        72,
+        511,
+        512,
+        4095,
+        4096,
+        4097,
+        16384,
+        0xffff,
+        0x7fff_ffff,
+        u32::MAX,
+    ],
+    big_endian: false,
+    delete_bytes_max: 128,
+    stream_bytes_max: STREAM_BYTES_MAX,
+};
 
 /// A command capsule made of random fields, with its data pointer one of the kinds a host
 /// sends (or anything), and maybe in-capsule data.
@@ -220,10 +157,10 @@ proptest! {
     #[test]
     fn mutated_corpus_streams_keep_every_invariant(
         seed in any::<usize>(),
-        mutations in prop::collection::vec(mutation(), 0..8),
+        mutations in prop::collection::vec(GRAMMAR.mutation(), 0..8),
         cuts in prop::collection::vec(1usize..700, 1..8),
     ) {
-        let stream = mutate(corpus(), seed, &mutations);
+        let stream = GRAMMAR.mutate(corpus(), seed, &mutations);
         let pieces = drive(&stream, &cuts);
         // Whole or in pieces, the session says the same.
         let whole = drive(&stream, &[stream.len().max(1)]);
