@@ -70,7 +70,7 @@ pub use endpoint::Endpoint;
 pub use fdlimit::{FDS_PER_REACTOR, FDS_SERVICE};
 pub use intake::LARGE_INPUTS_PER_REACTOR;
 pub use linger::LINGER_MS;
-pub use listen::ListenAddr;
+pub use listen::{remove_stale_socket, ListenAddr};
 pub use loglimit::{LOG_LINES_PER_WINDOW_MAX, LOG_WINDOW_MS};
 pub use protocol::{HasShard, Protocol};
 pub use service::{Service, ShardBuilder, StartError};

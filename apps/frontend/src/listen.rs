@@ -255,12 +255,14 @@ fn bind_unix_with_mode(
     bound
 }
 
-/// Removes the socket file at `path` if no server listens on it.
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
+/// Removes the socket file at `path` if no server listens on it (nothing answers a
+/// connect), before a new one is bound there. A socket where a server still listens
+/// (`AddrInUse`), and a file that is not a socket (`AlreadyExists`), are left alone.
+pub fn remove_stale_socket(path: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
     if !meta.file_type().is_socket() {
         return Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
+            io::ErrorKind::AlreadyExists,
             "the path exists and is not a socket; it is left alone",
         ));
     }

@@ -4,10 +4,10 @@
 //! calls [`VhostShard::new`] and [`VhostShard::listen`] from its reactors' `init`.)
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
+use hypoll_frontend::remove_stale_socket;
 use hypoll_reactor::{
     CoreList, Device, InitError, Opcode, Reactor, ReactorConfig, ReactorHandle, ReactorSet,
     ShutdownReport,
@@ -111,33 +111,6 @@ pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Removes the socket file at `path` if nothing listens on it any more.
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
-    if !meta.file_type().is_socket() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "the path exists and is not a socket; it is left alone",
-        ));
-    }
-    match UnixStream::connect(path) {
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "another server is listening on this socket",
-        )),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            tracing::info!("{}: replacing a stale socket file", path.display());
-            std::fs::remove_file(path)
-        }
-        Err(e) => Err(io::Error::new(
-            e.kind(),
-            format!(
-                "the socket file exists, and connecting to see whether it is stale failed: {e}"
-            ),
-        )),
-    }
-}
-
 /// A running server.
 pub struct VhostServer {
     set: ReactorSet<Standalone>,
@@ -187,6 +160,8 @@ impl VhostServer {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::net::UnixStream;
+
     use super::*;
 
     #[test]
