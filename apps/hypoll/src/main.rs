@@ -13,6 +13,7 @@ mod bench_async;
 mod report;
 mod serve;
 mod serve_log;
+mod serve_running;
 mod serve_state;
 mod serve_vhost;
 

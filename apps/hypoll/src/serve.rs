@@ -2,14 +2,12 @@
 //! alone, `serve_vhost.rs`) on per-core reactors until SIGINT, SIGTERM, SIGHUP or SIGQUIT,
 //! then stops gracefully (stop accepting, finish in-flight requests, flush).
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use hypoll_nbd::proto::TFLAG_READ_ONLY;
 use hypoll_nbd::server::{
     ExportSpec, TlsConfig, TlsMode, UnixOwner, COALESCE_NS_DEFAULT, COALESCE_NS_MAX,
     CONNECTIONS_MAX_DEFAULT, CONNECTION_BYTES_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT,
@@ -17,12 +15,13 @@ use hypoll_nbd::server::{
     UNIX_MODE_MAX,
 };
 use hypoll_nbd::session::REQUEST_BYTES_MAX_DEFAULT;
-use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig, StopReport};
+use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
 
 use crate::serve_log::with_flag;
-use crate::serve_state::{compose, NvmeTcp, Serve, VhostSocket};
+use crate::serve_running::{NbdRunning, Running};
+use crate::serve_state::{compose, NvmeTcp};
 use crate::serve_vhost::{bind_sockets, vhost_sockets, VhostOnly, VhostOnlyConfig};
-use hypoll_frontend::{AddedListener, AddedProtocol, TlsConfig as FrontTlsConfig};
+use hypoll_frontend::{AddedProtocol, TlsConfig as FrontTlsConfig};
 use hypoll_nvme::parse_size_bytes;
 use hypoll_nvmf::server::{nvmf_metrics, PORT_DEFAULT, SUBSYSTEM_NQN_DEFAULT};
 use hypoll_nvmf::Nvmf;
@@ -310,83 +309,6 @@ fn nbd_settings_given(args: &ServeArgs) -> Vec<&'static str> {
         "--request-timeout-s",
     );
     given
-}
-
-/// A running server: NBD with any vhost-user-blk sockets beside it, or those alone.
-enum Running {
-    Nbd(Box<NbdRunning>),
-    Vhost(VhostOnly),
-}
-
-/// NBD's server, with NVMe/TCP's listener and what it serves when `--nvme-tcp` asked for
-/// them.
-struct NbdRunning {
-    server: Server<Serve>,
-    nvme: Option<(AddedListener<Serve>, NvmeTcp)>,
-}
-
-impl Running {
-    /// Tells the operator where clients connect and what each export is.
-    fn announce(&self, sockets: &[VhostSocket]) {
-        let mut out = std::io::stdout().lock();
-        match self {
-            Running::Nbd(nbd) => {
-                let server = &nbd.server;
-                let _ = writeln!(out, "listening on {}", server.local_addr());
-                if let Some((_, n)) = &nbd.nvme {
-                    let nqn = n
-                        .target
-                        .get()
-                        .map_or(n.subsystem_nqn.as_str(), |t| t.subsystem_nqn());
-                    let _ = writeln!(out, "nvme-tcp listening on {}, subsystem {nqn}", n.addr);
-                }
-                if let Some(m) = server.metrics_addr() {
-                    let _ = writeln!(out, "metrics on http://{m}/metrics");
-                }
-                for (e, device) in server.exports().iter().zip(server.export_devices()) {
-                    let ro = e.flags & TFLAG_READ_ONLY != 0;
-                    let _ = writeln!(
-                        out,
-                        "export {} = {device} ({} bytes, {}-byte blocks{})",
-                        e.name,
-                        e.size_bytes,
-                        e.block_bytes,
-                        if ro { ", read-only" } else { "" }
-                    );
-                }
-            }
-            Running::Vhost(server) => {
-                for e in server.exports() {
-                    let _ = writeln!(
-                        out,
-                        "export {} = {} ({} bytes, {}-byte blocks{})",
-                        e.name,
-                        e.device,
-                        e.size_bytes,
-                        e.block_bytes,
-                        if e.read_only { ", read-only" } else { "" }
-                    );
-                }
-            }
-        }
-        for s in sockets {
-            let _ = writeln!(out, "vhost-user-blk {} on {}", s.name, s.socket.display());
-        }
-        let _ = out.flush();
-    }
-
-    /// Stops it: NVMe/TCP's listener and connections first, then NBD's (or the vhost
-    /// part alone). Returns the report and the NVMe/TCP connections cut.
-    fn stop(self) -> (StopReport, usize) {
-        match self {
-            Running::Nbd(nbd) => {
-                let NbdRunning { server, nvme } = *nbd;
-                let nvme_left = nvme.map_or(0, |(listener, _)| listener.stop());
-                (server.stop(), nvme_left)
-            }
-            Running::Vhost(server) => (server.stop(), 0),
-        }
-    }
 }
 
 pub fn serve_command(args: ServeArgs) -> ExitCode {

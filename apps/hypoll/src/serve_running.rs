@@ -1,0 +1,89 @@
+//! A running `hypoll serve`: NBD's server with NVMe/TCP's listener and the vhost-user-blk
+//! part beside it, or vhost-user-blk alone; how it says where clients connect, and how it
+//! stops.
+
+use std::io::Write;
+
+use hypoll_frontend::AddedListener;
+use hypoll_nbd::proto::TFLAG_READ_ONLY;
+use hypoll_nbd::{Server, StopReport};
+
+use crate::serve_state::{NvmeTcp, Serve, VhostSocket};
+use crate::serve_vhost::VhostOnly;
+
+/// A running server: NBD with any vhost-user-blk sockets beside it, or those alone.
+pub(crate) enum Running {
+    Nbd(Box<NbdRunning>),
+    Vhost(VhostOnly),
+}
+
+/// NBD's server, with NVMe/TCP's listener and what it serves when `--nvme-tcp` asked for
+/// them.
+pub(crate) struct NbdRunning {
+    pub(crate) server: Server<Serve>,
+    pub(crate) nvme: Option<(AddedListener<Serve>, NvmeTcp)>,
+}
+
+impl Running {
+    /// Tells the operator where clients connect and what each export is.
+    pub(crate) fn announce(&self, sockets: &[VhostSocket]) {
+        let mut out = std::io::stdout().lock();
+        match self {
+            Running::Nbd(nbd) => {
+                let server = &nbd.server;
+                let _ = writeln!(out, "listening on {}", server.local_addr());
+                if let Some((_, n)) = &nbd.nvme {
+                    let nqn = n
+                        .target
+                        .get()
+                        .map_or(n.subsystem_nqn.as_str(), |t| t.subsystem_nqn());
+                    let _ = writeln!(out, "nvme-tcp listening on {}, subsystem {nqn}", n.addr);
+                }
+                if let Some(m) = server.metrics_addr() {
+                    let _ = writeln!(out, "metrics on http://{m}/metrics");
+                }
+                for (e, device) in server.exports().iter().zip(server.export_devices()) {
+                    let ro = e.flags & TFLAG_READ_ONLY != 0;
+                    let _ = writeln!(
+                        out,
+                        "export {} = {device} ({} bytes, {}-byte blocks{})",
+                        e.name,
+                        e.size_bytes,
+                        e.block_bytes,
+                        if ro { ", read-only" } else { "" }
+                    );
+                }
+            }
+            Running::Vhost(server) => {
+                for e in server.exports() {
+                    let _ = writeln!(
+                        out,
+                        "export {} = {} ({} bytes, {}-byte blocks{})",
+                        e.name,
+                        e.device,
+                        e.size_bytes,
+                        e.block_bytes,
+                        if e.read_only { ", read-only" } else { "" }
+                    );
+                }
+            }
+        }
+        for s in sockets {
+            let _ = writeln!(out, "vhost-user-blk {} on {}", s.name, s.socket.display());
+        }
+        let _ = out.flush();
+    }
+
+    /// Stops it: NVMe/TCP's listener and connections first, then NBD's (or the vhost
+    /// part alone). Returns the report and the NVMe/TCP connections cut.
+    pub(crate) fn stop(self) -> (StopReport, usize) {
+        match self {
+            Running::Nbd(nbd) => {
+                let NbdRunning { server, nvme } = *nbd;
+                let nvme_left = nvme.map_or(0, |(listener, _)| listener.stop());
+                (server.stop(), nvme_left)
+            }
+            Running::Vhost(server) => (server.stop(), 0),
+        }
+    }
+}
