@@ -86,17 +86,6 @@ fn bench_runs_every_kind_of_wait_against_an_nvme_tcp_target_and_verifies() {
     assert_eq!(report.connections_left, 0);
 }
 
-/// CPU time of process `pid` so far (user and system), from /proc.
-fn cpu_ns(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces) start after its ')'.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf takes no pointers.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    ticks * 1_000_000_000 / hz
-}
-
 fn open(port: u16, nqn: &str, ns: u32) -> NvmeTcpController {
     let text = format!("nvme-tcp:127.0.0.1:{port}/{nqn},ns={ns}");
     let DeviceConfig::NvmeTcp(cfg) = text.parse().unwrap() else {
@@ -167,15 +156,7 @@ fn serve_exports_the_same_disks_over_nbd_and_nvme_tcp_and_stops_cleanly() {
 
     // Hosts connected and idle (keep-alives flowing, each reactor's NVMe/TCP tick running):
     // the reactors park rather than spin.
-    let before = cpu_ns(serve.pid());
-    let idle = Duration::from_secs(2);
-    std::thread::sleep(idle);
-    let used = cpu_ns(serve.pid()) - before;
-    eprintln!("idle, hosts connected: {used} ns of CPU in {idle:?}");
-    assert!(
-        used < idle.as_nanos() as u64 / 20,
-        "an idle server used {used} ns of CPU in {idle:?}"
-    );
+    serve.assert_idle_parks("hosts connected");
 
     // A stop with both hosts still connected: every connection closes, the exports flush.
     drop(nbd);

@@ -83,15 +83,7 @@ fn one_export_over_nbd_and_vhost_user_blk_sees_one_disk() {
 
     // Both clients attached and idle: the reactors park (the rings' notifications on, the
     // kick eventfds in their epoll sets) instead of spinning on the rings.
-    let before = cpu_ns(serve.pid());
-    let idle = Duration::from_secs(2);
-    std::thread::sleep(idle);
-    let used = cpu_ns(serve.pid()) - before;
-    eprintln!("idle, attached: {used} ns of CPU in {idle:?}");
-    assert!(
-        used < idle.as_nanos() as u64 / 20,
-        "an idle server used {used} ns of CPU in {idle:?}"
-    );
+    serve.assert_idle_parks("attached");
 
     // The guest leaves, NBD closes; the server stops cleanly and takes its socket away.
     drop(started);
@@ -101,17 +93,6 @@ fn one_export_over_nbd_and_vhost_user_blk_sees_one_disk() {
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("stopped cleanly"), "{stderr}");
     assert!(!socket.exists(), "the socket is removed");
-}
-
-/// CPU time (user + system) the process `pid` has used, from /proc.
-fn cpu_ns(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces) start after its ')'.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf takes no pointers.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    ticks * 1_000_000_000 / hz
 }
 
 /// A `hypoll serve` with `args` after `serve`, serving `sockets` vhost-user-blk sockets and

@@ -124,6 +124,31 @@ impl Serve {
         self.child.id()
     }
 
+    /// CPU time (user + system) the server has used so far, from /proc.
+    pub fn cpu_ns(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // Fields after the command name (which may hold spaces) start after its ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf takes no pointers.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        ticks * 1_000_000_000 / hz
+    }
+
+    /// Waits 2 s with the clients connected and idle (`what` says how), and asserts the
+    /// server used under 5 % of a core meanwhile: its reactors park rather than spin.
+    pub fn assert_idle_parks(&self, what: &str) {
+        let before = self.cpu_ns();
+        let idle = Duration::from_secs(2);
+        std::thread::sleep(idle);
+        let used = self.cpu_ns() - before;
+        eprintln!("idle, {what}: {used} ns of CPU in {idle:?}");
+        assert!(
+            used < idle.as_nanos() as u64 / 20,
+            "an idle server ({what}) used {used} ns of CPU in {idle:?}"
+        );
+    }
+
     /// An `nbd://` URI of `export` on this server.
     pub fn uri(&self, export: &str) -> String {
         format!("nbd://127.0.0.1:{}/{export}", self.port)

@@ -80,7 +80,7 @@ fn a_client_sending_every_5_us_is_spun_for() {
         client.idle(&mut policy, US),
         Duration::from_nanos(IDLE_SPIN_NS)
     );
-    // A park costs 12 us here: spinning the 4 us left to the next request is cheaper.
+    // A park costs 12 us in this test: spinning the 4 us left to the next request is cheaper.
     calibrate(&mut policy, 4 * US, 8 * US);
     let spin = client.idle(&mut policy, US).as_nanos() as u64;
     assert_eq!(spin, 4 * US, "spun until the next request is due");
