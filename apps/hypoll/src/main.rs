@@ -151,7 +151,8 @@ struct BenchArgs {
     /// Draw mean latency against CPU, one point per policy, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// After each run, write a pattern, read it back and count mismatches (must be 0).
+    /// After each run, write a pattern, read it back and count mismatches (must be 0). Not
+    /// on `null`, which keeps nothing it is given.
     #[arg(long)]
     verify: bool,
 }
@@ -267,6 +268,15 @@ fn bench_command(args: BenchArgs) -> ExitCode {
             "--policy oracle needs an emulated device (emu:<profile>), not {}",
             args.device
         ));
+    }
+    // `null` discards what is written and reads zeroes: a verify pass there could only
+    // report every block as a mismatch.
+    if args.verify && matches!(args.device, DeviceConfig::Null(_)) {
+        return usage_error(
+            "--verify needs a device that keeps what is written; `null` discards writes \
+             (use emu:..., uring:FILE or a real device)"
+                .to_string(),
+        );
     }
     // Open the device once up front: a missing file or an unusable device is reported
     // before any run starts, and the block size is the device's own.

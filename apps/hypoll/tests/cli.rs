@@ -204,6 +204,7 @@ fn bad_input_is_one_line_naming_the_value_and_exit_status_2() {
             &["bench", "--device", "null", "--policy", "oracle"][..],
             "oracle",
         ),
+        (&["bench", "--device", "null", "--verify"][..], "--verify"),
         (
             &["bench", "--device", "emu:optane,jitter=lots"][..],
             "jitter",
