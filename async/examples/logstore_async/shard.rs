@@ -8,7 +8,7 @@
 #[path = "../../../reactor/examples/logstore/log.rs"]
 mod log;
 
-use hypoll_async::{Executor, HasExecutor, IoError, Local};
+use hypoll_async::{Executor, HasExecutor, IoError, IoOutput, Local};
 use hypoll_reactor::{Device, InitError, IoBuf, Reactor};
 
 use crate::store::{Answer, StoreConfig, StoreError};
@@ -19,9 +19,7 @@ pub use log::{ShardStats, Waiter};
 pub struct Shard {
     executor: Executor<Shard>,
     log: Log,
-    /// A commit task runs: it takes what is pending before it ends.
-    commit_task: bool,
-    reads_out: usize,
+    /// Buffers for reads: one per read the shard takes at once, back as each read ends.
     read_bufs: Vec<IoBuf>,
 }
 
@@ -37,38 +35,40 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
     Ok(Shard {
         log: Log::open(r, device, cfg)?,
         executor: Executor::install(r)?,
-        commit_task: false,
-        reads_out: 0,
         read_bufs: read_bufs.collect(),
     })
 }
 
 /// A client's append: refused at once past a limit, otherwise answered once the commit
-/// carrying it completes.
-pub fn append(_r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
-    // A commit on the device is a commit task's.
-    debug_assert!(s.log.holds() && (s.commit_task || !s.log.committing()));
-    if s.log.append(record, waiter) && !std::mem::replace(&mut s.commit_task, true) {
-        let task = s.executor.spawn_local(commit_task(s.executor.local()));
-        let _detached = task.expect("room for one commit task");
+/// carrying it completes. With no commit on the device, it starts the commit task.
+pub fn append(r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
+    debug_assert!(s.log.holds());
+    if s.log.append(record, waiter) && !s.log.committing() {
+        let task = commit_task(s.executor.local(), stage(r, s));
+        let _detached = s
+            .executor
+            .spawn_local(task)
+            .expect("room for one commit task");
     }
 }
 
 /// Commits, one at a time, until no append is pending.
-async fn commit_task(io: Local<Shard>) {
-    while let Some(commit) = io.with(stage) {
-        let segments = commit.segments();
-        let written = io.submit_vectored(commit.dev, commit.req, segments).await;
-        io.with(|_, s| s.log.committed(written.map_err(store_error)));
+async fn commit_task(io: Local<Shard>, mut next: Option<Commit>) {
+    while let Some(commit) = next {
+        let written = io
+            .submit_vectored(commit.dev, commit.req, commit.segments())
+            .await;
+        next = io.with(|r, s| {
+            s.log.committed(written.map_err(store_error));
+            stage(r, s)
+        });
     }
 }
 
-/// The next commit's write, counted; `None`, and the commit task ends, if nothing waits.
-fn stage(r: &mut Reactor<Shard>, s: &mut Shard) -> Option<Commit> {
-    let Some(commit) = s.log.stage() else {
-        s.commit_task = false;
-        return None;
-    };
+/// The next commit's write, counted as on the device (its task submits it next); `None`
+/// if no append waits.
+fn stage(r: &Reactor<Shard>, s: &mut Shard) -> Option<Commit> {
+    let commit = s.log.stage()?;
     s.log.stats.commits_requeued += u64::from(!r.has_room(commit.dev));
     s.log.submitted(&commit);
     Some(commit)
@@ -80,13 +80,14 @@ pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: W
     let max = s.log.cfg.reads_max;
     let refusal = match s.log.read(offset_bytes) {
         Err(error) => error,
-        Ok(_) if s.reads_out == max => StoreError::ReadsFull { max },
-        Ok(plan) => {
-            s.reads_out += 1;
-            let task = read_task(s.executor.local(), plan, ReadClient(Some(waiter)));
-            let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
-            return;
-        }
+        Ok(plan) => match s.read_bufs.pop() {
+            None => StoreError::ReadsFull { max },
+            Some(buf) => {
+                let task = read_task(s.executor.local(), plan, buf, ReadClient(Some(waiter)));
+                let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
+                return;
+            }
+        },
     };
     s.log.stats.reads_refused += 1;
     waiter.answer(Answer::Read(Err(refusal)));
@@ -105,25 +106,17 @@ impl Drop for ReadClient {
 }
 
 /// Reads a record from the device (not the ring) and answers with it.
-async fn read_task(io: Local<Shard>, plan: ReadPlan, mut client: ReadClient) {
-    let buf = io.with(|r, s| {
-        s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev));
-        // An abandoned read keeps its buffer (the device may still write into it).
-        let buf = s.read_bufs.pop();
-        buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES))
-    });
-    let (result, buf) = match io.submit(plan.dev, plan.req, Some(buf)).await {
-        Ok(buf) => (Ok(()), buf),
-        Err(e) => {
-            let (error, buf) = e.into_parts();
-            (Err(store_error(error)), buf)
-        }
-    };
+async fn read_task(io: Local<Shard>, plan: ReadPlan, buf: IoBuf, mut client: ReadClient) {
+    io.with(|r, s| s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev)));
+    let (result, buf) = io.submit(plan.dev, plan.req, Some(buf)).await.into_parts();
     io.with(|_, s| {
-        s.reads_out -= 1;
-        let answer = s.log.read_ended(&plan, result, buf.as_deref());
-        s.read_bufs.extend(buf);
+        let answer = s
+            .log
+            .read_ended(&plan, result.map_err(store_error), buf.as_deref());
         client.0.take().expect("answered once").answer(answer);
+        // An abandoned read keeps its buffer (the device may still write into it).
+        s.read_bufs
+            .push(buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES)));
     });
 }
 
@@ -140,7 +133,8 @@ fn store_error(error: IoError) -> StoreError {
 /// are answered by their tasks' drop, with the executor, as the state goes.
 pub fn exit(r: &mut Reactor<Shard>, mut s: Shard) -> ShardStats {
     s.log.close();
-    s.log.stats.reads_failed += s.reads_out as u64;
+    // A read under way holds a buffer.
+    s.log.stats.reads_failed += (s.log.cfg.reads_max - s.read_bufs.len()) as u64;
     s.log.stats.interrupt_waits = r.counters().interrupt_waits;
     std::mem::take(&mut s.log.stats)
 }

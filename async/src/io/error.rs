@@ -92,6 +92,10 @@ pub trait IoOutput: Sized {
     fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
         Self::from_parts(result.map_err(IoError::Failed), buf)
     }
+
+    /// The other way: the result and the buffer apart, for code that handles every
+    /// outcome alike (answers an error, then puts the buffer back in its pool).
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>);
 }
 
 /// A read or write: the buffer back, or the error with it.
@@ -102,6 +106,13 @@ impl IoOutput for Result<IoBuf, BufError> {
             (Ok(()), Some(buf)) => Ok(buf),
             (Ok(()), None) => unreachable!("a read or write that succeeds returns its buffer"),
             (Err(error), buf) => Err(BufError::new(error, buf)),
+        }
+    }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        match self {
+            Ok(buf) => (Ok(()), Some(buf)),
+            Err(error) => split(error),
         }
     }
 
@@ -129,6 +140,10 @@ impl IoOutput for Result<(), IoError> {
     fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
         result
     }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        (self, None)
+    }
 }
 
 /// Any I/O ([`Local::submit`](crate::Local::submit)): the buffer, if it had one.
@@ -140,4 +155,17 @@ impl IoOutput for Result<Option<IoBuf>, BufError> {
             Err(error) => Err(BufError::new(error, buf)),
         }
     }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        match self {
+            Ok(buf) => (Ok(()), buf),
+            Err(error) => split(error),
+        }
+    }
+}
+
+/// A failed I/O's error and buffer, apart.
+fn split(error: BufError) -> (Result<(), IoError>, Option<IoBuf>) {
+    let (error, buf) = error.into_parts();
+    (Err(error), buf)
 }
