@@ -169,3 +169,30 @@ fn split(error: BufError) -> (Result<(), IoError>, Option<IoBuf>) {
     let (error, buf) = error.into_parts();
     (Err(error), buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `into_parts` undoes `from_parts` for every output: the result and the buffer come
+    /// apart as they went in, a failure's buffer included.
+    #[test]
+    fn into_parts_gives_back_what_from_parts_was_given() {
+        let failed = Err(IoError::Failed(IoFailure::Shutdown));
+        let buf = || Some(IoBuf::from_slice(&[3; 512]));
+
+        let (result, back) = Result::<IoBuf, BufError>::from_parts(Ok(()), buf()).into_parts();
+        assert_eq!((result, back.map(|b| b[0])), (Ok(()), Some(3)));
+        let (result, back) = Result::<IoBuf, BufError>::from_parts(failed, buf()).into_parts();
+        assert_eq!((result, back.map(|b| b.len())), (failed, Some(512)));
+
+        let any = Result::<Option<IoBuf>, BufError>::from_parts(failed, buf());
+        let (result, back) = any.into_parts();
+        assert_eq!((result, back.is_some()), (failed, true));
+        let none = Result::<Option<IoBuf>, BufError>::from_parts(Ok(()), None);
+        assert_eq!(none.into_parts().0, Ok(()));
+
+        let (result, back) = Result::<(), IoError>::from_parts(failed, None).into_parts();
+        assert_eq!((result, back.is_none()), (failed, true));
+    }
+}
