@@ -10,6 +10,7 @@ mod log;
 
 use hypoll_async::{Executor, HasExecutor, IoError, IoOutput, Local};
 use hypoll_reactor::{Device, InitError, IoBuf, Reactor};
+use scopeguard::{guard, ScopeGuard};
 
 use crate::store::{Answer, StoreConfig, StoreError};
 use log::{Commit, Log, ReadPlan, READ_BUF_BYTES};
@@ -45,19 +46,15 @@ pub fn append(r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Wa
     debug_assert!(s.log.holds());
     if s.log.append(record, waiter) && !s.log.committing() {
         let task = commit_task(s.executor.local(), stage(r, s));
-        let _detached = s
-            .executor
-            .spawn_local(task)
-            .expect("room for one commit task");
+        let _detached = s.executor.spawn_local(task).expect("one commit task");
     }
 }
 
 /// Commits, one at a time, until no append is pending.
 async fn commit_task(io: Local<Shard>, mut next: Option<Commit>) {
     while let Some(commit) = next {
-        let written = io
-            .submit_vectored(commit.dev, commit.req, commit.segments())
-            .await;
+        let segments = commit.segments();
+        let written = io.submit_vectored(commit.dev, commit.req, segments).await;
         next = io.with(|r, s| {
             s.log.committed(written.map_err(store_error));
             stage(r, s)
@@ -83,7 +80,7 @@ pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: W
         Ok(plan) => match s.read_bufs.pop() {
             None => StoreError::ReadsFull { max },
             Some(buf) => {
-                let task = read_task(s.executor.local(), plan, buf, ReadClient(Some(waiter)));
+                let task = read_task(s.executor.local(), plan, buf, waiter);
                 let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
                 return;
             }
@@ -93,30 +90,20 @@ pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: W
     waiter.answer(Answer::Read(Err(refusal)));
 }
 
-/// A read's client: answered `ShuttingDown` if the read's task is dropped unfinished
-/// (the reactor stopped first).
-struct ReadClient(Option<Waiter>);
-
-impl Drop for ReadClient {
-    fn drop(&mut self) {
-        if let Some(waiter) = self.0.take() {
-            waiter.answer(Answer::Read(Err(StoreError::ShuttingDown)));
-        }
-    }
-}
-
 /// Reads a record from the device (not the ring) and answers with it.
-async fn read_task(io: Local<Shard>, plan: ReadPlan, buf: IoBuf, mut client: ReadClient) {
+async fn read_task(io: Local<Shard>, plan: ReadPlan, buf: IoBuf, waiter: Waiter) {
+    // If the stopping reactor drops the task unfinished, its client is answered so.
+    let shut_down = Answer::Read(Err(StoreError::ShuttingDown));
+    let waiter = guard(waiter, |waiter| waiter.answer(shut_down));
     io.with(|r, s| s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev)));
     let (result, buf) = io.submit(plan.dev, plan.req, Some(buf)).await.into_parts();
     io.with(|_, s| {
-        let answer = s
-            .log
-            .read_ended(&plan, result.map_err(store_error), buf.as_deref());
-        client.0.take().expect("answered once").answer(answer);
+        let result = result.map_err(store_error);
+        let answer = s.log.read_ended(&plan, result, buf.as_deref());
+        ScopeGuard::into_inner(waiter).answer(answer);
         // An abandoned read keeps its buffer (the device may still write into it).
-        s.read_bufs
-            .push(buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES)));
+        let buf = buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES));
+        s.read_bufs.push(buf);
     });
 }
 
