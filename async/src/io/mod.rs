@@ -386,12 +386,7 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
         let this = self.get_mut();
         let device = this.submission.device;
         let submit = |buf: &mut Option<IoBuf>, reactor: &mut Reactor<S>, req| {
-            reactor
-                .submit(device, req, buf.take(), io_done::<S>)
-                .map_err(|rejected| {
-                    *buf = rejected.buf;
-                    rejected.reason
-                })
+            submit_buffered(reactor, device, req, buf)
         };
         // A refused I/O's buffer is back here (put back by `submit`).
         let refused = |buf: &mut Option<IoBuf>, reason| {
@@ -400,6 +395,24 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
         this.submission
             .poll(cx, &mut this.buf, submit, T::from_done, refused)
     }
+}
+
+/// Hands an I/O with its buffer (if any) to the reactor; a refusal puts the buffer back.
+/// Not inlined: the reactor's submission is large, and as a call of its own it takes its
+/// arguments directly rather than through the captures of a closure.
+#[inline(never)]
+fn submit_buffered<S: HasExecutor>(
+    reactor: &mut Reactor<S>,
+    device: DeviceId,
+    req: IoRequest,
+    buf: &mut Option<IoBuf>,
+) -> Result<(), RejectReason> {
+    reactor
+        .submit(device, req, buf.take(), io_done::<S>)
+        .map_err(|rejected| {
+            *buf = rejected.buf;
+            rejected.reason
+        })
 }
 
 /// A vectored read or write into registered memory (see [`Local::readv`]). Resolves to
