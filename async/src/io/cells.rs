@@ -214,10 +214,11 @@ impl IoCells {
             return Poll::Pending;
         }
         let result = cell.result;
-        let buf = match std::mem::replace(&mut cell.payload, EMPTY) {
-            Payload::Buf(buf) => buf,
-            Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+        // Taken in place: the payload stays `Buf(None)`, as a free cell's is.
+        let Payload::Buf(buf) = &mut cell.payload else {
+            unreachable!("a done cell holds no waiter")
         };
+        let buf = buf.take();
         self.free(key);
         // Spelled out for the usual case, so that it carries no failure to unpack.
         if result.is_ok() {
