@@ -90,10 +90,14 @@ impl<S: HasExecutor> Future for Sleep<'_, S> {
                     .borrow_mut()
                     .cells
                     .insert(TimerCell::Waiting(Some(cx.waker().clone())));
-                let timer = core
-                    .lend
-                    .with(|reactor, _| reactor.after(duration, move |r, s| fired(r, s, key)))
-                    .expect("a sleep was polled outside its reactor's executor");
+                // Counted from now: the reactor's time is its turn's start, which a long
+                // turn (callbacks, messages, other tasks before this one) leaves behind.
+                let arm = |reactor: &mut Reactor<S>, _: &mut S| {
+                    reactor.refresh_now_ns();
+                    reactor.after(duration, move |r, s| fired(r, s, key))
+                };
+                let timer = core.lend.with(arm);
+                let timer = timer.expect("a sleep was polled outside its reactor's executor");
                 self.stage = Stage::Armed { key, timer };
                 Poll::Pending
             }

@@ -35,6 +35,32 @@ fn a_sleeping_task_lets_its_reactor_park_and_wakes_on_time() {
     assert!(set.shutdown().panics.is_empty());
 }
 
+/// A sleep counts from its first poll, not from the start of the reactor turn that polls
+/// it: here the message that spawns the task holds the turn for longer than the sleep, so a
+/// deadline counted from the turn's start would already have passed when the task began.
+#[test]
+fn a_sleep_counts_from_its_first_poll_even_late_in_a_long_turn() {
+    let _serial = serial();
+    let set = start(1, None);
+    let (tx, rx) = std::sync::mpsc::channel();
+    set.handles()[0]
+        .send(move |_r, s| {
+            let io = s.executor.local();
+            let task = async move {
+                let t0 = Instant::now();
+                io.sleep(Duration::from_millis(30)).await;
+                tx.send(t0.elapsed()).unwrap();
+            };
+            drop(s.executor.spawn_local(task).unwrap());
+            // The rest of the turn's work, after the spawn and before its executor runs.
+            std::thread::sleep(Duration::from_millis(100));
+        })
+        .unwrap();
+    let slept = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(slept >= Duration::from_millis(30), "{slept:?}");
+    assert!(set.shutdown().panics.is_empty());
+}
+
 #[test]
 fn a_timeout_drops_a_slow_read_which_still_completes_under_the_device() {
     let _serial = serial();

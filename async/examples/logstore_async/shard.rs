@@ -8,8 +8,9 @@
 #[path = "../../../reactor/examples/logstore/log.rs"]
 mod log;
 
-use hypoll_async::{Executor, HasExecutor, IoError, Local};
+use hypoll_async::{Executor, HasExecutor, IoError, IoOutput, Local};
 use hypoll_reactor::{Device, InitError, IoBuf, Reactor};
+use scopeguard::{guard, ScopeGuard};
 
 use crate::store::{Answer, StoreConfig, StoreError};
 use log::{Commit, Log, ReadPlan, READ_BUF_BYTES};
@@ -19,9 +20,7 @@ pub use log::{ShardStats, Waiter};
 pub struct Shard {
     executor: Executor<Shard>,
     log: Log,
-    /// A commit task runs: it takes what is pending before it ends.
-    commit_task: bool,
-    reads_out: usize,
+    /// Buffers for reads: one per read the shard takes at once, back as each read ends.
     read_bufs: Vec<IoBuf>,
 }
 
@@ -37,38 +36,36 @@ pub fn init(r: &mut Reactor<Shard>, device: &Device, cfg: StoreConfig) -> Result
     Ok(Shard {
         log: Log::open(r, device, cfg)?,
         executor: Executor::install(r)?,
-        commit_task: false,
-        reads_out: 0,
         read_bufs: read_bufs.collect(),
     })
 }
 
 /// A client's append: refused at once past a limit, otherwise answered once the commit
-/// carrying it completes.
-pub fn append(_r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
-    // A commit on the device is a commit task's.
-    debug_assert!(s.log.holds() && (s.commit_task || !s.log.committing()));
-    if s.log.append(record, waiter) && !std::mem::replace(&mut s.commit_task, true) {
-        let task = s.executor.spawn_local(commit_task(s.executor.local()));
-        let _detached = task.expect("room for one commit task");
+/// carrying it completes. With no commit on the device, it starts the commit task.
+pub fn append(r: &mut Reactor<Shard>, s: &mut Shard, record: Vec<u8>, waiter: Waiter) {
+    debug_assert!(s.log.holds());
+    if s.log.append(record, waiter) && !s.log.committing() {
+        let task = commit_task(s.executor.local(), stage(r, s));
+        let _detached = s.executor.spawn_local(task).expect("one commit task");
     }
 }
 
 /// Commits, one at a time, until no append is pending.
-async fn commit_task(io: Local<Shard>) {
-    while let Some(commit) = io.with(stage) {
+async fn commit_task(io: Local<Shard>, mut next: Option<Commit>) {
+    while let Some(commit) = next {
         let segments = commit.segments();
         let written = io.submit_vectored(commit.dev, commit.req, segments).await;
-        io.with(|_, s| s.log.committed(written.map_err(store_error)));
+        next = io.with(|r, s| {
+            s.log.committed(written.map_err(store_error));
+            stage(r, s)
+        });
     }
 }
 
-/// The next commit's write, counted; `None`, and the commit task ends, if nothing waits.
-fn stage(r: &mut Reactor<Shard>, s: &mut Shard) -> Option<Commit> {
-    let Some(commit) = s.log.stage() else {
-        s.commit_task = false;
-        return None;
-    };
+/// The next commit's write, counted as on the device (its task submits it next); `None`
+/// if no append waits.
+fn stage(r: &Reactor<Shard>, s: &mut Shard) -> Option<Commit> {
+    let commit = s.log.stage()?;
     s.log.stats.commits_requeued += u64::from(!r.has_room(commit.dev));
     s.log.submitted(&commit);
     Some(commit)
@@ -80,50 +77,33 @@ pub fn read(_r: &mut Reactor<Shard>, s: &mut Shard, offset_bytes: u64, waiter: W
     let max = s.log.cfg.reads_max;
     let refusal = match s.log.read(offset_bytes) {
         Err(error) => error,
-        Ok(_) if s.reads_out == max => StoreError::ReadsFull { max },
-        Ok(plan) => {
-            s.reads_out += 1;
-            let task = read_task(s.executor.local(), plan, ReadClient(Some(waiter)));
-            let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
-            return;
-        }
+        Ok(plan) => match s.read_bufs.pop() {
+            None => StoreError::ReadsFull { max },
+            Some(buf) => {
+                let task = read_task(s.executor.local(), plan, buf, waiter);
+                let _detached = s.executor.spawn_local(task).expect("reads_max bounds them");
+                return;
+            }
+        },
     };
     s.log.stats.reads_refused += 1;
     waiter.answer(Answer::Read(Err(refusal)));
 }
 
-/// A read's client: answered `ShuttingDown` if the read's task is dropped unfinished
-/// (the reactor stopped first).
-struct ReadClient(Option<Waiter>);
-
-impl Drop for ReadClient {
-    fn drop(&mut self) {
-        if let Some(waiter) = self.0.take() {
-            waiter.answer(Answer::Read(Err(StoreError::ShuttingDown)));
-        }
-    }
-}
-
 /// Reads a record from the device (not the ring) and answers with it.
-async fn read_task(io: Local<Shard>, plan: ReadPlan, mut client: ReadClient) {
-    let buf = io.with(|r, s| {
-        s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev));
-        // An abandoned read keeps its buffer (the device may still write into it).
-        let buf = s.read_bufs.pop();
-        buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES))
-    });
-    let (result, buf) = match io.submit(plan.dev, plan.req, Some(buf)).await {
-        Ok(buf) => (Ok(()), buf),
-        Err(e) => {
-            let (error, buf) = e.into_parts();
-            (Err(store_error(error)), buf)
-        }
-    };
+async fn read_task(io: Local<Shard>, plan: ReadPlan, buf: IoBuf, waiter: Waiter) {
+    // If the stopping reactor drops the task unfinished, its client is answered so.
+    let shut_down = Answer::Read(Err(StoreError::ShuttingDown));
+    let waiter = guard(waiter, |waiter| waiter.answer(shut_down));
+    io.with(|r, s| s.log.stats.reads_requeued += u64::from(!r.has_room(plan.dev)));
+    let (result, buf) = io.submit(plan.dev, plan.req, Some(buf)).await.into_parts();
     io.with(|_, s| {
-        s.reads_out -= 1;
+        let result = result.map_err(store_error);
         let answer = s.log.read_ended(&plan, result, buf.as_deref());
-        s.read_bufs.extend(buf);
-        client.0.take().expect("answered once").answer(answer);
+        ScopeGuard::into_inner(waiter).answer(answer);
+        // An abandoned read keeps its buffer (the device may still write into it).
+        let buf = buf.unwrap_or_else(|| IoBuf::zeroed(READ_BUF_BYTES));
+        s.read_bufs.push(buf);
     });
 }
 
@@ -140,7 +120,8 @@ fn store_error(error: IoError) -> StoreError {
 /// are answered by their tasks' drop, with the executor, as the state goes.
 pub fn exit(r: &mut Reactor<Shard>, mut s: Shard) -> ShardStats {
     s.log.close();
-    s.log.stats.reads_failed += s.reads_out as u64;
+    // A read under way holds a buffer.
+    s.log.stats.reads_failed += (s.log.cfg.reads_max - s.read_bufs.len()) as u64;
     s.log.stats.interrupt_waits = r.counters().interrupt_waits;
     std::mem::take(&mut s.log.stats)
 }

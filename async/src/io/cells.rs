@@ -88,10 +88,11 @@ pub(crate) struct IoCells {
     in_use: usize,
     /// Per device index: futures waiting for room on its queue pair, oldest first, each by
     /// its ticket.
-    room: Vec<VecDeque<(u64, Waker)>>,
+    room: Vec<VecDeque<(u32, Waker)>>,
     /// Futures waiting for room, on every device.
     pub(super) room_waiting: usize,
-    next_ticket: u64,
+    /// Wraps: tickets are told apart only among those in line at once.
+    next_ticket: u32,
 }
 
 impl Default for IoCells {
@@ -213,10 +214,11 @@ impl IoCells {
             return Poll::Pending;
         }
         let result = cell.result;
-        let buf = match std::mem::replace(&mut cell.payload, EMPTY) {
-            Payload::Buf(buf) => buf,
-            Payload::Waiter(_) => unreachable!("a done cell holds no waiter"),
+        // Taken in place: the payload stays `Buf(None)`, as a free cell's is.
+        let Payload::Buf(buf) = &mut cell.payload else {
+            unreachable!("a done cell holds no waiter")
         };
+        let buf = buf.take();
         self.free(key);
         // Spelled out for the usual case, so that it carries no failure to unpack.
         if result.is_ok() {
@@ -263,7 +265,7 @@ impl IoCells {
         }
     }
 
-    fn queue(&mut self, device: DeviceId) -> &mut VecDeque<(u64, Waker)> {
+    fn queue(&mut self, device: DeviceId) -> &mut VecDeque<(u32, Waker)> {
         let d = usize::from(device.index());
         if self.room.len() <= d {
             self.room.resize_with(d + 1, VecDeque::new);
@@ -273,9 +275,9 @@ impl IoCells {
 
     /// Queues a future for room on `device`: at the back, or at the front for one whose
     /// turn came and found the queue pair full again.
-    pub(super) fn wait_for_room(&mut self, device: DeviceId, waker: &Waker, front: bool) -> u64 {
+    pub(super) fn wait_for_room(&mut self, device: DeviceId, waker: &Waker, front: bool) -> u32 {
         let ticket = self.next_ticket;
-        self.next_ticket += 1;
+        self.next_ticket = self.next_ticket.wrapping_add(1);
         let queue = self.queue(device);
         if front {
             queue.push_front((ticket, waker.clone()));
@@ -287,7 +289,7 @@ impl IoCells {
     }
 
     /// Whether `ticket` is still in line; if so, it will be woken by `waker`.
-    pub(super) fn still_waiting(&mut self, device: DeviceId, ticket: u64, waker: &Waker) -> bool {
+    pub(super) fn still_waiting(&mut self, device: DeviceId, ticket: u32, waker: &Waker) -> bool {
         let queue = self.queue(device);
         match queue.iter_mut().find(|(t, _)| *t == ticket) {
             Some((_, w)) => {
@@ -301,7 +303,7 @@ impl IoCells {
     }
 
     /// Takes `ticket` out of line (its future was dropped); false if its turn had come.
-    pub(super) fn leave(&mut self, device: DeviceId, ticket: u64) -> bool {
+    pub(super) fn leave(&mut self, device: DeviceId, ticket: u32) -> bool {
         let queue = self.queue(device);
         let Some(at) = queue.iter().position(|(t, _)| *t == ticket) else {
             return false;

@@ -92,6 +92,10 @@ pub trait IoOutput: Sized {
     fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
         Self::from_parts(result.map_err(IoError::Failed), buf)
     }
+
+    /// The other way: the result and the buffer apart, for code that handles every
+    /// outcome alike (answers an error, then puts the buffer back in its pool).
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>);
 }
 
 /// A read or write: the buffer back, or the error with it.
@@ -102,6 +106,13 @@ impl IoOutput for Result<IoBuf, BufError> {
             (Ok(()), Some(buf)) => Ok(buf),
             (Ok(()), None) => unreachable!("a read or write that succeeds returns its buffer"),
             (Err(error), buf) => Err(BufError::new(error, buf)),
+        }
+    }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        match self {
+            Ok(buf) => (Ok(()), Some(buf)),
+            Err(error) => split(error),
         }
     }
 
@@ -129,6 +140,10 @@ impl IoOutput for Result<(), IoError> {
     fn from_parts(result: Result<(), IoError>, _buf: Option<IoBuf>) -> Self {
         result
     }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        (self, None)
+    }
 }
 
 /// Any I/O ([`Local::submit`](crate::Local::submit)): the buffer, if it had one.
@@ -139,5 +154,45 @@ impl IoOutput for Result<Option<IoBuf>, BufError> {
             Ok(()) => Ok(buf),
             Err(error) => Err(BufError::new(error, buf)),
         }
+    }
+
+    fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>) {
+        match self {
+            Ok(buf) => (Ok(()), buf),
+            Err(error) => split(error),
+        }
+    }
+}
+
+/// A failed I/O's error and buffer, apart.
+fn split(error: BufError) -> (Result<(), IoError>, Option<IoBuf>) {
+    let (error, buf) = error.into_parts();
+    (Err(error), buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `into_parts` undoes `from_parts` for every output: the result and the buffer come
+    /// apart as they went in, a failure's buffer included.
+    #[test]
+    fn into_parts_gives_back_what_from_parts_was_given() {
+        let failed = Err(IoError::Failed(IoFailure::Shutdown));
+        let buf = || Some(IoBuf::from_slice(&[3; 512]));
+
+        let (result, back) = Result::<IoBuf, BufError>::from_parts(Ok(()), buf()).into_parts();
+        assert_eq!((result, back.map(|b| b[0])), (Ok(()), Some(3)));
+        let (result, back) = Result::<IoBuf, BufError>::from_parts(failed, buf()).into_parts();
+        assert_eq!((result, back.map(|b| b.len())), (failed, Some(512)));
+
+        let any = Result::<Option<IoBuf>, BufError>::from_parts(failed, buf());
+        let (result, back) = any.into_parts();
+        assert_eq!((result, back.is_some()), (failed, true));
+        let none = Result::<Option<IoBuf>, BufError>::from_parts(Ok(()), None);
+        assert_eq!(none.into_parts().0, Ok(()));
+
+        let (result, back) = Result::<(), IoError>::from_parts(failed, None).into_parts();
+        assert_eq!((result, back.is_none()), (failed, true));
     }
 }

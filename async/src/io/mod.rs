@@ -98,8 +98,13 @@ impl<S: 'static> Core<S> {
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
     let core = &*state.executor().local.core;
     if let Some(task) = core.complete_io(done, reactor.completions_left() == 0) {
+        // Polled alone, the task ran with nothing queued before it; what it woke (or
+        // spawned) is queued, and waits for the executor's next run as below.
         let core = state.executor().local.core.clone();
         core.poll_alone(reactor, state, task);
+        if core.queue.len() == 0 {
+            return;
+        }
     }
     let core = &*state.executor().local.core;
     // Asked once per batch: the reactor runs `run_woken` after the batch's last callback.
@@ -127,12 +132,14 @@ enum Stage {
     Start,
     /// In line for room on its queue pair.
     InLine {
-        ticket: u64,
+        ticket: u32,
     },
     /// Out of line, with its turn to submit.
     Turn,
+    /// Its cell's key (below `u32::MAX`, as `IoCells` keeps them): the stage is 8 bytes,
+    /// and the future in the task smaller.
     InFlight {
-        key: usize,
+        key: u32,
     },
     Finished,
 }
@@ -191,6 +198,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         // The usual cases first: in flight, or starting with nobody in line for room.
         match self.stage {
             Stage::InFlight { key } => {
+                let key = key as usize;
                 let mut io = core.io.borrow_mut();
                 let polled = io.take_done(key, done);
                 if polled.is_ready() {
@@ -241,7 +249,7 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         match core.lend.with(|reactor, _| submit(own, reactor, req)) {
             Some(Ok(())) => {
                 count(&core.ios, 1);
-                self.stage = Stage::InFlight { key };
+                self.stage = Stage::InFlight { key: key as u32 };
                 Ok(())
             }
             Some(Err(reason)) => Err(self.refused(cx, key, reason)),
@@ -318,7 +326,7 @@ impl<S: 'static> Submission<'_, S> {
         let mut io = core.io.borrow_mut();
         let pass_turn = match self.stage {
             Stage::InFlight { key } => {
-                if let Some(buf) = io.orphan(key) {
+                if let Some(buf) = io.orphan(key as usize) {
                     // Completed, never taken: the completion (and its buffer) goes now.
                     drop(io);
                     drop(buf);
@@ -378,12 +386,7 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
         let this = self.get_mut();
         let device = this.submission.device;
         let submit = |buf: &mut Option<IoBuf>, reactor: &mut Reactor<S>, req| {
-            reactor
-                .submit(device, req, buf.take(), io_done::<S>)
-                .map_err(|rejected| {
-                    *buf = rejected.buf;
-                    rejected.reason
-                })
+            submit_buffered(reactor, device, req, buf)
         };
         // A refused I/O's buffer is back here (put back by `submit`).
         let refused = |buf: &mut Option<IoBuf>, reason| {
@@ -392,6 +395,41 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
         this.submission
             .poll(cx, &mut this.buf, submit, T::from_done, refused)
     }
+}
+
+/// Hands an I/O with its buffer (if any) to the reactor; a refusal puts the buffer back.
+/// Not inlined: the reactor's submission is large, and as a call of its own it takes its
+/// arguments directly rather than through the captures of a closure.
+#[inline(never)]
+fn submit_buffered<S: HasExecutor>(
+    reactor: &mut Reactor<S>,
+    device: DeviceId,
+    req: IoRequest,
+    buf: &mut Option<IoBuf>,
+) -> Result<(), RejectReason> {
+    // The two operations with a buffer spelled out: with the operation known at compile
+    // time, the reactor builds the command and picks the latency bucket without a branch.
+    let submitted = match req.op {
+        IoOp::Read => {
+            let req = IoRequest {
+                op: IoOp::Read,
+                ..req
+            };
+            reactor.submit(device, req, buf.take(), io_done::<S>)
+        }
+        IoOp::Write => {
+            let req = IoRequest {
+                op: IoOp::Write,
+                ..req
+            };
+            reactor.submit(device, req, buf.take(), io_done::<S>)
+        }
+        _ => reactor.submit(device, req, buf.take(), io_done::<S>),
+    };
+    submitted.map_err(|rejected| {
+        *buf = rejected.buf;
+        rejected.reason
+    })
 }
 
 /// A vectored read or write into registered memory (see [`Local::readv`]). Resolves to
