@@ -90,10 +90,8 @@ impl<S: HasExecutor> Future for Sleep<'_, S> {
                     .borrow_mut()
                     .cells
                     .insert(TimerCell::Waiting(Some(cx.waker().clone())));
-                // Counted from now: the reactor's time is its turn's start, which a long
-                // turn (callbacks, messages, other tasks before this one) leaves behind.
+                // `after` counts from this call, however late in a long turn it comes.
                 let arm = |reactor: &mut Reactor<S>, _: &mut S| {
-                    reactor.refresh_now_ns();
                     reactor.after(duration, move |r, s| fired(r, s, key))
                 };
                 let timer = core.lend.with(arm);

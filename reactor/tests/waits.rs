@@ -107,6 +107,44 @@ fn timers_fire_on_time_even_on_a_parked_reactor() {
     );
 }
 
+/// A timer's delay counts from the call that arms it, not from the start of the turn the
+/// call is made in: a callback that runs late in a long turn (here, one that takes 5 ms of
+/// the reactor's time before it arms) still gets its whole delay.
+#[test]
+fn a_timer_armed_late_in_a_long_turn_counts_from_the_call() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let mut sim = classic(&clock);
+    let armed_at = Arc::new(Mutex::new(None));
+    let fired_at = Arc::new(Mutex::new(Vec::new()));
+    let (armed, fired, busy) = (armed_at.clone(), fired_at.clone(), clock.clone());
+    sim.send(move |r, _| {
+        busy.advance_by(5 * MS);
+        *armed.lock().unwrap() = Some(busy.now_ns());
+        let once = fired.clone();
+        r.after(Duration::from_millis(10), move |r, _| {
+            once.lock().unwrap().push(("once", r.now_ns()))
+        });
+        let every = r.every(Duration::from_millis(10), move |r, _| {
+            fired.lock().unwrap().push(("every", r.now_ns()))
+        });
+        r.after(Duration::from_millis(15), move |r, _| {
+            r.cancel_timer(every);
+        });
+    })
+    .unwrap();
+    sim.run_for(&mut (), 30 * MS);
+    let armed_ns = armed_at.lock().unwrap().expect("the message ran");
+    let fired = fired_at.lock().unwrap().clone();
+    assert_eq!(fired.len(), 2, "{fired:?}");
+    for (which, at_ns) in fired {
+        let late_ns = at_ns as i64 - (armed_ns + 10 * MS) as i64;
+        assert!(
+            (0..=TIMER_LATE_NS_MAX as i64).contains(&late_ns),
+            "{which} timer off by {late_ns} ns from its call plus 10 ms"
+        );
+    }
+}
+
 #[test]
 fn a_parked_reactor_uses_under_1_percent_of_a_core() {
     // After I/O, idle means parked, whatever the policy: `adaptive` calibrates and probes

@@ -222,20 +222,21 @@ impl<S> Reactor<S> {
         })
     }
 
-    /// Runs `f` on this reactor after `delay`, given the reactor and its state.
+    /// Runs `f` on this reactor after `delay` (counted from this call), given the reactor
+    /// and its state.
     pub fn after(
         &mut self,
         delay: Duration,
         f: impl FnOnce(&mut Reactor<S>, &mut S) + 'static,
     ) -> TimerId {
         let deadline_ns = self
-            .now_ns
+            .arm_now_ns()
             .saturating_add(u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX));
         self.timers.add(deadline_ns, 0, TimerFn::Once(Box::new(f)))
     }
 
     /// Runs `f` on this reactor every `period` (missed periods are skipped, not bunched),
-    /// given the reactor and its state.
+    /// the first a `period` after this call, given the reactor and its state.
     pub fn every(
         &mut self,
         period: Duration,
@@ -243,10 +244,17 @@ impl<S> Reactor<S> {
     ) -> TimerId {
         let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
         self.timers.add(
-            self.now_ns.saturating_add(period_ns),
+            self.arm_now_ns().saturating_add(period_ns),
             period_ns,
             TimerFn::Every(Box::new(f)),
         )
+    }
+
+    /// The time a timer armed now counts from: the clock read again, since the turn's
+    /// timestamp falls behind over a long turn and a delay counted from it would end early.
+    /// The turn's timestamp is left as it is: the I/Os of the turn keep one time.
+    fn arm_now_ns(&self) -> u64 {
+        self.clock.now_ns().max(self.now_ns)
     }
 
     /// Cancels a timer; returns whether it was still pending.
