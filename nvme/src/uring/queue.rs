@@ -24,9 +24,13 @@ use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, R
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
-/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 mod fixed;
+mod wait;
 
+pub use wait::RingWake;
+use wait::{WakePoll, WAKE_USER_DATA};
+
+/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
@@ -96,6 +100,10 @@ pub struct UringQueuePair {
     /// Regions registered as fixed buffers, one bit per region index; the others go as
     /// plain buffers and iovecs.
     regions_fixed: u64,
+    /// The ring's poll of a waker's eventfd, for waits inside the ring (`queue/wait.rs`).
+    wake_poll: WakePoll,
+    /// A reactor may wait inside the ring (`wait=ring`, the device string's default).
+    pub(super) ring_wait: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -204,6 +212,8 @@ impl UringQueuePair {
             regions: RegionTable::new(depth),
             sparse_table: sparse,
             regions_fixed: 0,
+            wake_poll: WakePoll::Unarmed,
+            ring_wait: true,
             _not_send: PhantomData,
         })
     }
@@ -330,6 +340,11 @@ impl UringQueuePair {
                 (Some(s), true) => s.cancels_in_kernel -= 1,
                 _ => self.cancels_in_kernel -= 1,
             }
+            return 0;
+        }
+        if user_data == WAKE_USER_DATA {
+            // The waker's eventfd was signalled: it is cleared before the poll is armed again.
+            self.wake_poll = WakePoll::Fired;
             return 0;
         }
         let slot = user_data as u32;
@@ -503,7 +518,10 @@ impl QueuePair for UringQueuePair {
             out(c);
             done += 1;
         }
-        if done == max || self.in_kernel_total() == 0 {
+        // An armed poll of a waker's eventfd may have completed: reaped here too, so that the
+        // next wait clears the eventfd and arms it again.
+        let poll_armed = matches!(self.wake_poll, WakePoll::Armed(_));
+        if done == max || (self.in_kernel_total() == 0 && !poll_armed) {
             return done;
         }
         self.poll_kernel();
