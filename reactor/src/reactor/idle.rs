@@ -67,7 +67,6 @@ impl<S> Reactor<S> {
             }
         };
         if self.now_ns - since >= self.idle_spin_ns {
-            self.arm_interrupts();
             self.park(false, None);
         } else {
             std::hint::spin_loop();
@@ -106,7 +105,6 @@ impl<S> Reactor<S> {
             Decision::WaitInterrupt => {
                 if interrupts {
                     self.counters.interrupt_waits += 1;
-                    self.arm_interrupts();
                     self.park(true, None);
                     self.woke_by_interrupt();
                 } else {
@@ -221,7 +219,6 @@ impl<S> Reactor<S> {
             None
         };
         let woke_ns = if on_interrupts {
-            self.arm_interrupts();
             self.park(true, Some(until_ns))
         } else {
             self.sleep_until(until_ns, false)
@@ -266,7 +263,8 @@ impl<S> Reactor<S> {
     }
 
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
-    /// armed device interrupts; with `until_ns`, no later than then.
+    /// device interrupts, which it arms; with `until_ns`, no later than then. Or, when one
+    /// `uring` device is all it waits for, inside that device's ring (`park_in_ring`).
     /// Returns when it woke.
     fn park(&mut self, for_io: bool, until_ns: Option<u64>) -> u64 {
         if for_io {
@@ -274,6 +272,7 @@ impl<S> Reactor<S> {
                 return self.park_in_ring(dev, until_ns);
             }
         }
+        self.arm_interrupts();
         let next_timer_ns = self.next_due_ns();
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
