@@ -104,6 +104,9 @@ pub struct UringQueuePair {
     wake_poll: WakePoll,
     /// A reactor may wait inside the ring (`wait=ring`, the device string's default).
     pub(super) ring_wait: bool,
+    /// The last `process_completions` left the pending entries for the reactor's wait
+    /// (`queue/wait.rs`): the next one submits them.
+    held: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -214,6 +217,7 @@ impl UringQueuePair {
             regions_fixed: 0,
             wake_poll: WakePoll::Unarmed,
             ring_wait: true,
+            held: false,
             _not_send: PhantomData,
         })
     }
@@ -277,8 +281,9 @@ impl UringQueuePair {
             self.main_in_kernel() > self.unsubmitted
         };
         if asked {
+            // It submits whatever is pending too.
             match self.ring.submit_and_wait(0) {
-                Ok(_) => {}
+                Ok(n) => self.unsubmitted -= n.min(self.unsubmitted),
                 Err(e) if transient(&e) => {}
                 Err(e) => panic!("io_uring_enter (getevents) failed on a valid ring: {e}"),
             }
@@ -509,7 +514,7 @@ impl QueuePair for UringQueuePair {
         if !self.retry_zeroes.is_empty() {
             self.resubmit_zeroes();
         }
-        self.flush();
+        self.flush_unless_held();
         let mut done = 0;
         while done < max {
             let Some(c) = self.local.pop_front() else {

@@ -350,3 +350,36 @@ fn a_wait_inside_the_ring_ends_for_every_signal_and_only_then() {
     assert_eq!(seen, Some((7, Status::SUCCESS)));
     assert!(buf.iter().all(|&b| b == 0x5a));
 }
+
+/// While a reactor may wait inside the ring, a poll that finds entries pending for the first
+/// time holds them for that wait (or `submit_held`), and the next poll submits them if they
+/// are still there; with `wait=epoll` every poll submits at once.
+#[test]
+fn entries_are_held_for_a_wait_inside_the_ring_for_one_poll_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut qp = interrupt_queue_pair(dir.path(), 4);
+    let mut bufs = [crate::IoBuf::zeroed(4096), crate::IoBuf::zeroed(4096)];
+    let [a, b] = &mut bufs;
+    // SAFETY: both buffers outlive their commands, reaped below.
+    unsafe { qp.submit(&Command::read(0, 1, a), 1) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 1, "held for the reactor's wait");
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 0, "submitted by the next poll");
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(1, 1, b), 2) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 1);
+    qp.submit_held();
+    assert_eq!(qp.unsubmitted(), 0, "submit_held hands them over");
+    let mut seen = vec![wait_one(&mut qp).0, wait_one(&mut qp).0];
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2]);
+
+    qp.ring_wait = false;
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(2, 1, a), 3) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 0, "wait=epoll: no wait to hold them for");
+    assert_eq!(wait_one(&mut qp).0, 3);
+}

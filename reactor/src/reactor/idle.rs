@@ -99,7 +99,10 @@ impl<S> Reactor<S> {
             },
         };
         match self.policy.decide(&ctx) {
-            Decision::Spin => std::hint::spin_loop(),
+            Decision::Spin => {
+                self.submit_held();
+                std::hint::spin_loop();
+            }
             Decision::Sleep(duration) => self.sleep_for(key, duration, false),
             Decision::SleepInterruptible(duration) => self.sleep_for(key, duration, true),
             Decision::WaitInterrupt => {
@@ -111,6 +114,7 @@ impl<S> Reactor<S> {
                     // Nothing could end a wait (a device has no interrupt line): poll
                     // instead, and say so.
                     self.wait_spun();
+                    self.submit_held();
                     std::hint::spin_loop();
                 }
             }
@@ -150,6 +154,17 @@ impl<S> Reactor<S> {
             self.order.pop_front();
         }
         None
+    }
+
+    /// Hands the kernel what `uring` queue pairs held back for a wait inside their ring
+    /// (`UringQueuePair::submit_held`): the reactor spins or sleeps instead. A wait in epoll
+    /// submits them as it arms the interrupts.
+    fn submit_held(&mut self) {
+        for dev in &mut self.devices {
+            if let Some(qp) = UringQueuePair::downcast_mut(&mut *dev.qp) {
+                qp.submit_held();
+            }
+        }
     }
 
     /// Whether every device with I/O outstanding has an interrupt line to block on.
@@ -198,6 +213,7 @@ impl<S> Reactor<S> {
         let on_interrupts = (interruptible || long) && self.interrupts_armable();
         let until_ns = decided_ns.saturating_add(requested_ns);
         if !on_interrupts {
+            self.submit_held();
             // Only its end wakes a timed sleep: it ends no later than the next timer or
             // timeout (they would run late by the rest of it), nor past the long-sleep bound.
             // Cut short, it is a piece, not the I/O's sleep: the reactor polls, runs what is

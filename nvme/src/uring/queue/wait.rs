@@ -5,6 +5,14 @@
 //! takes an enter to submit, a read to clear the eventfd, the epoll wait, and an enter to
 //! post the completions after it.
 //!
+//! The entries a reactor's callbacks push after a poll are left for that wait as well:
+//! while the queue pair may be waited in, `process_completions` holds back entries it finds
+//! pending (the reactor's idle path is about to hand them over, with its wait, or with
+//! [`UringQueuePair::submit_held`] before it spins or sleeps), and submits them on the next
+//! call if they are still there, so a reactor kept busy by other work delays them by one
+//! turn at most. A turn that reaps a batch and refills it then costs the one enter that
+//! submits and waits, not an enter to submit followed by another to wait.
+//!
 //! The reactor must still wake for its mailbox: the ring polls the reactor's wake eventfd
 //! (`IORING_OP_POLL_ADD`, one shot, user data [`WAKE_USER_DATA`]), so a signal ends the
 //! wait as a completion would. The poll stays armed between waits and costs nothing until
@@ -78,6 +86,33 @@ impl UringQueuePair {
         }
     }
 
+    /// Hands every pending entry to the kernel, held back or not: for a reactor about to spin
+    /// or sleep rather than wait in the ring.
+    pub fn submit_held(&mut self) {
+        if self.unsubmitted > 0 {
+            self.flush();
+        }
+        self.held = false;
+    }
+
+    /// `process_completions`' submission: entries pending for the first time are held for
+    /// the reactor's wait while the ring may be waited in; otherwise, or on the next call,
+    /// they are entered.
+    pub(super) fn flush_unless_held(&mut self) {
+        if self.unsubmitted > 0 && !self.held && self.can_wait_in_ring() {
+            self.held = true;
+            return;
+        }
+        self.flush();
+        self.held = false;
+    }
+
+    /// Entries pushed and not yet entered (tests).
+    #[cfg(test)]
+    pub(crate) fn unsubmitted(&self) -> usize {
+        self.unsubmitted
+    }
+
     /// Submits every pending entry and blocks in the ring until a completion is posted,
     /// `wake` is signalled, or `deadline_ns` (on the `CLOCK_MONOTONIC` clock) passes. The
     /// caller called [`Self::prepare_ring_wait`] before its last look at what would
@@ -114,6 +149,7 @@ impl UringQueuePair {
     /// One `io_uring_enter`: submit what is pending, wait for one completion, no later than
     /// `deadline_ns`.
     fn enter_and_wait(&mut self, deadline_ns: Option<u64>) -> RingWake {
+        self.held = false;
         if !self.ring.completion().is_empty() {
             // The kernel would return at once; submit without waiting.
             self.flush();
