@@ -80,7 +80,7 @@ pub struct UringQueuePair {
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
     /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
-    defer_taskrun: bool,
+    pub(super) defer_taskrun: bool,
     /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
     fixed_region: Option<(usize, usize)>,
     /// Reads and writes that went through the fixed buffer.
@@ -283,7 +283,11 @@ impl UringQueuePair {
         if asked {
             // It submits whatever is pending too.
             match self.ring.submit_and_wait(0) {
-                Ok(n) => self.unsubmitted -= n.min(self.unsubmitted),
+                Ok(n) => {
+                    self.unsubmitted -= n.min(self.unsubmitted);
+                    // Nothing is held back any more: what a callback pushes next is new.
+                    self.held = false;
+                }
                 Err(e) if transient(&e) => {}
                 Err(e) => panic!("io_uring_enter (getevents) failed on a valid ring: {e}"),
             }

@@ -376,6 +376,34 @@ fn entries_are_held_for_a_wait_inside_the_ring_for_one_poll_at_most() {
     seen.sort_unstable();
     assert_eq!(seen, [1, 2]);
 
+    // An enter made for deferred task work submits what was held: what is pushed after it
+    // is held afresh, not submitted at once as if it had waited a poll already.
+    if qp.defer_taskrun {
+        let [a, b] = &mut bufs;
+        // SAFETY: as above.
+        unsafe { qp.submit(&Command::read(0, 1, a), 4) }.unwrap();
+        qp.submit_held();
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while !qp.task_work_pending() {
+            assert!(Instant::now() < give_up, "no completion within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        unsafe { qp.submit(&Command::read(1, 1, b), 5) }.unwrap();
+        let mut reaped = 0;
+        qp.process_completions(8, &mut |_| reaped += 1);
+        assert_eq!((reaped, qp.unsubmitted()), (1, 0), "the enter for task work submitted");
+        // SAFETY: as above (the buffer of the read just reaped).
+        unsafe { qp.submit(&Command::read(2, 1, a), 6) }.unwrap();
+        qp.process_completions(8, &mut |_| {});
+        assert_eq!(qp.unsubmitted(), 1, "held afresh");
+        qp.submit_held();
+        let mut seen = vec![wait_one(&mut qp).0, wait_one(&mut qp).0];
+        seen.sort_unstable();
+        assert_eq!(seen, [5, 6]);
+    }
+
+    let [a, _] = &mut bufs;
     qp.ring_wait = false;
     // SAFETY: as above.
     unsafe { qp.submit(&Command::read(2, 1, a), 3) }.unwrap();

@@ -107,6 +107,12 @@ impl UringQueuePair {
         self.held = false;
     }
 
+    /// Whether deferred task work waits for an enter (tests).
+    #[cfg(test)]
+    pub(crate) fn task_work_pending(&mut self) -> bool {
+        self.defer_taskrun && self.ring.submission().taskrun()
+    }
+
     /// Entries pushed and not yet entered (tests).
     #[cfg(test)]
     pub(crate) fn unsubmitted(&self) -> usize {
