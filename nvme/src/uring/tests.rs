@@ -315,7 +315,10 @@ fn a_wait_inside_the_ring_ends_for_every_signal_and_only_then() {
 
     // That signal was seen: the next wait is not ended by it.
     qp.prepare_ring_wait(&wake);
-    assert!(!wake.drain(), "prepare_ring_wait clears a signal the poll carried");
+    assert!(
+        !wake.drain(),
+        "prepare_ring_wait clears a signal the poll carried"
+    );
     let start = Instant::now();
     assert_eq!(qp.wait_in_ring(&wake, in_ms(30)), RingWake::Deadline);
     assert!(start.elapsed() >= Duration::from_millis(25));
@@ -392,7 +395,11 @@ fn entries_are_held_for_a_wait_inside_the_ring_for_one_poll_at_most() {
         unsafe { qp.submit(&Command::read(1, 1, b), 5) }.unwrap();
         let mut reaped = 0;
         qp.process_completions(8, &mut |_| reaped += 1);
-        assert_eq!((reaped, qp.unsubmitted()), (1, 0), "the enter for task work submitted");
+        assert_eq!(
+            (reaped, qp.unsubmitted()),
+            (1, 0),
+            "the enter for task work submitted"
+        );
         // SAFETY: as above (the buffer of the read just reaped).
         unsafe { qp.submit(&Command::read(2, 1, a), 6) }.unwrap();
         qp.process_completions(8, &mut |_| {});

@@ -168,9 +168,8 @@ impl UringQueuePair {
                     self.flush();
                     return RingWake::Deadline;
                 }
-                let ts = types::Timespec::from(std::time::Duration::from_nanos(
-                    deadline_ns - now_ns,
-                ));
+                let ts =
+                    types::Timespec::from(std::time::Duration::from_nanos(deadline_ns - now_ns));
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.ring.submitter().submit_with_args(1, &args)
             }
