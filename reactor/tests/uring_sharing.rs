@@ -221,7 +221,7 @@ fn a_reactor_waits_inside_the_ring_and_still_runs_its_messages() {
         }
         sender.join().unwrap();
         state.reading = false;
-        let counters = r.counters().clone();
+        let counters = *r.counters();
         assert!(counters.interrupt_waits > 0, "wait={wait}: never waited");
         if wait == "ring" {
             assert!(counters.ring_waits > 0, "never waited inside the ring");
