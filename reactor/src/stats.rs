@@ -29,6 +29,10 @@ pub struct Counters {
     /// outstanding has no interrupt line to wait on (polled completions, virtual time): a
     /// policy that keeps asking is defeated, and the first is logged.
     pub interrupt_waits_spun: u64,
+    /// Waits on the device interrupts carried out inside an io_uring device's ring
+    /// (`io_uring_enter`) rather than in epoll: counted among `interrupt_waits` (or a
+    /// sleep's early end) as well.
+    pub ring_waits: u64,
     /// Parks with nothing outstanding.
     pub parks: u64,
     /// Messages run.
@@ -113,6 +117,7 @@ impl ReactorStats {
                 interrupt_waits_spun: a
                     .interrupt_waits_spun
                     .saturating_sub(b.interrupt_waits_spun),
+                ring_waits: a.ring_waits.saturating_sub(b.ring_waits),
                 parks: a.parks.saturating_sub(b.parks),
                 messages: a.messages.saturating_sub(b.messages),
                 timers: a.timers.saturating_sub(b.timers),

@@ -43,6 +43,10 @@ struct State {
     failed: u64,
     /// Reads whose bytes were not what their writer wrote.
     wrong: u64,
+    /// Messages run.
+    messages: u64,
+    /// Reads keep being submitted while this is set.
+    reading: bool,
 }
 
 fn reactor(policy: &str) -> Reactor<State> {
@@ -156,6 +160,77 @@ fn one_file_on_several_reactors_at_once() {
         .collect();
     for (who, t) in threads.into_iter().enumerate() {
         assert_eq!(t.join().unwrap(), (0, 0), "reactor {who}");
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+/// Keeps one read of block `lba` in flight: each completion submits the next while
+/// `State::reading` is set.
+fn read_again(r: &mut Reactor<State>, dev: DeviceId, lba: u64) {
+    let next = move |r: &mut Reactor<State>, s: &mut State, d: IoDone| {
+        s.done += 1;
+        s.failed += u64::from(d.result.is_err());
+        if s.reading {
+            read_again(r, dev, lba);
+        }
+    };
+    r.read(dev, lba, 1, IoBuf::zeroed(BLOCK_BYTES), next)
+        .unwrap_or_else(|e| panic!("read {lba} refused: {:?}", e.reason));
+}
+
+/// A reactor whose one busy device is a `uring` queue pair waits inside its ring
+/// (`wait=ring`, the default) rather than in epoll; messages sent meanwhile from another
+/// thread all still run. `wait=epoll` keeps the epoll route.
+#[test]
+fn a_reactor_waits_inside_the_ring_and_still_runs_its_messages() {
+    let path = data_file("uring-ring-wait", "ring.img");
+    const MESSAGES: u64 = 200;
+    for wait in ["ring", "epoll"] {
+        let cfg = StandaloneConfig {
+            policy: "interrupt".to_string(),
+            ..StandaloneConfig::default()
+        };
+        let (mut r, handle) = Reactor::<State>::standalone(cfg).unwrap();
+        let device = Device::open(&format!("uring:{},wait={wait}", path.display())).unwrap();
+        let dev = r.attach(&device, QUEUE_DEPTH).unwrap();
+        let mut state = State {
+            reading: true,
+            ..State::default()
+        };
+        for lba in 0..4 {
+            read_again(&mut r, dev, lba);
+        }
+        let sender = std::thread::spawn(move || {
+            for _ in 0..MESSAGES {
+                std::thread::sleep(Duration::from_micros(300));
+                handle
+                    .send(|_, s: &mut State| s.messages += 1)
+                    .expect("the reactor takes messages");
+            }
+        });
+        let deadline = Instant::now() + PATIENCE;
+        while state.messages < MESSAGES {
+            assert!(
+                Instant::now() < deadline,
+                "wait={wait}: {} of {MESSAGES} messages ran after {PATIENCE:?}",
+                state.messages
+            );
+            if r.poll(&mut state) == 0 {
+                r.idle();
+            }
+        }
+        sender.join().unwrap();
+        state.reading = false;
+        let counters = *r.counters();
+        assert!(counters.interrupt_waits > 0, "wait={wait}: never waited");
+        if wait == "ring" {
+            assert!(counters.ring_waits > 0, "never waited inside the ring");
+        } else {
+            assert_eq!(counters.ring_waits, 0, "wait=epoll waited inside the ring");
+        }
+        assert_eq!(state.failed, 0, "wait={wait}");
+        let report = r.shut_down(&mut state);
+        assert_eq!(report.failed_ios, 0);
     }
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }

@@ -1,5 +1,5 @@
 //! What a `uring:` device string says: the path, the keys it accepts
-//! (`direct`, `size`, `lba`, `iopoll`, `taskrun`), how each value is read, and the canonical
+//! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`), how each value is read, and the canonical
 //! text a configuration prints as.
 
 use std::fmt;
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::config::{parse_size_bytes, size_text, ConfigError};
 
 /// Keys `uring:` accepts.
-pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll", "taskrun"];
+pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll", "taskrun", "wait"];
 
 /// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
 /// on every common file system and disk.
@@ -66,6 +66,10 @@ pub struct UringConfig {
     pub iopoll: IopollMode,
     /// Interrupt mode only: when completions are posted into the ring.
     pub taskrun: TaskRun,
+    /// Interrupt mode only: a reactor whose only busy device is this one waits for its
+    /// completions inside the ring (`wait=ring`, the default), or on the ring's eventfd in
+    /// epoll (`wait=epoll`).
+    pub ring_wait: bool,
 }
 
 impl UringConfig {
@@ -77,6 +81,7 @@ impl UringConfig {
             lba_bytes: None,
             iopoll: IopollMode::Auto,
             taskrun: TaskRun::Defer,
+            ring_wait: true,
         }
     }
 
@@ -126,6 +131,13 @@ impl UringConfig {
                     _ => return Err(bad("defer or signal")),
                 }
             }
+            "wait" => {
+                self.ring_wait = match value {
+                    "ring" => true,
+                    "epoll" => false,
+                    _ => return Err(bad("ring or epoll")),
+                }
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     device: "uring".into(),
@@ -156,6 +168,9 @@ impl fmt::Display for UringConfig {
         }
         if self.taskrun == TaskRun::Signal {
             write!(f, ",taskrun=signal")?;
+        }
+        if !self.ring_wait {
+            write!(f, ",wait=epoll")?;
         }
         Ok(())
     }

@@ -57,7 +57,7 @@ use crate::spec::NamespaceInfo;
 
 pub use config::{IopollMode, TaskRun, UringConfig, URING_FILE_LBA_BYTES, URING_KEYS};
 pub use open::UringOpenError;
-pub use queue::UringQueuePair;
+pub use queue::{RingWake, UringQueuePair};
 
 /// Largest transfer one command may move: larger reads and writes complete with Invalid
 /// Field, as on a controller with this MDTS. The kernel splits requests for the device.
@@ -109,14 +109,16 @@ impl UringController {
 
     /// Opens a queue pair of `depth` commands on its own ring.
     pub fn queue_pair(&self, depth: usize) -> Result<UringQueuePair, QueuePairError> {
-        UringQueuePair::new(
+        let mut qp = UringQueuePair::new(
             self.file.clone(),
             self.ns,
             self.mode,
             self.defer_taskrun,
             depth,
             self.mode != CompletionMode::Interrupt,
-        )
+        )?;
+        qp.ring_wait = self.cfg.ring_wait;
+        Ok(qp)
     }
 }
 

@@ -2,8 +2,9 @@
 //! for what an IOPOLL ring refuses), commands in flight by slot, batched submission, reaping
 //! both rings, Write Zeroes carried out in steps, aborts, and a drop that waits for the
 //! kernel to let go of every buffer. Fixed buffers and registered memory are in
-//! `queue/fixed.rs`; the rest stays whole because submission, both reaps and the drop share
-//! the slot table's rules (a slot is free only once the kernel has let go of it).
+//! `queue/fixed.rs`, reaping and the drop in `queue/reap.rs`, waits inside the ring in
+//! `queue/wait.rs`. All share the slot table's rules (a slot is free only once the kernel
+//! has let go of it), which this file keeps.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -24,9 +25,14 @@ use crate::region::{MemoryRegion, RegionTable, RegisterError, UnregisterError, R
 use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
-/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 mod fixed;
+mod reap;
+mod wait;
 
+pub use wait::RingWake;
+use wait::{WakePoll, WAKE_USER_DATA};
+
+/// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
@@ -76,7 +82,7 @@ pub struct UringQueuePair {
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
     /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
-    defer_taskrun: bool,
+    pub(super) defer_taskrun: bool,
     /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
     fixed_region: Option<(usize, usize)>,
     /// Reads and writes that went through the fixed buffer.
@@ -96,6 +102,13 @@ pub struct UringQueuePair {
     /// Regions registered as fixed buffers, one bit per region index; the others go as
     /// plain buffers and iovecs.
     regions_fixed: u64,
+    /// The ring's poll of a waker's eventfd, for waits inside the ring (`queue/wait.rs`).
+    wake_poll: WakePoll,
+    /// A reactor may wait inside the ring (`wait=ring`, the device string's default).
+    pub(super) ring_wait: bool,
+    /// The last `process_completions` left the pending entries for the reactor's wait
+    /// (`queue/wait.rs`): the next one submits them.
+    held: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -204,6 +217,9 @@ impl UringQueuePair {
             regions: RegionTable::new(depth),
             sparse_table: sparse,
             regions_fixed: 0,
+            wake_poll: WakePoll::Unarmed,
+            ring_wait: true,
+            held: false,
             _not_send: PhantomData,
         })
     }
@@ -267,8 +283,13 @@ impl UringQueuePair {
             self.main_in_kernel() > self.unsubmitted
         };
         if asked {
+            // It submits whatever is pending too.
             match self.ring.submit_and_wait(0) {
-                Ok(_) => {}
+                Ok(n) => {
+                    self.unsubmitted -= n.min(self.unsubmitted);
+                    // Nothing is held back any more: what a callback pushes next is new.
+                    self.held = false;
+                }
                 Err(e) if transient(&e) => {}
                 Err(e) => panic!("io_uring_enter (getevents) failed on a valid ring: {e}"),
             }
@@ -293,102 +314,6 @@ impl UringQueuePair {
         self.local.push_back(Completion { tag, status });
     }
 
-    /// Reaps up to `max` completions from one ring (the side ring if `side`).
-    /// One look at the completion queue per batch: a batch that comes back short emptied it,
-    /// and the poll ends there without another look.
-    fn reap(&mut self, side: bool, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
-        let mut done = 0;
-        let mut batch = [(0u64, 0i32); REAP_BATCH];
-        while done < max {
-            let want = (max - done).min(REAP_BATCH);
-            let mut n = 0;
-            for cqe in self.ring_of(side).completion().take(want) {
-                batch[n] = (cqe.user_data(), cqe.result());
-                n += 1;
-            }
-            for &(user_data, result) in &batch[..n] {
-                done += self.take_cqe(user_data, result, side, out);
-            }
-            if n < want {
-                break;
-            }
-        }
-        done
-    }
-
-    /// Accounts for one completion of a ring; returns 1 if it completed a command.
-    fn take_cqe(
-        &mut self,
-        user_data: u64,
-        result: i32,
-        side: bool,
-        out: &mut dyn FnMut(Completion),
-    ) -> usize {
-        if user_data == CANCEL_USER_DATA {
-            // An abort's own completion; the aborted command completes by itself.
-            match (&mut self.side, side) {
-                (Some(s), true) => s.cancels_in_kernel -= 1,
-                _ => self.cancels_in_kernel -= 1,
-            }
-            return 0;
-        }
-        let slot = user_data as u32;
-        let mut flight = self.slots[slot as usize]
-            .take()
-            .unwrap_or_else(|| panic!("io_uring completion for idle slot {slot}"));
-        let next = match (flight.opcode, flight.zeroing, result) {
-            // The file system has no zero-range (tmpfs): punching a hole zeroes too.
-            (Opcode::WriteZeroes, Zeroing::ZeroRange, r) if r == -libc::EOPNOTSUPP => {
-                self.zero_range_unsupported = true;
-                Some(Zeroing::PunchHole)
-            }
-            // Zeroed by deallocating: allocate again unless deallocation was allowed.
-            (Opcode::WriteZeroes, Zeroing::PunchHole, 0) if !flight.may_deallocate => {
-                Some(Zeroing::Allocate)
-            }
-            _ => None,
-        };
-        if let Some(next) = next {
-            flight.zeroing = next;
-            self.slots[slot as usize] = Some(flight);
-            self.retry_zeroes.push(slot);
-            return 0;
-        }
-        self.in_kernel -= 1;
-        if flight.side {
-            if let Some(s) = &mut self.side {
-                s.in_kernel -= 1;
-            }
-        }
-        self.free_slots.push(slot);
-        if !self.regions.is_empty() {
-            self.regions.release(slot as usize);
-        }
-        if result == -libc::EOPNOTSUPP && !flight.side && self.mode != CompletionMode::Interrupt {
-            self.polled_refusal(&flight);
-        }
-        out(Completion {
-            tag: flight.tag,
-            status: status_of(result, &flight),
-        });
-        1
-    }
-
-    /// Counts a read or write the kernel refused to poll, and says why once: it completes
-    /// with Invalid Command Opcode, which names no cause.
-    fn polled_refusal(&mut self, flight: &InFlight) {
-        self.polled_refusals += 1;
-        if self.polled_refusals == 1 {
-            tracing::error!(
-                offset_bytes = flight.offset_bytes,
-                "the kernel refused a polled {:?} (EOPNOTSUPP): the disk under this file \
-                 cannot poll, so it and every like it complete with Invalid Command Opcode; \
-                 open the device with iopoll=auto or iopoll=off",
-                flight.opcode
-            );
-        }
-    }
-
     /// Commands and aborts in the kernel on either ring.
     pub(super) fn in_kernel_total(&self) -> usize {
         self.in_kernel
@@ -403,9 +328,6 @@ fn opened_direct(file: &File) -> bool {
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
     flags >= 0 && flags & libc::O_DIRECT != 0
 }
-
-/// Completions taken from a ring at a time, into a buffer on the stack.
-const REAP_BATCH: usize = 32;
 
 impl QueuePair for UringQueuePair {
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
@@ -494,7 +416,7 @@ impl QueuePair for UringQueuePair {
         if !self.retry_zeroes.is_empty() {
             self.resubmit_zeroes();
         }
-        self.flush();
+        self.flush_unless_held();
         let mut done = 0;
         while done < max {
             let Some(c) = self.local.pop_front() else {
@@ -503,7 +425,10 @@ impl QueuePair for UringQueuePair {
             out(c);
             done += 1;
         }
-        if done == max || self.in_kernel_total() == 0 {
+        // An armed poll of a waker's eventfd may have completed: reaped here too, so that the
+        // next wait clears the eventfd and arms it again.
+        let poll_armed = matches!(self.wake_poll, WakePoll::Armed(_));
+        if done == max || (self.in_kernel_total() == 0 && !poll_armed) {
             return done;
         }
         self.poll_kernel();
@@ -626,48 +551,4 @@ impl QueuePair for UringQueuePair {
     // device holds, so no reset could promise that its buffer is left alone. The reactor
     // quarantines such a command until its completion arrives; the kernel's own block-layer
     // timeout (30 s for NVMe and SCSI) guarantees that it does.
-}
-
-impl Drop for UringQueuePair {
-    /// Waits for every command the kernel holds: their buffers belong to the caller and
-    /// must not be written after the queue pair is gone. Block I/O always completes (the
-    /// kernel's own timeouts fail it), so this ends.
-    fn drop(&mut self) {
-        loop {
-            // Write Zeroes waiting to be resubmitted are not in the kernel: nothing to wait
-            // for (a completion reaped below may add one).
-            for slot in std::mem::take(&mut self.retry_zeroes) {
-                let flight = self.slots[slot as usize].take();
-                self.in_kernel -= 1;
-                if let Some(side) = self
-                    .side
-                    .as_mut()
-                    .filter(|_| flight.is_some_and(|f| f.side))
-                {
-                    side.in_kernel -= 1;
-                }
-            }
-            if self.in_kernel_total() == 0 {
-                return;
-            }
-            // Each ring is waited on for its own commands: the main ring's first.
-            let on_main = self.main_in_kernel() + self.cancels_in_kernel > 0;
-            match self.ring_of(!on_main).submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if transient(&e) => {}
-                Err(e) => {
-                    tracing::error!(
-                        "io_uring queue pair cannot wait for its {} commands ({e}); \
-                         aborting rather than let the kernel write freed memory",
-                        self.in_kernel
-                    );
-                    std::process::abort();
-                }
-            }
-            self.reap(false, usize::MAX, &mut |_| {});
-            if self.side.is_some() {
-                self.reap(true, usize::MAX, &mut |_| {});
-            }
-        }
-    }
 }

@@ -27,6 +27,14 @@ fn device_string_keys_parse_and_print_back() {
     );
     cfg.set("taskrun", "defer").unwrap();
     assert_eq!(cfg.taskrun, TaskRun::Defer);
+    cfg.set("wait", "epoll").unwrap();
+    assert!(cfg.to_string().ends_with(",wait=epoll"));
+    cfg.set("wait", "ring").unwrap();
+    assert!(!cfg.to_string().contains("wait="));
+    assert!(matches!(
+        cfg.set("wait", "sleep"),
+        Err(ConfigError::BadValue { .. })
+    ));
     assert!(matches!(
         cfg.set("taskrun", "later"),
         Err(ConfigError::BadValue { .. })
@@ -264,4 +272,149 @@ fn a_polled_read_the_disk_refuses_is_counted_as_a_polled_refusal() {
         );
         assert_eq!(qp.polled_refusals, 1);
     }
+}
+
+/// A queue pair in interrupt mode on a file of `blocks` written blocks, for waits inside
+/// its ring.
+fn interrupt_queue_pair(dir: &Path, blocks: usize) -> UringQueuePair {
+    let path = dir.join("ring-wait.img");
+    std::fs::write(&path, vec![0x5a_u8; blocks * 4096]).unwrap();
+    let mut cfg = UringConfig::new(&path);
+    cfg.iopoll = IopollMode::Off;
+    let qp = UringController::open(&cfg).unwrap().queue_pair(8).unwrap();
+    assert!(qp.can_wait_in_ring());
+    qp
+}
+
+/// Waiting inside the ring ends for the waker's eventfd, whether it was signalled before the
+/// wait (after `prepare_ring_wait`) or during it, and a signal already seen does not end the
+/// next wait: `prepare_ring_wait` clears it before the poll is armed again.
+#[test]
+fn a_wait_inside_the_ring_ends_for_every_signal_and_only_then() {
+    use crate::sys::{monotonic_ns, EventFd};
+    let dir = tempfile::tempdir().unwrap();
+    let mut qp = interrupt_queue_pair(dir.path(), 4);
+    let wake = std::sync::Arc::new(EventFd::new().unwrap());
+    let ms = |n: u64| n * 1_000_000;
+    let in_ms = |n: u64| Some(monotonic_ns() + ms(n));
+    let reap = |qp: &mut UringQueuePair| qp.process_completions(8, &mut |_| {});
+
+    // Nothing signalled: the wait lasts until its deadline.
+    qp.prepare_ring_wait(&wake);
+    let start = Instant::now();
+    assert_eq!(qp.wait_in_ring(&wake, in_ms(30)), RingWake::Deadline);
+    assert!(start.elapsed() >= Duration::from_millis(25));
+
+    // Signalled after the waker's last look, before it blocks: the wait ends at once.
+    qp.prepare_ring_wait(&wake);
+    wake.signal().unwrap();
+    let start = Instant::now();
+    assert_eq!(qp.wait_in_ring(&wake, in_ms(10_000)), RingWake::Woken);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(reap(&mut qp), 0, "the poll's completion is no command's");
+
+    // That signal was seen: the next wait is not ended by it.
+    qp.prepare_ring_wait(&wake);
+    assert!(
+        !wake.drain(),
+        "prepare_ring_wait clears a signal the poll carried"
+    );
+    let start = Instant::now();
+    assert_eq!(qp.wait_in_ring(&wake, in_ms(30)), RingWake::Deadline);
+    assert!(start.elapsed() >= Duration::from_millis(25));
+
+    // Signalled by another thread during the wait.
+    let waker = {
+        let wake = wake.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            wake.signal().unwrap();
+        })
+    };
+    let start = Instant::now();
+    assert_eq!(qp.wait_in_ring(&wake, in_ms(10_000)), RingWake::Woken);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    waker.join().unwrap();
+    reap(&mut qp);
+
+    // A completion ends it too, and the read submitted with the wait is reaped after it.
+    qp.prepare_ring_wait(&wake);
+    let mut buf = crate::IoBuf::zeroed(4096);
+    // SAFETY: `buf` outlives the command, reaped below before it is dropped.
+    unsafe { qp.submit(&Command::read(1, 1, &mut buf), 7) }.unwrap();
+    let mut seen = None;
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while seen.is_none() {
+        assert!(Instant::now() < give_up, "no completion within 10 s");
+        assert_ne!(qp.wait_in_ring(&wake, in_ms(10_000)), RingWake::Deadline);
+        qp.process_completions(8, &mut |c| seen = Some((c.tag, c.status)));
+        qp.prepare_ring_wait(&wake);
+    }
+    assert_eq!(seen, Some((7, Status::SUCCESS)));
+    assert!(buf.iter().all(|&b| b == 0x5a));
+}
+
+/// While a reactor may wait inside the ring, a poll that finds entries pending for the first
+/// time holds them for that wait (or `submit_held`), and the next poll submits them if they
+/// are still there; with `wait=epoll` every poll submits at once.
+#[test]
+fn entries_are_held_for_a_wait_inside_the_ring_for_one_poll_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut qp = interrupt_queue_pair(dir.path(), 4);
+    let mut bufs = [crate::IoBuf::zeroed(4096), crate::IoBuf::zeroed(4096)];
+    let [a, b] = &mut bufs;
+    // SAFETY: both buffers outlive their commands, reaped below.
+    unsafe { qp.submit(&Command::read(0, 1, a), 1) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 1, "held for the reactor's wait");
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 0, "submitted by the next poll");
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(1, 1, b), 2) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 1);
+    qp.submit_held();
+    assert_eq!(qp.unsubmitted(), 0, "submit_held hands them over");
+    let mut seen = vec![wait_one(&mut qp).0, wait_one(&mut qp).0];
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2]);
+
+    // An enter made for deferred task work submits what was held: what is pushed after it
+    // is held afresh, not submitted at once as if it had waited a poll already.
+    if qp.defer_taskrun {
+        let [a, b] = &mut bufs;
+        // SAFETY: as above.
+        unsafe { qp.submit(&Command::read(0, 1, a), 4) }.unwrap();
+        qp.submit_held();
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while !qp.task_work_pending() {
+            assert!(Instant::now() < give_up, "no completion within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        unsafe { qp.submit(&Command::read(1, 1, b), 5) }.unwrap();
+        let mut reaped = 0;
+        qp.process_completions(8, &mut |_| reaped += 1);
+        assert_eq!(
+            (reaped, qp.unsubmitted()),
+            (1, 0),
+            "the enter for task work submitted"
+        );
+        // SAFETY: as above (the buffer of the read just reaped).
+        unsafe { qp.submit(&Command::read(2, 1, a), 6) }.unwrap();
+        qp.process_completions(8, &mut |_| {});
+        assert_eq!(qp.unsubmitted(), 1, "held afresh");
+        qp.submit_held();
+        let mut seen = vec![wait_one(&mut qp).0, wait_one(&mut qp).0];
+        seen.sort_unstable();
+        assert_eq!(seen, [5, 6]);
+    }
+
+    let [a, _] = &mut bufs;
+    qp.ring_wait = false;
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(2, 1, a), 3) }.unwrap();
+    qp.process_completions(8, &mut |_| {});
+    assert_eq!(qp.unsubmitted(), 0, "wait=epoll: no wait to hold them for");
+    assert_eq!(wait_one(&mut qp).0, 3);
 }

@@ -8,9 +8,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hypoll_nvme::EmuQueuePair;
+use hypoll_nvme::{EmuQueuePair, UringQueuePair};
 use hypoll_policy::{Decision, InFlight, PollContext, Slept};
 
+use super::wait::Waiter;
 use super::{Reactor, Recovery, SLEEP_CPU_SAMPLE_EVERY, TOKEN_MAILBOX};
 
 /// Whether a turn comes right after the reactor waited, and how that wait ended. Completions
@@ -66,7 +67,6 @@ impl<S> Reactor<S> {
             }
         };
         if self.now_ns - since >= self.idle_spin_ns {
-            self.arm_interrupts();
             self.park(false, None);
         } else {
             std::hint::spin_loop();
@@ -99,19 +99,22 @@ impl<S> Reactor<S> {
             },
         };
         match self.policy.decide(&ctx) {
-            Decision::Spin => std::hint::spin_loop(),
+            Decision::Spin => {
+                self.submit_held();
+                std::hint::spin_loop();
+            }
             Decision::Sleep(duration) => self.sleep_for(key, duration, false),
             Decision::SleepInterruptible(duration) => self.sleep_for(key, duration, true),
             Decision::WaitInterrupt => {
                 if interrupts {
                     self.counters.interrupt_waits += 1;
-                    self.arm_interrupts();
                     self.park(true, None);
                     self.woke_by_interrupt();
                 } else {
                     // Nothing could end a wait (a device has no interrupt line): poll
                     // instead, and say so.
                     self.wait_spun();
+                    self.submit_held();
                     std::hint::spin_loop();
                 }
             }
@@ -151,6 +154,17 @@ impl<S> Reactor<S> {
             self.order.pop_front();
         }
         None
+    }
+
+    /// Hands the kernel what `uring` queue pairs held back for a wait inside their ring
+    /// (`UringQueuePair::submit_held`): the reactor spins or sleeps instead. A wait in epoll
+    /// submits them as it arms the interrupts.
+    fn submit_held(&mut self) {
+        for dev in &mut self.devices {
+            if let Some(qp) = UringQueuePair::downcast_mut(&mut *dev.qp) {
+                qp.submit_held();
+            }
+        }
     }
 
     /// Whether every device with I/O outstanding has an interrupt line to block on.
@@ -199,6 +213,7 @@ impl<S> Reactor<S> {
         let on_interrupts = (interruptible || long) && self.interrupts_armable();
         let until_ns = decided_ns.saturating_add(requested_ns);
         if !on_interrupts {
+            self.submit_held();
             // Only its end wakes a timed sleep: it ends no later than the next timer or
             // timeout (they would run late by the rest of it), nor past the long-sleep bound.
             // Cut short, it is a piece, not the I/O's sleep: the reactor polls, runs what is
@@ -220,7 +235,6 @@ impl<S> Reactor<S> {
             None
         };
         let woke_ns = if on_interrupts {
-            self.arm_interrupts();
             self.park(true, Some(until_ns))
         } else {
             self.sleep_until(until_ns, false)
@@ -265,9 +279,16 @@ impl<S> Reactor<S> {
     }
 
     /// Blocks in epoll on the mailbox, the next timer, pollers' fds and (when `for_io`) the
-    /// armed device interrupts; with `until_ns`, no later than then.
+    /// device interrupts, which it arms; with `until_ns`, no later than then. Or, when one
+    /// `uring` device is all it waits for, inside that device's ring (`park_in_ring`).
     /// Returns when it woke.
     fn park(&mut self, for_io: bool, until_ns: Option<u64>) -> u64 {
+        if for_io {
+            if let Some(dev) = self.ring_waiter() {
+                return self.park_in_ring(dev, until_ns);
+            }
+        }
+        self.arm_interrupts();
         let next_timer_ns = self.next_due_ns();
         if next_timer_ns != self.timer_fd_armed_ns {
             let armed = match next_timer_ns {
@@ -324,6 +345,60 @@ impl<S> Reactor<S> {
         }
         // Awake again, and senders know it; the next turn comes after a wait.
         debug_assert!(!self.me().wake.parked.load(Ordering::Relaxed));
+        debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
+        woke_ns
+    }
+
+    /// The device whose ring the reactor can wait in instead of epoll: the only one with
+    /// commands outstanding, a `uring` queue pair in interrupt mode, on a real waiter, with
+    /// no poller that has a wake fd (the ring polls the mailbox's eventfd only).
+    fn ring_waiter(&mut self) -> Option<usize> {
+        if !matches!(self.waiter, Waiter::Real)
+            || self.pollers.iter().any(|(_, p)| p.wake_fd().is_some())
+        {
+            return None;
+        }
+        let mut busy = self
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.qp.outstanding() > 0);
+        let (dev, _) = busy.next()?;
+        if busy.next().is_some() {
+            return None;
+        }
+        UringQueuePair::downcast_mut(&mut *self.devices[dev].qp)
+            .is_some_and(|qp| qp.can_wait_in_ring())
+            .then_some(dev)
+    }
+
+    /// Blocks inside device `dev`'s ring (one `io_uring_enter` that submits, runs the
+    /// kernel's deferred work and waits) until a completion, a message, the next timer or
+    /// timeout, or `until_ns`. The ring polls the mailbox's eventfd; timers end the wait
+    /// through the enter's own timeout, so the timerfd is left as it is. Returns when it
+    /// woke.
+    fn park_in_ring(&mut self, dev: usize, until_ns: Option<u64>) -> u64 {
+        let deadline_ns = [until_ns, self.next_due_ns()].into_iter().flatten().min();
+        self.waited_from(self.now_ns);
+        let qp = UringQueuePair::downcast_mut(&mut *self.devices[dev].qp)
+            .expect("ring_waiter chose a uring queue pair");
+        let wake = &self.handles[self.index].wake;
+        // Before the last look at the mailbox: a signal the ring's poll carried is cleared
+        // here, and one sent after it is found by the poll, armed again in the wait.
+        qp.prepare_ring_wait(&wake.eventfd);
+        wake.parked.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `ReactorHandle::send`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut blocks = self.mailbox.is_empty() && !wake.stop.load(Ordering::SeqCst);
+        for (_, poller) in self.pollers.iter_mut() {
+            blocks &= !poller.before_block();
+        }
+        if blocks {
+            qp.wait_in_ring(&wake.eventfd, deadline_ns);
+        }
+        let woke_ns = self.clock.now_ns();
+        wake.parked.store(false, Ordering::SeqCst);
+        self.counters.ring_waits += 1;
         debug_assert_eq!(self.wake_next_turn, WakeState::AfterWait);
         woke_ns
     }
