@@ -132,7 +132,7 @@ fn setup_with(cfg: StandaloneConfig) -> (Reactor<Standalone>, Standalone, Guest,
     table.add(0, 1 << 20, 0x7000_0000, 0, file).unwrap();
     let conn = ConnShared::new();
     table.publish(&conn);
-    let mem = conn.memory().1.unwrap();
+    let mem = conn.memory().1.unwrap().guest().clone();
     let kick = eventfd();
     let shared = RingShared::new();
     let start = RingStart {
