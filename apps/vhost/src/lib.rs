@@ -8,6 +8,8 @@
 //! - `blk.rs`: what the device offers (features, config space, the limits on a request);
 //! - `walk.rs`: walking one descriptor chain as a hostile guest may have written it;
 //! - `request.rs`: from a walked chain to a typed request, or a typed refusal;
+//! - `host.rs`: the guest's memory through host pointers, resolved once per memory map
+//!   (the one module with pointer arithmetic); `split.rs`: the avail and used rings on it;
 //! - `memory.rs`: the guest's memory, mapped from the front end's memfds, published to the
 //!   rings, and registered with the device on each reactor that owns a ring;
 //! - `ring.rs`: a virtqueue owned by a reactor: requests off the avail ring into vectored
@@ -27,11 +29,13 @@
 pub mod blk;
 mod conn;
 pub mod control;
+pub mod host;
 pub mod memory;
 pub mod request;
 mod ring;
 mod server;
 mod shard;
+mod split;
 mod sys;
 pub mod walk;
 
@@ -42,6 +46,6 @@ pub use server::{
     bind_socket, Standalone, VhostConfig, VhostExport, VhostServer, QUEUE_DEPTH_DEFAULT,
 };
 pub use shard::{ShardExport, VhostShard, VhostState};
-pub use walk::{walk_chain, Buffer, ChainError, ChainLimits};
+pub use walk::{walk_chain, Buffer, ChainError, ChainLimits, GuestView};
 #[doc(hidden)]
 pub mod testkit;

@@ -22,6 +22,7 @@ use vm_memory::{
     GuestRegionMmap,
 };
 
+use crate::host::HostMemory;
 use crate::walk::Buffer;
 
 /// Most regions a guest's memory table holds (vhost-user's GET_MAX_MEM_SLOTS): QEMU offers 8
@@ -62,7 +63,7 @@ pub struct MemoryTable {
 /// What a connection shares with the rings it runs: the latest memory map.
 pub struct ConnShared {
     generation: AtomicU64,
-    memory: Mutex<Option<Arc<GuestMemoryMmap>>>,
+    memory: Mutex<Option<Arc<HostMemory>>>,
 }
 
 impl ConnShared {
@@ -79,7 +80,7 @@ impl ConnShared {
     }
 
     /// The latest map and its generation.
-    pub fn memory(&self) -> (u64, Option<Arc<GuestMemoryMmap>>) {
+    pub fn memory(&self) -> (u64, Option<Arc<HostMemory>>) {
         let memory = self
             .memory
             .lock()
@@ -87,7 +88,7 @@ impl ConnShared {
         (self.generation.load(Ordering::Acquire), memory.clone())
     }
 
-    fn publish(&self, memory: Option<Arc<GuestMemoryMmap>>) {
+    fn publish(&self, memory: Option<Arc<HostMemory>>) {
         let mut slot = self
             .memory
             .lock()
@@ -158,13 +159,14 @@ impl MemoryTable {
         self.regions.clear();
     }
 
-    /// Publishes the table to the rings through `shared`.
+    /// Publishes the table to the rings through `shared`, with the host addresses of its
+    /// regions resolved once for the rings' accesses.
     pub fn publish(&self, shared: &ConnShared) {
         let mut regions: Vec<_> = self.regions.iter().map(|m| m.region.clone()).collect();
         regions.sort_by_key(|r| r.start_addr());
         let memory = GuestMemoryMmap::from_arc_regions(regions)
             .ok()
-            .map(Arc::new);
+            .map(|m| Arc::new(HostMemory::new(Arc::new(m))));
         shared.publish(memory);
     }
 
@@ -198,11 +200,11 @@ pub struct Space {
     pub conn: Arc<ConnShared>,
     pub device: DeviceId,
     generation: u64,
-    memory: Option<Arc<GuestMemoryMmap>>,
+    memory: Option<Arc<HostMemory>>,
     pieces: Vec<Piece>,
     /// Registrations of regions the guest gave up, refused while I/O used them, with the
     /// memory they map (kept mapped until they go).
-    retired: Vec<(MemoryRegion, Arc<GuestMemoryMmap>)>,
+    retired: Vec<(MemoryRegion, Arc<HostMemory>)>,
     /// Rings of the connection on this reactor.
     pub rings: usize,
 }
@@ -222,7 +224,7 @@ impl Space {
 
     /// The memory map, reloaded and registered when the connection published a new one.
     /// A region that cannot be registered is logged and left out: requests into it fail.
-    pub fn refresh<S>(&mut self, r: &mut Reactor<S>) -> Option<&Arc<GuestMemoryMmap>> {
+    pub fn refresh<S>(&mut self, r: &mut Reactor<S>) -> Option<&Arc<HostMemory>> {
         if self.conn.generation() != self.generation {
             let (generation, memory) = self.conn.memory();
             self.generation = generation;
@@ -237,11 +239,11 @@ impl Space {
     }
 
     /// Registers the regions of `memory` not registered yet; retires those it no longer has.
-    fn register<S>(&mut self, r: &mut Reactor<S>, memory: Option<Arc<GuestMemoryMmap>>) {
+    fn register<S>(&mut self, r: &mut Reactor<S>, memory: Option<Arc<HostMemory>>) {
         let old = std::mem::replace(&mut self.memory, memory);
-        let keep = |p: &Piece, memory: &Option<Arc<GuestMemoryMmap>>| {
+        let keep = |p: &Piece, memory: &Option<Arc<HostMemory>>| {
             memory.as_ref().is_some_and(|m| {
-                m.iter().any(|region| {
+                m.guest().iter().any(|region| {
                     region.start_addr().raw_value() <= p.gpa
                         && p.gpa + p.len <= region.start_addr().raw_value() + region.len()
                         && region.as_ptr() as usize
@@ -261,7 +263,7 @@ impl Space {
         let Some(memory) = self.memory.clone() else {
             return;
         };
-        for region in memory.iter() {
+        for region in memory.guest().iter() {
             let gpa = region.start_addr().raw_value();
             if self
                 .pieces

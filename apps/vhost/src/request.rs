@@ -8,12 +8,12 @@
 use std::ops::Range;
 
 use virtio_bindings::virtio_blk as vb;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::GuestAddress;
 
 use crate::blk::{
     Geometry, HEADER_BYTES, ID_BYTES, RANGES_MAX, RANGE_BYTES, SECTOR_BYTES, S_IOERR, S_UNSUPP,
 };
-use crate::walk::{Buffer, ChainError};
+use crate::walk::{Buffer, ChainError, GuestView};
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +131,7 @@ pub enum ParseError {
 
 /// The request a walked chain (`chain`, at least one buffer) carries, checked against
 /// `geometry` and `mem`.
-pub fn parse<M: GuestMemory + ?Sized>(
+pub fn parse<M: GuestView + ?Sized>(
     mem: &M,
     chain: &[Buffer],
     geometry: &Geometry,
@@ -140,10 +140,10 @@ pub fn parse<M: GuestMemory + ?Sized>(
     let refuse = |error| ParseError::Refused { status, error };
     let request = parse_body(mem, chain, geometry, status).map_err(refuse)?;
     // What a request hands on lies inside guest memory and within the limits.
-    debug_assert!(chain[request.data.clone()].iter().all(|b| mem.check_range(
-        GuestAddress(b.addr),
-        b.len as usize,
-        access(b)
+    debug_assert!(chain[request.data.clone()].iter().all(|b| mem.holds(
+        b.addr,
+        u64::from(b.len),
+        b.writable
     )));
     debug_assert!(request.sector.saturating_add(request.sectors) <= geometry.capacity_sectors);
     Ok(request)
@@ -151,10 +151,7 @@ pub fn parse<M: GuestMemory + ?Sized>(
 
 /// Where the status byte is: the last byte of the last buffer, which must be writable and
 /// in guest memory, or nothing in the chain can be answered.
-fn status_of<M: GuestMemory + ?Sized>(
-    mem: &M,
-    chain: &[Buffer],
-) -> Result<GuestAddress, ChainError> {
+fn status_of<M: GuestView + ?Sized>(mem: &M, chain: &[Buffer]) -> Result<GuestAddress, ChainError> {
     let last = chain.last().ok_or(ChainError::NoStatus)?;
     if !last.writable || last.len == 0 {
         return Err(ChainError::NoStatus);
@@ -163,13 +160,13 @@ fn status_of<M: GuestMemory + ?Sized>(
         .addr
         .checked_add(u64::from(last.len) - 1)
         .ok_or(ChainError::StatusOutsideMemory { addr: last.addr })?;
-    if !mem.check_range(GuestAddress(addr), 1, Permissions::Write) {
+    if !mem.holds(addr, 1, true) {
         return Err(ChainError::StatusOutsideMemory { addr });
     }
     Ok(GuestAddress(addr))
 }
 
-fn parse_body<M: GuestMemory + ?Sized>(
+fn parse_body<M: GuestView + ?Sized>(
     mem: &M,
     chain: &[Buffer],
     geometry: &Geometry,
@@ -189,9 +186,9 @@ fn parse_body<M: GuestMemory + ?Sized>(
     if status_len != 1 {
         return Err(RequestError::StatusSize { len: status_len });
     }
-    let mut bytes = [0u8; HEADER_BYTES as usize];
-    mem.read_slice(&mut bytes, GuestAddress(header.addr))
-        .map_err(|_| RequestError::HeaderOutsideMemory)?;
+    let bytes = mem
+        .read16(header.addr)
+        .ok_or(RequestError::HeaderOutsideMemory)?;
     let kind = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
     let sector = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let data = 1..chain.len() - 1;
@@ -199,7 +196,7 @@ fn parse_body<M: GuestMemory + ?Sized>(
         if b.len == 0 {
             return Err(RequestError::EmptyBuffer { index: i });
         }
-        if !mem.check_range(GuestAddress(b.addr), b.len as usize, access(b)) {
+        if !mem.holds(b.addr, u64::from(b.len), b.writable) {
             return Err(RequestError::BufferOutsideMemory { index: i });
         }
     }
@@ -276,15 +273,6 @@ fn parse_body<M: GuestMemory + ?Sized>(
     Ok(request)
 }
 
-/// What the device does to a buffer: writes a writable one, reads the others.
-fn access(b: &Buffer) -> Permissions {
-    if b.writable {
-        Permissions::Write
-    } else {
-        Permissions::Read
-    }
-}
-
 /// The bytes a read's or write's data buffers carry, each of the right direction and
 /// within the segment limits.
 fn data_bytes(data: &[Buffer], geometry: &Geometry, writable: bool) -> Result<u64, RequestError> {
@@ -345,7 +333,7 @@ fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, Requ
 }
 
 /// The one range of a discard or write zeroes: (sector, sectors, flags).
-fn read_range<M: GuestMemory + ?Sized>(
+fn read_range<M: GuestView + ?Sized>(
     mem: &M,
     data: &[Buffer],
     geometry: &Geometry,
@@ -364,9 +352,9 @@ fn read_range<M: GuestMemory + ?Sized>(
     if range.len != RANGE_BYTES || range.writable {
         return Err(RequestError::RangeLayout { bytes });
     }
-    let mut raw = [0u8; RANGE_BYTES as usize];
-    mem.read_slice(&mut raw, GuestAddress(range.addr))
-        .map_err(|_| RequestError::BufferOutsideMemory { index: 0 })?;
+    let raw = mem
+        .read16(range.addr)
+        .ok_or(RequestError::BufferOutsideMemory { index: 0 })?;
     let sector = u64::from_le_bytes(raw[0..8].try_into().expect("8 bytes"));
     let sectors = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes"));
     let flags = u32::from_le_bytes(raw[12..16].try_into().expect("4 bytes"));

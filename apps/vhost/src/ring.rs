@@ -26,13 +26,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hypoll_reactor::{IoOp, IoRequest, Poller, Reactor, ReactorHandle, RegionSlice, SEGMENTS_MAX};
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 use crate::blk::{S_IOERR, S_OK};
+use crate::host::HostMemory;
 use crate::memory::{ConnShared, Space};
 use crate::request::{parse, Op, ParseError, Request};
 use crate::shard::{completed, user, ShardExport, VhostState};
+use crate::split::SplitRing;
 use crate::walk::{walk_chain, Buffer, ChainLimits};
 
 /// `RingShared::base` while the ring runs.
@@ -116,9 +117,9 @@ pub(crate) struct Vring<S> {
     inbox: usize,
     space: usize,
     export: ShardExport,
-    queue: Queue,
+    queue: SplitRing,
     limits: ChainLimits,
-    memory: Option<Arc<GuestMemoryMmap>>,
+    memory: Option<Arc<HostMemory>>,
     generation: u64,
     conn: Arc<ConnShared>,
     shared: Arc<RingShared>,
@@ -142,14 +143,14 @@ pub(crate) struct Vring<S> {
 impl<S: VhostState> Vring<S> {
     pub(crate) fn new(start: RingStart, inbox: usize, space: usize, export: ShardExport) -> Self {
         let size = start.queue_size;
-        let mut queue = Queue::new(size).expect("the control checked the size");
-        queue.set_desc_table_address(Some(start.desc as u32), Some((start.desc >> 32) as u32));
-        queue.set_avail_ring_address(Some(start.avail as u32), Some((start.avail >> 32) as u32));
-        queue.set_used_ring_address(Some(start.used as u32), Some((start.used >> 32) as u32));
-        queue.set_next_avail(start.base);
-        queue.set_next_used(start.base);
-        queue.set_event_idx(start.event_idx);
-        queue.set_ready(true);
+        let queue = SplitRing::new(
+            size,
+            start.desc,
+            start.avail,
+            start.used,
+            start.base,
+            start.event_idx,
+        );
         if let Err(e) = crate::sys::set_nonblocking(&start.kick) {
             tracing::warn!("making a kick eventfd non-blocking failed: {e}");
         }
@@ -213,26 +214,19 @@ impl<S: VhostState> Vring<S> {
         };
         // A status outside memory was refused when the request was walked; one the guest
         // unmapped since is its own loss.
-        let _ = mem.write_obj(status, at);
-        if let Err(e) = self.queue.add_used(mem, head, written + 1) {
-            self.break_ring(&format!("pushing the used ring: {e}"));
+        let _ = mem.write(at.0, &[status]);
+        if !self.queue.add_used(head, written + 1) {
+            self.break_ring("pushing the used ring: not mapped");
         }
     }
 
     /// Signals the guest if it asked to be told of what was just pushed.
     fn signal(&mut self) {
-        let Some(mem) = self.memory.as_deref() else {
-            return;
-        };
-        match self.queue.needs_notification(mem) {
-            Ok(true) => {
-                if let Some(call) = &mut self.call {
-                    // A full counter (the guest has not read it) already signals.
-                    let _ = call.write(&1u64.to_ne_bytes());
-                }
+        if self.queue.needs_notification() {
+            if let Some(call) = &mut self.call {
+                // A full counter (the guest has not read it) already signals.
+                let _ = call.write(&1u64.to_ne_bytes());
             }
-            Ok(false) => {}
-            Err(e) => self.break_ring(&format!("reading used_event: {e}")),
         }
     }
 
@@ -254,6 +248,9 @@ impl<S: VhostState> Vring<S> {
         }
         self.memory = space.refresh(r).cloned();
         self.generation = space.generation();
+        if let Err(e) = self.queue.map(self.memory.as_ref()) {
+            self.break_ring(&e.to_string());
+        }
     }
 
     /// Takes the call eventfd the front end changed while the ring ran.
@@ -315,10 +312,10 @@ impl<S: VhostState> Vring<S> {
                 let mut bytes = [0u8; crate::blk::ID_BYTES as usize];
                 let n = id.len().min(bytes.len());
                 bytes[..n].copy_from_slice(&id[..n]);
-                let wrote = self.memory.as_deref().is_some_and(|m| {
-                    m.write_slice(&bytes[..req.written_bytes as usize], GuestAddress(b.addr))
-                        .is_ok()
-                });
+                let wrote = self
+                    .memory
+                    .as_deref()
+                    .is_some_and(|m| m.write(b.addr, &bytes[..req.written_bytes as usize]));
                 self.answer(slot, if wrote { S_OK } else { S_IOERR });
                 return true;
             }
@@ -337,16 +334,13 @@ impl<S: VhostState> Vring<S> {
     /// Takes requests off the avail ring while slots and the device have room. Returns
     /// how many it took.
     fn take_requests(&mut self, r: &mut Reactor<S>, space: &mut Space) -> usize {
-        let Some(mem) = self.memory.clone() else {
+        if self.memory.is_none() {
             self.refresh_memory(r, space);
             return 0;
-        };
-        let avail = match self.queue.avail_idx(mem.as_ref(), Ordering::Acquire) {
-            Ok(idx) => idx,
-            Err(e) => {
-                self.break_ring(&format!("reading the avail index: {e}"));
-                return 0;
-            }
+        }
+        let Some(avail) = self.queue.avail_idx() else {
+            // Not mapped: broken when the map came, or no map yet.
+            return 0;
         };
         let next = Wrapping(self.queue.next_avail());
         if avail == next {
@@ -364,7 +358,7 @@ impl<S: VhostState> Vring<S> {
         };
         if self.notify {
             // Requests are flowing: no kicks while the reactor polls.
-            if self.queue.disable_notification(mem.as_ref()).is_ok() {
+            if self.queue.disable_notification() {
                 self.notify = false;
             }
         }
@@ -376,10 +370,9 @@ impl<S: VhostState> Vring<S> {
             if !r.has_room(self.export.device) {
                 break;
             }
-            let Some(chain) = self.queue.pop_descriptor_chain(mem.as_ref()) else {
+            let Some(head) = self.queue.pop() else {
                 break;
             };
-            let head = chain.head_index();
             taken += 1;
             let desc = GuestAddress(self.queue.desc_table());
             if let Err(e) = walk_chain(mem.as_ref(), desc, self.limits, head, &mut self.chain) {
@@ -489,28 +482,28 @@ impl<S: VhostState> Poller<S> for Vring<S> {
         if self.broken || self.shared.stop.load(Ordering::Acquire) {
             return false;
         }
-        let Some(mem) = self.memory.as_deref() else {
+        if self.memory.is_none() {
             return false;
-        };
+        }
         if self.waiting.is_some() || self.free.is_empty() {
             // Waiting for room, not for the guest: a completion wakes the reactor.
             return false;
         }
         if !self.notify {
-            match self.queue.enable_notification(mem) {
-                Ok(more) => {
+            match self.queue.enable_notification() {
+                Some(more) => {
                     self.notify = true;
                     return more;
                 }
-                Err(e) => {
-                    self.break_ring(&format!("turning notifications on: {e}"));
+                None => {
+                    self.break_ring("turning notifications on: not mapped");
                     return false;
                 }
             }
         }
         self.queue
-            .avail_idx(mem, Ordering::Acquire)
-            .is_ok_and(|idx| idx.0 != self.queue.next_avail())
+            .avail_idx()
+            .is_some_and(|idx| idx.0 != self.queue.next_avail())
     }
 }
 

@@ -1,5 +1,5 @@
 //! Walking one descriptor chain of a split virtqueue, as a hostile guest may have written
-//! it: every descriptor is read through the guest's memory map (a read outside it is an
+//! it: every descriptor is read through the guest's memory map ([`GuestView`]) (a read outside it is an
 //! error, never a fault), a chain may not run longer than the queue (so a loop ends), an
 //! indirect table is followed once and only where it was negotiated, and a next index
 //! outside its table stops the walk. The result is the chain's buffers in order, each an
@@ -10,12 +10,40 @@
 //! malformation (a descriptor it cannot read, a next index out of range, a loop), so a
 //! truncated chain would look like a short, well-formed one. Here each ending has its name.
 
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use virtio_queue::desc::split::Descriptor;
 
 /// Bytes of one descriptor in a table.
 const DESCRIPTOR_BYTES: u64 = 16;
+
+/// What the walker and the parser need of guest memory: the back end's own table of host
+/// pointers (`host.rs`), or any of vm-memory's (the tests compare the two).
+pub trait GuestView {
+    /// The 16 bytes at guest address `addr` (a descriptor, a request header, a range), if
+    /// they lie inside guest memory.
+    fn read16(&self, addr: u64) -> Option<[u8; 16]>;
+    /// Whether the `len` bytes at `addr` lie inside guest memory, for the device to write
+    /// (`write`) or read.
+    fn holds(&self, addr: u64, len: u64, write: bool) -> bool;
+}
+
+impl<M: GuestMemory + ?Sized> GuestView for M {
+    fn read16(&self, addr: u64) -> Option<[u8; 16]> {
+        let mut bytes = [0u8; 16];
+        self.read_slice(&mut bytes, GuestAddress(addr)).ok()?;
+        Some(bytes)
+    }
+
+    fn holds(&self, addr: u64, len: u64, write: bool) -> bool {
+        let access = if write {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        usize::try_from(len).is_ok_and(|len| self.check_range(GuestAddress(addr), len, access))
+    }
+}
 
 /// One buffer of a chain: `len` bytes at guest address `addr`, written by the device
 /// (`writable`) or read by it.
@@ -68,7 +96,7 @@ pub enum ChainError {
 /// Walks the chain that starts at `head` of the descriptor table at `table`, pushing its
 /// buffers onto `out` (emptied first). `out` never grows past `limits.queue_size`
 /// buffers, so a caller that reserved that many allocates nothing here.
-pub fn walk_chain<M: GuestMemory + ?Sized>(
+pub fn walk_chain<M: GuestView + ?Sized>(
     mem: &M,
     table: GuestAddress,
     limits: ChainLimits,
@@ -132,7 +160,7 @@ pub fn walk_chain<M: GuestMemory + ?Sized>(
 }
 
 /// Descriptor `index` of the table at `table`, read through guest memory.
-fn read_descriptor<M: GuestMemory + ?Sized>(
+fn read_descriptor<M: GuestView + ?Sized>(
     mem: &M,
     table: GuestAddress,
     index: u16,
@@ -146,5 +174,13 @@ fn read_descriptor<M: GuestMemory + ?Sized>(
     let addr = table
         .checked_add(u64::from(index) * DESCRIPTOR_BYTES)
         .ok_or_else(outside)?;
-    mem.read_obj::<Descriptor>(addr).map_err(|_| outside())
+    let b = mem.read16(addr.raw_value()).ok_or_else(outside)?;
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let half = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    Ok(Descriptor::new(
+        word(0),
+        u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+        half(12),
+        half(14),
+    ))
 }

@@ -4,7 +4,9 @@
 //! avail ring offers. Whatever the guest wrote, the walker must not panic, must stop within
 //! the queue's size, and may only hand on a request whose every buffer lies inside guest
 //! memory (checked against the regions directly, not through vm-memory), goes the way the
-//! request needs, and keeps every limit; a refusal's status byte lies in guest memory.
+//! request needs, and keeps every limit; a refusal's status byte lies in guest memory. The
+//! walk goes through the back end's host pointers (`HostMemory`, as the rings use it) and
+//! through vm-memory's checked accessors, and the two must come to the same answer.
 //!
 //! The suite runs `HYPOLL_FUZZ_CASES` cases per property (default 2000). A long run:
 //!
@@ -17,6 +19,9 @@
 
 use std::path::Path;
 
+use std::sync::Arc;
+
+use hypoll_vhost::host::HostMemory;
 use hypoll_vhost::testkit::*;
 use hypoll_vhost::{parse, walk_chain, Buffer, ChainLimits, Geometry, Op, ParseError};
 use proptest::prelude::*;
@@ -148,7 +153,9 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
         indirect: s.indirect,
     };
     let g = geometry(s.read_only);
+    let host = HostMemory::new(Arc::new(mem.clone()));
     let mut chain: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
+    let mut chain_vm: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
     // An avail index more than a queue ahead is the ring's own malformation.
     let Ok(heads) = queue.iter(&mem) else {
         prop_assert!(s.avail_idx > s.queue_size);
@@ -157,7 +164,10 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     let heads: Vec<u16> = heads.map(|c| c.head_index()).collect();
     prop_assert!(heads.len() <= usize::from(s.queue_size));
     for head in heads {
-        let walked = walk_chain(&mem, GuestAddress(TABLE), limits, head, &mut chain);
+        let walked = walk_chain(&host, GuestAddress(TABLE), limits, head, &mut chain);
+        let walked_vm = walk_chain(&mem, GuestAddress(TABLE), limits, head, &mut chain_vm);
+        prop_assert_eq!(walked, walked_vm, "host pointers and vm-memory walk alike");
+        prop_assert_eq!(&chain, &chain_vm);
         prop_assert!(
             chain.len() <= usize::from(s.queue_size),
             "the walk is bounded"
@@ -171,7 +181,9 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
             continue;
         }
         prop_assert!(!chain.is_empty());
-        match parse(&mem, &chain, &g) {
+        let parsed = parse(&host, &chain, &g);
+        prop_assert_eq!(&parsed, &parse(&mem, &chain, &g), "and parse alike");
+        match parsed {
             Ok(req) => check_request(&req, &chain, &g)?,
             Err(ParseError::Refused { status, error }) => {
                 prop_assert!(inside(status.0, 1), "{error}: status outside memory");

@@ -6,8 +6,9 @@ use vm_memory::GuestAddress;
 
 use super::*;
 use crate::blk::{S_IOERR, S_UNSUPP};
+use crate::host::HostMemory;
 use crate::testkit::*;
-use crate::walk::{walk_chain, ChainLimits};
+use crate::walk::{walk_chain, ChainLimits, GuestView};
 
 const QUEUE: u16 = 16;
 
@@ -33,10 +34,26 @@ fn limits() -> ChainLimits {
     }
 }
 
-/// Walks the chain at descriptor 0 of `TABLE` and parses it.
+/// Walks the chain at descriptor 0 of `TABLE` and parses it, through the back end's host
+/// pointers and through vm-memory's accessors, which must agree.
 fn walk_and_parse(mem: &vm_memory::GuestMemoryMmap, g: &Geometry) -> Result<Request, ParseError> {
+    let host = HostMemory::new(std::sync::Arc::new(mem.clone()));
+    let by_host = walk_and_parse_in(&host, TABLE, g);
+    assert_eq!(
+        by_host,
+        walk_and_parse_in(mem, TABLE, g),
+        "host pointers = vm-memory"
+    );
+    by_host
+}
+
+fn walk_and_parse_in<M: GuestView + ?Sized>(
+    mem: &M,
+    table: u64,
+    g: &Geometry,
+) -> Result<Request, ParseError> {
     let mut chain = Vec::with_capacity(QUEUE as usize);
-    walk_chain(mem, GuestAddress(TABLE), limits(), 0, &mut chain)?;
+    walk_chain(mem, GuestAddress(table), limits(), 0, &mut chain)?;
     parse(mem, &chain, g)
 }
 
@@ -421,4 +438,94 @@ fn a_read_only_export_refuses_whatever_writes() {
         &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
     );
     assert_eq!(walk_and_parse(&mem, &g).unwrap().op, Op::Read);
+}
+
+#[test]
+fn through_host_pointers_a_range_straddling_a_region_end_or_past_the_last_is_refused() {
+    let mem = guest();
+    let host = HostMemory::new(std::sync::Arc::new(mem.clone()));
+    let g = geometry();
+    // The descriptor itself: a table whose first entry straddles the first region's end, or
+    // lies past the last region.
+    for table in [LOW_END - 8, HIGH_END - 8, HIGH_END] {
+        assert_eq!(
+            walk_and_parse_in(&host, table, &g),
+            Err(ParseError::Chain(ChainError::DescriptorOutsideMemory {
+                index: 0,
+                addr: table
+            })),
+            "table at {table:#x}"
+        );
+    }
+    // A header straddling the first region's end, or running past the last region.
+    for at in [LOW_END - 8, HIGH_END - 8] {
+        put_chain(&mem, TABLE, &[(at, 16, false), (STATUS, 1, true)]);
+        assert_eq!(
+            refused(walk_and_parse_in(&host, TABLE, &g)),
+            RequestError::HeaderOutsideMemory,
+            "header at {at:#x}"
+        );
+    }
+    // A data buffer doing either, a range of a discard, an indirect table.
+    put_header(&mem, HEADER, vb::VIRTIO_BLK_T_IN, 0);
+    for at in [LOW_END - 256, HIGH_END - 256, HIGH_END] {
+        put_chain(
+            &mem,
+            TABLE,
+            &[(HEADER, 16, false), (at, 512, true), (STATUS, 1, true)],
+        );
+        assert_eq!(
+            refused(walk_and_parse_in(&host, TABLE, &g)),
+            RequestError::BufferOutsideMemory { index: 0 },
+            "data at {at:#x}"
+        );
+    }
+    put_header(&mem, HEADER, vb::VIRTIO_BLK_T_DISCARD, 0);
+    put_chain(
+        &mem,
+        TABLE,
+        &[
+            (HEADER, 16, false),
+            (HIGH_END - 8, 16, false),
+            (STATUS, 1, true),
+        ],
+    );
+    assert_eq!(
+        refused(walk_and_parse_in(&host, TABLE, &g)),
+        RequestError::BufferOutsideMemory { index: 0 },
+        "a discard's range"
+    );
+    // An indirect table whose first entry ends the first region and whose second lies in
+    // the hole.
+    put_desc(&mem, TABLE, 0, LOW_END - 16, 32, INDIRECT, 0);
+    put_desc(&mem, LOW_END - 16, 0, HEADER, 16, NEXT, 1);
+    assert_eq!(
+        walk_and_parse_in(&host, TABLE, &g),
+        Err(ParseError::Chain(ChainError::DescriptorOutsideMemory {
+            index: 1,
+            addr: LOW_END
+        }))
+    );
+    // The status byte just past the last region.
+    put_header(&mem, HEADER, vb::VIRTIO_BLK_T_FLUSH, 0);
+    put_chain(&mem, TABLE, &[(HEADER, 16, false), (HIGH_END, 1, true)]);
+    assert_eq!(
+        walk_and_parse_in(&host, TABLE, &g),
+        Err(ParseError::Chain(ChainError::StatusOutsideMemory {
+            addr: HIGH_END
+        }))
+    );
+    // And each of the last bytes inside is fine: a flush whose header ends the first region
+    // and whose status is the last byte of the last.
+    put_header(&mem, LOW_END - 16, vb::VIRTIO_BLK_T_FLUSH, 0);
+    put_chain(
+        &mem,
+        TABLE,
+        &[(LOW_END - 16, 16, false), (HIGH_END - 1, 1, true)],
+    );
+    let flush = walk_and_parse_in(&host, TABLE, &g).unwrap();
+    assert_eq!(
+        (flush.op, flush.status),
+        (Op::Flush, GuestAddress(HIGH_END - 1))
+    );
 }

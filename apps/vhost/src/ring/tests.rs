@@ -4,6 +4,7 @@
 //! kick waking a parked reactor; a stop that publishes the ring's base.
 
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,6 +122,14 @@ fn setup() -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
 
 /// [`setup`] with the reactor built from `cfg`.
 fn setup_with(cfg: StandaloneConfig) -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
+    setup_ring(cfg, |_| {})
+}
+
+/// [`setup_with`], the ring's start edited by `edit` before the ring starts.
+fn setup_ring(
+    cfg: StandaloneConfig,
+    edit: impl FnOnce(&mut RingStart),
+) -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
     let (mut r, _handle) = Reactor::<Standalone>::standalone(cfg).unwrap();
     let device = Device::open("emu:dram,size=1M").unwrap();
     let geometry = Geometry::new(&device.ctrl.namespace(), false, false, false, 1);
@@ -132,10 +141,10 @@ fn setup_with(cfg: StandaloneConfig) -> (Reactor<Standalone>, Standalone, Guest,
     table.add(0, 1 << 20, 0x7000_0000, 0, file).unwrap();
     let conn = ConnShared::new();
     table.publish(&conn);
-    let mem = conn.memory().1.unwrap();
+    let mem = conn.memory().1.unwrap().guest().clone();
     let kick = eventfd();
     let shared = RingShared::new();
-    let start = RingStart {
+    let mut start = RingStart {
         export: 0,
         conn,
         shared: shared.clone(),
@@ -151,6 +160,7 @@ fn setup_with(cfg: StandaloneConfig) -> (Reactor<Standalone>, Standalone, Guest,
         err: None,
         on_stop: Box::new(|| {}),
     };
+    edit(&mut start);
     state.vhost.start_ring(&mut r, start);
     assert_eq!(state.vhost.rings(), 1);
     let guest = Guest {
@@ -317,5 +327,54 @@ fn an_idle_guest_costs_its_reactor_under_1_percent_of_a_core() {
             "{policy}: {:?}",
             r.counters()
         );
+    }
+}
+
+#[test]
+fn a_used_ring_past_guest_memory_or_misaligned_breaks_the_ring_and_nothing_is_written() {
+    // Guest memory is 1 MiB: a used ring whose elements run past its end, and one at an
+    // address that is not a multiple of 4.
+    for used in [(1 << 20) - 16, USED + 2] {
+        let err = eventfd();
+        let err_seen = err.try_clone().unwrap();
+        let cfg = StandaloneConfig {
+            tuning: ReactorTuning {
+                idle_spin_ns: 0,
+                ..ReactorTuning::default()
+            },
+            ..StandaloneConfig::default()
+        };
+        let (mut r, mut state, mut guest, _shared) = setup_ring(cfg, |start| {
+            start.used = used;
+            start.err = Some(err);
+        });
+        guest.post_read();
+        for _ in 0..100 {
+            r.poll(&mut state);
+        }
+        let mut count = [0u8; 8];
+        assert_eq!(
+            (&err_seen).read(&mut count).unwrap(),
+            8,
+            "used ring at {used:#x}: the error eventfd was signalled"
+        );
+        assert_eq!(u64::from_ne_bytes(count), 1);
+        assert_eq!(
+            guest.status(0),
+            0xee,
+            "{used:#x}: the request was not answered"
+        );
+        let mut tail = vec![0u8; 16];
+        guest
+            .mem
+            .read_slice(&mut tail, GuestAddress((1 << 20) - 16))
+            .unwrap();
+        assert!(
+            tail.iter().all(|b| *b == 0),
+            "{used:#x}: nothing written there"
+        );
+        let mut near = [0u8; 16];
+        guest.mem.read_slice(&mut near, GuestAddress(USED)).unwrap();
+        assert!(near.iter().all(|b| *b == 0), "{used:#x}: nor there");
     }
 }

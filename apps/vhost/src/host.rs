@@ -1,0 +1,345 @@
+//! The guest's memory through host pointers: every pointer the back end makes from a guest
+//! address, and every load and store through one, is in this module.
+//!
+//! [`HostMemory`] is built once per memory map the front end publishes (SET_MEM_TABLE,
+//! ADD_MEM_REG, REM_MEM_REG): a sorted table of the mapped regions, each its guest-physical
+//! base, its length and its host address, with the mappings kept alive by the table. A guest
+//! address range becomes a host pointer only if it lies wholly inside one region; a range
+//! that runs into a hole or past the last region is refused, so no byte outside the guest's
+//! memory is ever read or written. A small range that crosses from one region into the next
+//! adjacent one (vm-memory's accessors allow that) is copied a byte at a time, each byte
+//! translated on its own; the rings themselves must each lie inside one region ([`Span`]).
+//!
+//! The guest writes its memory while we read it, from another process and another CPU, so
+//! nothing here ever makes a Rust reference into guest memory: plain data moves by volatile
+//! loads and stores (the compiler may neither elide nor merge them, and a torn value is only
+//! a wrong value, which every caller checks as hostile input), and the ring indices that
+//! order the two sides move by atomic loads and stores (the avail index loaded with
+//! Acquire, the used index stored with Release after the used elements), with the fences
+//! virtio requires left to the ring code (`split.rs`).
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::walk::GuestView;
+
+/// One mapped region of the guest's memory.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    gpa: u64,
+    len: u64,
+    host: *mut u8,
+}
+
+/// The guest's memory as host pointers; see the module's documentation.
+pub struct HostMemory {
+    /// Sorted by `gpa`, none overlapping another.
+    regions: Vec<Region>,
+    /// Owns the mappings the regions point into.
+    guest: Arc<GuestMemoryMmap>,
+}
+
+// SAFETY: the raw pointers point into shared mappings owned by `guest`, which is itself Send
+// and Sync and lives as long as this table; every access through them is a volatile or
+// atomic one made by this module, never a Rust reference, so any number of threads may use
+// the table at once (the guest does so too).
+unsafe impl Send for HostMemory {}
+// SAFETY: as for Send.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// The table of `guest`'s regions.
+    pub fn new(guest: Arc<GuestMemoryMmap>) -> HostMemory {
+        let mut regions: Vec<Region> = guest
+            .iter()
+            .map(|r| Region {
+                gpa: r.start_addr().raw_value(),
+                len: r.len(),
+                host: r.as_ptr(),
+            })
+            .collect();
+        regions.sort_by_key(|r| r.gpa);
+        // vm-memory refuses overlapping regions and regions whose end overflows.
+        debug_assert!(regions.iter().all(|r| r.gpa.checked_add(r.len).is_some()));
+        debug_assert!(regions.windows(2).all(|w| w[0].gpa + w[0].len <= w[1].gpa));
+        HostMemory { regions, guest }
+    }
+
+    /// The mappings themselves (to register them with a device).
+    pub fn guest(&self) -> &Arc<GuestMemoryMmap> {
+        &self.guest
+    }
+
+    /// The region holding guest address `gpa`.
+    #[inline]
+    fn region_of(&self, gpa: u64) -> Option<&Region> {
+        self.regions
+            .iter()
+            .find(|r| gpa >= r.gpa && gpa - r.gpa < r.len)
+    }
+
+    /// The host address of the `len` bytes at `gpa`, if they lie wholly inside one region.
+    #[inline]
+    fn host(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+        let r = self.region_of(gpa)?;
+        let offset = gpa - r.gpa;
+        // `offset < r.len`, so neither side overflows.
+        (len <= r.len - offset).then(|| r.host.wrapping_add(offset as usize))
+    }
+
+    /// Whether the `len` bytes at `gpa` lie inside guest memory, in one region or in
+    /// adjacent ones. An empty range is inside if its address is.
+    pub fn holds(&self, gpa: u64, len: u64) -> bool {
+        let mut at = gpa;
+        let mut left = len;
+        // Each step moves to the region after the last one, so there are at most as many
+        // steps as regions.
+        for _ in 0..self.regions.len() {
+            let Some(r) = self.region_of(at) else {
+                return false;
+            };
+            let room = r.len - (at - r.gpa);
+            if left <= room {
+                return true;
+            }
+            left -= room;
+            at = r.gpa + r.len;
+        }
+        false
+    }
+
+    /// The `N` bytes at `gpa`, if they lie inside guest memory.
+    #[inline]
+    pub fn read<const N: usize>(&self, gpa: u64) -> Option<[u8; N]> {
+        if let Some(p) = self.host(gpa, N as u64) {
+            // SAFETY: `p..p + N` lies inside one mapped region (`host`), kept mapped by
+            // `self.guest` while `self` lives.
+            return Some(unsafe { load(p) });
+        }
+        // Across adjacent regions (or not inside at all): byte by byte.
+        let mut out = [0u8; N];
+        for (i, b) in out.iter_mut().enumerate() {
+            let p = self.host(gpa.checked_add(i as u64)?, 1)?;
+            // SAFETY: `p` is one byte inside a mapped region (`host`).
+            *b = unsafe { p.read_volatile() };
+        }
+        Some(out)
+    }
+
+    /// Writes `bytes` at `gpa`; returns false, having written nothing, if they do not lie
+    /// inside guest memory.
+    pub fn write(&self, gpa: u64, bytes: &[u8]) -> bool {
+        if let Some(p) = self.host(gpa, bytes.len() as u64) {
+            for (i, b) in bytes.iter().enumerate() {
+                // SAFETY: `p..p + bytes.len()` lies inside one mapped region (`host`).
+                unsafe { p.add(i).write_volatile(*b) };
+            }
+            return true;
+        }
+        if !self.holds(gpa, bytes.len() as u64) {
+            return false;
+        }
+        for (i, b) in bytes.iter().enumerate() {
+            // `holds` saw every byte inside guest memory.
+            let Some(p) = self.host(gpa + i as u64, 1) else {
+                debug_assert!(false, "a byte `holds` saw inside is outside");
+                return false;
+            };
+            // SAFETY: `p` is one byte inside a mapped region (`host`).
+            unsafe { p.write_volatile(*b) };
+        }
+        true
+    }
+
+    /// The `len` bytes at `gpa` as a span the rings read and write through, if they lie
+    /// inside one region and start at a multiple of `align` bytes of the host's addresses
+    /// (guest regions are page-aligned in both address spaces, so that is the guest
+    /// address's alignment as well).
+    pub fn span(self: &Arc<Self>, gpa: u64, len: u64, align: usize) -> Option<Span> {
+        let p = self.host(gpa, len)?;
+        (p as usize).is_multiple_of(align).then(|| Span {
+            ptr: p,
+            len: len as usize,
+            _memory: self.clone(),
+        })
+    }
+}
+
+impl GuestView for HostMemory {
+    fn read16(&self, addr: u64) -> Option<[u8; 16]> {
+        self.read(addr)
+    }
+
+    fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
+        // Every region is mapped for reading and writing.
+        HostMemory::holds(self, addr, len)
+    }
+}
+
+/// `N` bytes at `p`, by volatile loads: whole aligned words where it can.
+///
+/// # Safety
+/// `p..p + N` lies inside a live mapping.
+#[inline]
+unsafe fn load<const N: usize>(p: *const u8) -> [u8; N] {
+    let mut out = [0u8; N];
+    if N.is_multiple_of(8) && (p as usize).is_multiple_of(8) {
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: word `i` of `N / 8` aligned words inside `p..p + N`.
+            let word = unsafe { (p as *const u64).add(i).read_volatile() };
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+    } else {
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: byte `i` of `p..p + N`.
+            *b = unsafe { p.add(i).read_volatile() };
+        }
+    }
+    out
+}
+
+/// A range of guest memory inside one region, resolved once (a ring), that keeps its
+/// mapping alive. Its accessors take byte offsets into the span and refuse (None, false)
+/// an access that would run past its end or is not aligned to its size.
+pub struct Span {
+    ptr: *mut u8,
+    len: usize,
+    _memory: Arc<HostMemory>,
+}
+
+// SAFETY: as for HostMemory: `ptr..ptr + len` lies inside a mapping `_memory` keeps alive,
+// accessed only by this module's volatile and atomic operations.
+unsafe impl Send for Span {}
+
+impl Span {
+    /// The host address of `size` bytes at `offset`, inside the span and aligned to `size`.
+    #[inline]
+    fn at(&self, offset: usize, size: usize) -> Option<*mut u8> {
+        let end = offset.checked_add(size)?;
+        let p = self.ptr.wrapping_add(offset);
+        (end <= self.len && (p as usize).is_multiple_of(size)).then_some(p)
+    }
+
+    /// The little-endian `u16` at `offset`, loaded atomically with `order`.
+    #[inline]
+    pub fn load_u16(&self, offset: usize, order: Ordering) -> Option<u16> {
+        let p = self.at(offset, 2)?;
+        // SAFETY: `p` is 2 bytes inside the mapping, aligned for a u16 (`at`); the mapping
+        // outlives the reference, which does not leave this function. The guest writes these
+        // bytes only with whole, aligned stores of its own (virtio's rule for ring indices).
+        let atomic = unsafe { AtomicU16::from_ptr(p.cast::<u16>()) };
+        Some(u16::from_le(atomic.load(order)))
+    }
+
+    /// Stores `value` little-endian at `offset`, atomically with `order`.
+    #[inline]
+    pub fn store_u16(&self, offset: usize, value: u16, order: Ordering) -> bool {
+        let Some(p) = self.at(offset, 2) else {
+            return false;
+        };
+        // SAFETY: as in `load_u16`.
+        let atomic = unsafe { AtomicU16::from_ptr(p.cast::<u16>()) };
+        atomic.store(value.to_le(), order);
+        true
+    }
+
+    /// Writes `value` little-endian at `offset` by a volatile store.
+    #[inline]
+    pub fn write_u32(&self, offset: usize, value: u32) -> bool {
+        let Some(p) = self.at(offset, 4) else {
+            return false;
+        };
+        // SAFETY: `p` is 4 bytes inside the mapping, aligned for a u32 (`at`).
+        unsafe { p.cast::<u32>().write_volatile(value.to_le()) };
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{guest, HIGH_END, HIGH_START, LOW_END};
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn memory() -> Arc<HostMemory> {
+        Arc::new(HostMemory::new(Arc::new(guest())))
+    }
+
+    #[test]
+    fn a_range_is_translated_only_wholly_inside_one_region() {
+        let m = memory();
+        assert!(m.holds(0, LOW_END));
+        assert!(m.holds(LOW_END - 16, 16));
+        assert!(
+            !m.holds(LOW_END - 15, 16),
+            "straddles the end of the first region"
+        );
+        assert!(!m.holds(HIGH_START - 1, 2), "starts in the hole");
+        assert!(m.holds(HIGH_END - 1, 1));
+        assert!(!m.holds(HIGH_END - 1, 2), "runs past the last region");
+        assert!(!m.holds(HIGH_END, 1), "past the last region");
+        assert!(!m.holds(u64::MAX, 1));
+        assert!(m.read::<16>(LOW_END - 15).is_none());
+        assert!(m.read::<16>(HIGH_END - 8).is_none());
+        assert!(m.read::<16>(u64::MAX - 7).is_none());
+        assert!(!m.write(LOW_END - 1, &[1, 2]));
+        assert!(!m.write(HIGH_END, &[1]));
+        assert!(m.span(LOW_END - 8, 16, 2).is_none());
+        assert!(m.span(HIGH_END - 8, 16, 2).is_none());
+        assert!(m.span(HIGH_START + 1, 4, 2).is_none(), "misaligned");
+        // Nothing next to the refused ranges was written.
+        let g = m.guest();
+        assert_eq!(g.read_obj::<u8>(GuestAddress(LOW_END - 1)).unwrap(), 0);
+        assert_eq!(g.read_obj::<u8>(GuestAddress(HIGH_END - 1)).unwrap(), 0);
+    }
+
+    #[test]
+    fn reads_and_writes_land_where_vm_memory_sees_them() {
+        let m = memory();
+        let g = m.guest().clone();
+        let bytes: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
+        assert!(m.write(HIGH_START + 3, &bytes));
+        let mut back = [0u8; 16];
+        g.read_slice(&mut back, GuestAddress(HIGH_START + 3))
+            .unwrap();
+        assert_eq!(back, bytes);
+        assert_eq!(m.read::<16>(HIGH_START + 3), Some(bytes), "unaligned");
+        g.write_slice(&bytes, GuestAddress(0x40)).unwrap();
+        assert_eq!(m.read::<16>(0x40), Some(bytes), "aligned");
+        let span = m.span(0x40, 16, 4).unwrap();
+        assert_eq!(span.load_u16(2, Ordering::Acquire), Some(0x0403));
+        assert_eq!(span.load_u16(1, Ordering::Acquire), None, "misaligned");
+        assert_eq!(span.load_u16(15, Ordering::Acquire), None, "past the end");
+        assert!(span.store_u16(14, 0xbeef, Ordering::Release));
+        assert!(span.write_u32(8, 0x1234_5678));
+        assert!(!span.write_u32(16, 0), "past the end");
+        assert_eq!(g.read_obj::<u16>(GuestAddress(0x4e)).unwrap(), 0xbeef);
+        assert_eq!(g.read_obj::<u32>(GuestAddress(0x48)).unwrap(), 0x1234_5678);
+        assert_eq!(
+            g.read_obj::<u8>(GuestAddress(0x50)).unwrap(),
+            0,
+            "nothing past it"
+        );
+    }
+
+    #[test]
+    fn a_small_range_across_adjacent_regions_is_copied_byte_by_byte() {
+        let g = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x1000), 0x1000),
+        ])
+        .unwrap();
+        let m = Arc::new(HostMemory::new(Arc::new(g)));
+        let bytes: [u8; 16] = std::array::from_fn(|i| 0xa0 + i as u8);
+        assert!(m.holds(0xff8, 16));
+        assert!(m.write(0xff8, &bytes));
+        assert_eq!(m.read::<16>(0xff8), Some(bytes));
+        assert!(
+            m.span(0xff8, 16, 2).is_none(),
+            "a ring lies inside one region"
+        );
+        assert!(!m.holds(0x1ff8, 16), "past the last region");
+    }
+}
