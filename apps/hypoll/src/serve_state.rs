@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hypoll_frontend::{AddedShards, HasShard, Shard};
 use hypoll_nbd::proto::{TFLAG_READ_ONLY, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES};
 use hypoll_nbd::Nbd;
-use hypoll_nvmf::{DiscoveryEntry, NamespaceConfig, Nvmf, Target, TargetConfig};
+use hypoll_nvmf::{DiscoveryEntry, Limits, NamespaceConfig, Nvmf, Target, TargetConfig};
 use hypoll_reactor::{DeviceId, InitError, Reactor};
 use hypoll_vhost::{Geometry, ShardExport, VhostShard, VhostState};
 
@@ -45,6 +45,8 @@ impl HasShard<Nvmf> for Serve {
 pub struct NvmeTcp {
     pub shards: AddedShards<Nvmf>,
     pub subsystem_nqn: String,
+    /// What a host can make the target hold (`--nvme-*` flags), checked before start.
+    pub limits: Limits,
     /// Where it listens (the discovery log's entry).
     pub addr: SocketAddr,
     /// The target, made by the first reactor to start from what it sees of the exports
@@ -59,6 +61,7 @@ impl NvmeTcp {
             return Ok(t.clone());
         }
         let mut cfg = TargetConfig::new(&self.subsystem_nqn);
+        cfg.limits = self.limits;
         for (i, info) in nbd.exports().iter().enumerate() {
             if info.restricted {
                 // Refused before start (serve.rs): NVMe/TCP cannot tell clients apart.

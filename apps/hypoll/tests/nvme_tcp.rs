@@ -182,3 +182,81 @@ fn serve_refuses_nvme_tcp_for_an_export_restricted_to_named_clients() {
     let named = stderr.contains("secret") && stderr.contains("clients=");
     assert!(named, "{stderr}");
 }
+
+/// The `--nvme-*` limit flags reach the target: a host's ICReq is answered with the
+/// MAXH2CDATA asked for, and a controller past `--nvme-max-controllers` is refused while
+/// the first one lives.
+#[test]
+fn serve_applies_the_nvme_tcp_limit_flags() {
+    let nqn = "nqn.2026-12.io.hypoll:limits-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=4M"],
+        &[
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+            "--nvme-maxh2cdata-bytes",
+            "8K",
+            "--nvme-max-controllers",
+            "1",
+        ],
+    );
+    let (port, _) = serve.nvme.clone().expect("the NVMe/TCP line");
+
+    // ICReq: PDU type 0, HLEN 128, PLEN 128, PFV 0, no digests; ICResp carries MAXH2CDATA
+    // at bytes 12..16.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut icreq = [0u8; 128];
+    icreq[2] = 128;
+    icreq[4..8].copy_from_slice(&128u32.to_le_bytes());
+    s.write_all(&icreq).unwrap();
+    let mut icresp = [0u8; 128];
+    s.read_exact(&mut icresp).unwrap();
+    assert_eq!(icresp[0], 1, "an ICResp");
+    let maxh2cdata = u32::from_le_bytes(icresp[12..16].try_into().unwrap());
+    assert_eq!(maxh2cdata, 8192);
+    drop(s);
+
+    // One controller at most: a second host's Connect is refused while the first lives,
+    // and the first still reads.
+    let first = open(port, nqn, 1);
+    let second = format!("nvme-tcp:127.0.0.1:{port}/{nqn}");
+    let DeviceConfig::NvmeTcp(cfg) = second.parse().unwrap() else {
+        panic!("an nvme-tcp device string")
+    };
+    assert!(
+        NvmeTcpController::open(&cfg).is_err(),
+        "a second controller past --nvme-max-controllers 1"
+    );
+    let mut qp = first.create_queue_pair(4).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    io.read(0, 1).unwrap();
+    drop(io);
+    drop((qp, first));
+    let (status, stderr) = serve.signal_and_wait(libc::SIGTERM);
+    assert!(status.success(), "{stderr}");
+}
+
+/// A limit the target cannot serve is a usage error naming its flag, before anything
+/// starts.
+#[test]
+fn serve_refuses_an_nvme_tcp_limit_out_of_range() {
+    for (flag, value) in [
+        ("--nvme-in-capsule-bytes", "100"),
+        ("--nvme-maxh2cdata-bytes", "1K"),
+        ("--nvme-queue-entries", "1"),
+        ("--nvme-max-io-queues", "0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["--nvme-tcp", "127.0.0.1:0", "--export", "m=null"])
+            .args([flag, value])
+            .output()
+            .expect("hypoll runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+}
