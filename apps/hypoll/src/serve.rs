@@ -454,7 +454,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             },
             ..ServiceConfig::new(listen)
         };
-        let cfg = ServerConfig {
+        let mut cfg = ServerConfig {
             exports: args.exports,
             read_only: args.read_only,
             request_bytes_max,
@@ -483,8 +483,13 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
                     tls: FrontTlsConfig::default(),
                     ..cfg.service.clone()
                 };
-                match AddedProtocol::<Nvmf>::bind(&nvme_cfg, std::sync::Arc::new(nvmf_metrics())) {
-                    Ok(added) => Some(added),
+                let metrics = std::sync::Arc::new(nvmf_metrics());
+                match AddedProtocol::<Nvmf>::bind(&nvme_cfg, metrics.clone()) {
+                    Ok(added) => {
+                        // Served on `--metrics` after NBD's.
+                        cfg.service.metrics_beside.push(metrics);
+                        Some(added)
+                    }
                     Err(e) => {
                         eprintln!("hypoll serve: --nvme-tcp: {e}");
                         return ExitCode::FAILURE;

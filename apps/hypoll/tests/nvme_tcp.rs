@@ -12,7 +12,7 @@ use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
 use hypoll_nvme::{Controller, DeviceConfig, IoError, NvmeTcpController, Status, SyncIo};
 use support::nbd::{handshake, simple_reply};
-use support::serve::{two_cores, Serve};
+use support::serve::{metric, one_core, two_cores, Serve};
 
 use hypoll_frontend::ListenAddr;
 use hypoll_nvmf::{NvmfConfig, NvmfExport, NvmfServer};
@@ -259,4 +259,49 @@ fn serve_refuses_an_nvme_tcp_limit_out_of_range() {
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
         assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
+}
+
+/// `--metrics` serves NVMe/TCP's counters beside NBD's, in one exposition (one `# EOF`).
+#[test]
+fn serve_metrics_count_nvme_tcp_requests_beside_nbd() {
+    let nqn = "nqn.2026-12.io.hypoll:metrics-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=4M"],
+        &[
+            "--cores",
+            &one_core(),
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+        ],
+    );
+    let (port, _) = serve.nvme.clone().expect("the NVMe/TCP line");
+    let disk = open(port, nqn, 1);
+    let lba = disk.namespace().lba_size_bytes;
+    let mut qp = disk.create_queue_pair(4).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    for i in 0..3 {
+        io.read(i, 4096 / lba).unwrap();
+    }
+    io.write(8, &[7u8; 4096]).unwrap();
+    drop(io);
+
+    let m = serve.metrics();
+    let labels = |op: &str| format!("{{reactor=\"0\",export=\"disk\",op=\"{op}\"}}");
+    let reads = metric(&m, &format!("hypoll_nvmf_requests_total{}", labels("read")));
+    let writes = metric(
+        &m,
+        &format!("hypoll_nvmf_requests_total{}", labels("write")),
+    );
+    assert_eq!((reads, writes), (3.0, 1.0), "{m}");
+    assert_eq!(
+        metric(&m, &format!("hypoll_nvmf_bytes_total{}", labels("read"))),
+        3.0 * 4096.0
+    );
+    // NBD's own families are still there, and the exposition ends once.
+    assert!(m.contains("hypoll_nbd_requests"), "{m}");
+    assert_eq!(m.matches("# EOF").count(), 1, "{m}");
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
+    drop((qp, disk));
 }
