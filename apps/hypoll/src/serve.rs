@@ -19,7 +19,7 @@ use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
 
 use crate::serve_log::with_flag;
 use crate::serve_running::{NbdRunning, Running};
-use crate::serve_state::{compose, NvmeTcp};
+use crate::serve_state::{check_nvme_limits, compose, NvmeTcp};
 use crate::serve_vhost::{bind_sockets, vhost_sockets, VhostOnly, VhostOnlyConfig};
 use hypoll_frontend::{AddedProtocol, TlsConfig as FrontTlsConfig};
 use hypoll_nvme::parse_size_bytes;
@@ -28,8 +28,8 @@ use hypoll_nvmf::config::{
     MAXH2CDATA_BYTES_DEFAULT, QUEUE_ENTRIES_MAX_DEFAULT,
 };
 use hypoll_nvmf::server::{nvmf_metrics, PORT_DEFAULT, SUBSYSTEM_NQN_DEFAULT};
+use hypoll_nvmf::Limits;
 use hypoll_nvmf::Nvmf;
-use hypoll_nvmf::{ConfigError, Limits, TargetConfig};
 use hypoll_reactor::CoreList;
 
 /// NBD's port (IANA-assigned), where clients look first.
@@ -278,9 +278,7 @@ fn parse_nvme_tcp(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:4420) or ADDR"))
 }
 
-/// Where NBD listens: `--listen`, else NBD's port on the loopback, unless `vhost_alone`:
-/// NVMe/TCP's limits from the `--nvme-*` flags, checked with the subsystem NQN before
-/// anything starts: a bad value is a usage error naming its flag.
+/// NVMe/TCP's limits from the `--nvme-*` flags, checked before anything starts.
 fn nvme_limits(args: &ServeArgs) -> Result<Limits, String> {
     let bytes = |flag: &str, b: u64| {
         u32::try_from(b).map_err(|_| format!("{flag}: {b} bytes is more than 4 GiB"))
@@ -293,25 +291,10 @@ fn nvme_limits(args: &ServeArgs) -> Result<Limits, String> {
         maxh2cdata_bytes: bytes("--nvme-maxh2cdata-bytes", args.nvme_maxh2cdata_bytes)?,
         ..Limits::default()
     };
-    let mut probe = TargetConfig::new(&args.nvme_nqn);
-    probe.limits = limits;
-    match probe.check() {
-        Ok(()) => Ok(limits),
-        Err(ConfigError::Limit { field, why }) => {
-            let flag = match field {
-                "controllers_max" => "--nvme-max-controllers",
-                "io_queues_max" => "--nvme-max-io-queues",
-                "queue_entries_max" => "--nvme-queue-entries",
-                "in_capsule_bytes_max" => "--nvme-in-capsule-bytes",
-                "maxh2cdata_bytes" => "--nvme-maxh2cdata-bytes",
-                other => other,
-            };
-            Err(format!("{flag}: {why}"))
-        }
-        Err(e) => Err(format!("--nvme-nqn: {e}")),
-    }
+    check_nvme_limits(&args.nvme_nqn, limits)
 }
 
+/// Where NBD listens: `--listen`, else NBD's port on the loopback, unless `vhost_alone`:
 /// vhost-user-blk sockets asked for without `--listen` and without `--nvme-tcp` (then NBD
 /// is not served; NVMe/TCP is served beside NBD only).
 fn nbd_listen(listen: Option<ListenAddr>, vhost_alone: bool) -> Option<ListenAddr> {
