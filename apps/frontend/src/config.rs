@@ -4,11 +4,13 @@
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hypoll_reactor::CoreList;
 
 use crate::listen::ListenAddr;
+use crate::metrics::Metrics;
 use crate::tls::TlsConfig;
 
 /// Default most connections open at once (`--max-connections`).
@@ -70,6 +72,9 @@ pub struct ServiceConfig {
     pub policy: String,
     /// Where the Prometheus endpoint listens, if it runs.
     pub metrics: Option<SocketAddr>,
+    /// Other front ends' metrics, served on the same endpoint after this service's own
+    /// (`hypoll serve --nvme-tcp` serves NVMe/TCP's beside NBD's).
+    pub metrics_beside: Vec<Arc<Metrics>>,
     /// Most connections open at once; more are closed as they arrive.
     pub connections_max: usize,
     /// Data one connection may hold: replies queued for its socket (with a fixed cost
@@ -112,6 +117,7 @@ impl ServiceConfig {
             cores: None,
             policy: "classic".into(),
             metrics: None,
+            metrics_beside: Vec::new(),
             connections_max: CONNECTIONS_MAX_DEFAULT,
             connection_bytes_max: CONNECTION_BYTES_MAX_DEFAULT,
             idle_spin_ns: IDLE_SPIN_NS_DEFAULT,

@@ -34,10 +34,11 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Serves `GET /metrics` (and `/`) on `addr`, a few scrapes at a time, each within a
-    /// deadline.
+    /// deadline: every `Metrics` of `metrics` in order (the first with the reactors'
+    /// own counters), in one exposition.
     pub fn start<S: 'static>(
         addr: SocketAddr,
-        metrics: Arc<Metrics>,
+        metrics: Arc<[Arc<Metrics>]>,
         reactors: Arc<[ReactorHandle<S>]>,
     ) -> std::io::Result<Endpoint> {
         let listener = TcpListener::bind(addr)?;
@@ -74,7 +75,7 @@ impl Drop for Endpoint {
 fn serve<S: 'static>(
     listener: &TcpListener,
     stop: &AtomicBool,
-    metrics: &Arc<Metrics>,
+    metrics: &Arc<[Arc<Metrics>]>,
     reactors: &Arc<[ReactorHandle<S>]>,
 ) {
     use std::os::fd::AsFd;
@@ -137,7 +138,7 @@ fn left(deadline: Instant) -> std::io::Result<Duration> {
 
 fn answer<S>(
     mut stream: TcpStream,
-    metrics: &Metrics,
+    metrics: &[Arc<Metrics>],
     reactors: &[ReactorHandle<S>],
 ) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_millis(HTTP_SCRAPE_MS_MAX);
@@ -169,8 +170,31 @@ fn answer<S>(
     if !matches!(path, Some("/metrics") | Some("/")) {
         return respond(&mut stream, "404 Not Found", "try /metrics\n", deadline);
     }
-    let body = metrics.encode(reactors);
-    respond(&mut stream, "200 OK", &body, deadline)
+    respond(
+        &mut stream,
+        "200 OK",
+        &exposition(metrics, reactors),
+        deadline,
+    )
+}
+
+/// One exposition of every `Metrics` in `all`: the reactors' counters go with the first
+/// (the others' reactor families stay empty rather than repeat them), and the `# EOF` that
+/// ends each encoding is kept only at the end.
+fn exposition<S>(all: &[Arc<Metrics>], reactors: &[ReactorHandle<S>]) -> String {
+    const EOF: &str = "# EOF\n";
+    let mut body = String::new();
+    for (i, m) in all.iter().enumerate() {
+        let text = if i == 0 {
+            m.encode(reactors)
+        } else {
+            m.encode::<S>(&[])
+        };
+        body.push_str(text.strip_suffix(EOF).unwrap_or(&text));
+    }
+    body.push_str(EOF);
+    debug_assert_eq!(body.matches(EOF).count(), 1);
+    body
 }
 
 /// Writes the response, all of it before `deadline`.

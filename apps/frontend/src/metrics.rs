@@ -94,6 +94,12 @@ pub struct ConnMetrics {
     pub coalesced_requests: Counter,
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
 impl Metrics {
     /// The metrics of a service speaking `protocol` ("NBD"), named `{prefix}_...`.
     pub fn new(prefix: &str, protocol: &str) -> Metrics {

@@ -148,7 +148,7 @@ impl<P: Protocol, S: HasShard<P>> Service<P, S> {
         })?;
         let open = Arc::new(AtomicUsize::new(0));
         let set = start_reactors(cfg, metrics.clone(), open.clone(), tls, init)?;
-        let endpoint = start_endpoint(cfg.metrics, metrics, &set)?;
+        let endpoint = start_endpoint(cfg, metrics, &set)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = start_listener::<P, S>(listener, &stop, &open, cfg.connections_max, &set)?;
         Ok(Service {
@@ -273,14 +273,15 @@ fn start_reactors<P: Protocol, S: HasShard<P>>(
 
 /// Step 3: the Prometheus endpoint, where one was asked for.
 fn start_endpoint<S: 'static>(
-    addr: Option<SocketAddr>,
+    cfg: &ServiceConfig,
     metrics: Arc<Metrics>,
     set: &ReactorSet<S>,
 ) -> Result<Option<Endpoint>, StartError> {
-    let Some(addr) = addr else {
+    let Some(addr) = cfg.metrics else {
         return Ok(None);
     };
-    let endpoint = Endpoint::start(addr, metrics, set.handles().clone())
+    let all = std::iter::once(metrics).chain(cfg.metrics_beside.iter().cloned());
+    let endpoint = Endpoint::start(addr, all.collect(), set.handles().clone())
         .map_err(|error| StartError::Metrics { addr, error })?;
     Ok(Some(endpoint))
 }

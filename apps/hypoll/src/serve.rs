@@ -19,11 +19,16 @@ use hypoll_nbd::{ListenAddr, Server, ServerConfig, ServiceConfig};
 
 use crate::serve_log::with_flag;
 use crate::serve_running::{NbdRunning, Running};
-use crate::serve_state::{compose, NvmeTcp};
+use crate::serve_state::{check_nvme_limits, compose, NvmeTcp};
 use crate::serve_vhost::{bind_sockets, vhost_sockets, VhostOnly, VhostOnlyConfig};
 use hypoll_frontend::{AddedProtocol, TlsConfig as FrontTlsConfig};
 use hypoll_nvme::parse_size_bytes;
+use hypoll_nvmf::config::{
+    CONTROLLERS_MAX_DEFAULT, IN_CAPSULE_BYTES_MAX_DEFAULT, IO_QUEUES_MAX_DEFAULT,
+    MAXH2CDATA_BYTES_DEFAULT, QUEUE_ENTRIES_MAX_DEFAULT,
+};
 use hypoll_nvmf::server::{nvmf_metrics, PORT_DEFAULT, SUBSYSTEM_NQN_DEFAULT};
+use hypoll_nvmf::Limits;
 use hypoll_nvmf::Nvmf;
 use hypoll_reactor::CoreList;
 
@@ -106,6 +111,28 @@ pub struct ServeArgs {
     /// The NVMe/TCP subsystem's NQN.
     #[arg(long, value_name = "NQN", default_value = SUBSYSTEM_NQN_DEFAULT, requires = "nvme_tcp")]
     nvme_nqn: String,
+    /// NVMe/TCP: controllers (admin queues) alive at once; one more Connect is answered
+    /// Controller Busy.
+    #[arg(long, value_name = "N", default_value_t = CONTROLLERS_MAX_DEFAULT, requires = "nvme_tcp")]
+    nvme_max_controllers: u16,
+    /// NVMe/TCP: I/O queues (connections) per controller; a host asking for more is
+    /// granted this many.
+    #[arg(long, value_name = "N", default_value_t = IO_QUEUES_MAX_DEFAULT, requires = "nvme_tcp")]
+    nvme_max_io_queues: u16,
+    /// NVMe/TCP: entries of every queue (CAP.MQES + 1), so commands one queue has in
+    /// flight.
+    #[arg(long, value_name = "N", default_value_t = QUEUE_ENTRIES_MAX_DEFAULT, requires = "nvme_tcp")]
+    nvme_queue_entries: u16,
+    /// NVMe/TCP: write data an I/O command's capsule may carry (IOCCSZ); larger writes are
+    /// asked for with R2T. A multiple of 16 from 1K to 1M.
+    #[arg(long, value_name = "B", default_value_t = IN_CAPSULE_BYTES_MAX_DEFAULT as u64,
+          value_parser = parse_size_bytes, requires = "nvme_tcp")]
+    nvme_in_capsule_bytes: u64,
+    /// NVMe/TCP: data one H2CData PDU may carry (ICResp's MAXH2CDATA). A multiple of 4, at
+    /// least 4K.
+    #[arg(long, value_name = "B", default_value_t = MAXH2CDATA_BYTES_DEFAULT as u64,
+          value_parser = parse_size_bytes, requires = "nvme_tcp")]
+    nvme_maxh2cdata_bytes: u64,
     /// Queue depth of each reactor's queue pair on each export.
     #[arg(long, default_value_t = QUEUE_DEPTH_DEFAULT as u16,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -251,6 +278,22 @@ fn parse_nvme_tcp(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?}: expected ADDR:PORT (127.0.0.1:4420) or ADDR"))
 }
 
+/// NVMe/TCP's limits from the `--nvme-*` flags, checked before anything starts.
+fn nvme_limits(args: &ServeArgs) -> Result<Limits, String> {
+    let bytes = |flag: &str, b: u64| {
+        u32::try_from(b).map_err(|_| format!("{flag}: {b} bytes is more than 4 GiB"))
+    };
+    let limits = Limits {
+        controllers_max: args.nvme_max_controllers,
+        io_queues_max: args.nvme_max_io_queues,
+        queue_entries_max: args.nvme_queue_entries,
+        in_capsule_bytes_max: bytes("--nvme-in-capsule-bytes", args.nvme_in_capsule_bytes)?,
+        maxh2cdata_bytes: bytes("--nvme-maxh2cdata-bytes", args.nvme_maxh2cdata_bytes)?,
+        ..Limits::default()
+    };
+    check_nvme_limits(&args.nvme_nqn, limits)
+}
+
 /// Where NBD listens: `--listen`, else NBD's port on the loopback, unless `vhost_alone`:
 /// vhost-user-blk sockets asked for without `--listen` and without `--nvme-tcp` (then NBD
 /// is not served; NVMe/TCP is served beside NBD only).
@@ -332,6 +375,10 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             ));
         }
     }
+    let nvme_limits = match nvme_limits(&args) {
+        Ok(l) => l,
+        Err(e) => return crate::usage_error(e),
+    };
     let sockets = match vhost_sockets(&args.exports, &args.vhost_user_blk, nbd) {
         Ok(s) => s,
         Err(message) => return crate::usage_error(message),
@@ -390,7 +437,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             },
             ..ServiceConfig::new(listen)
         };
-        let cfg = ServerConfig {
+        let mut cfg = ServerConfig {
             exports: args.exports,
             read_only: args.read_only,
             request_bytes_max,
@@ -419,8 +466,13 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
                     tls: FrontTlsConfig::default(),
                     ..cfg.service.clone()
                 };
-                match AddedProtocol::<Nvmf>::bind(&nvme_cfg, std::sync::Arc::new(nvmf_metrics())) {
-                    Ok(added) => Some(added),
+                let metrics = std::sync::Arc::new(nvmf_metrics());
+                match AddedProtocol::<Nvmf>::bind(&nvme_cfg, metrics.clone()) {
+                    Ok(added) => {
+                        // Served on `--metrics` after NBD's.
+                        cfg.service.metrics_beside.push(metrics);
+                        Some(added)
+                    }
                     Err(e) => {
                         eprintln!("hypoll serve: --nvme-tcp: {e}");
                         return ExitCode::FAILURE;
@@ -435,6 +487,7 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
             NvmeTcp {
                 shards: added.shards(),
                 subsystem_nqn: args.nvme_nqn.clone(),
+                limits: nvme_limits,
                 addr,
                 target: Default::default(),
             }

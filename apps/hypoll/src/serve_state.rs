@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hypoll_frontend::{AddedShards, HasShard, Shard};
 use hypoll_nbd::proto::{TFLAG_READ_ONLY, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES};
 use hypoll_nbd::Nbd;
-use hypoll_nvmf::{DiscoveryEntry, NamespaceConfig, Nvmf, Target, TargetConfig};
+use hypoll_nvmf::{
+    ConfigError, DiscoveryEntry, Limits, NamespaceConfig, Nvmf, Target, TargetConfig,
+};
 use hypoll_reactor::{DeviceId, InitError, Reactor};
 use hypoll_vhost::{Geometry, ShardExport, VhostShard, VhostState};
 
@@ -45,6 +47,8 @@ impl HasShard<Nvmf> for Serve {
 pub struct NvmeTcp {
     pub shards: AddedShards<Nvmf>,
     pub subsystem_nqn: String,
+    /// What a host can make the target hold (`--nvme-*` flags), checked before start.
+    pub limits: Limits,
     /// Where it listens (the discovery log's entry).
     pub addr: SocketAddr,
     /// The target, made by the first reactor to start from what it sees of the exports
@@ -59,6 +63,7 @@ impl NvmeTcp {
             return Ok(t.clone());
         }
         let mut cfg = TargetConfig::new(&self.subsystem_nqn);
+        cfg.limits = self.limits;
         for (i, info) in nbd.exports().iter().enumerate() {
             if info.restricted {
                 // Refused before start (serve.rs): NVMe/TCP cannot tell clients apart.
@@ -85,6 +90,28 @@ impl NvmeTcp {
         }];
         let made = Target::new(cfg).map_err(|e| format!("--nvme-tcp: {e}"))?;
         Ok(self.target.get_or_init(|| made).clone())
+    }
+}
+
+/// `limits` for a target serving `nqn`, as the `--nvme-*` flags gave them: a value the
+/// target cannot serve is an error naming its flag.
+pub fn check_nvme_limits(nqn: &str, limits: Limits) -> Result<Limits, String> {
+    let mut probe = TargetConfig::new(nqn);
+    probe.limits = limits;
+    match probe.check() {
+        Ok(()) => Ok(limits),
+        Err(ConfigError::Limit { field, why }) => {
+            let flag = match field {
+                "controllers_max" => "--nvme-max-controllers",
+                "io_queues_max" => "--nvme-max-io-queues",
+                "queue_entries_max" => "--nvme-queue-entries",
+                "in_capsule_bytes_max" => "--nvme-in-capsule-bytes",
+                "maxh2cdata_bytes" => "--nvme-maxh2cdata-bytes",
+                other => other,
+            };
+            Err(format!("{flag}: {why}"))
+        }
+        Err(e) => Err(format!("--nvme-nqn: {e}")),
     }
 }
 

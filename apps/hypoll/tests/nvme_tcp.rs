@@ -12,7 +12,7 @@ use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
 use hypoll_nvme::{Controller, DeviceConfig, IoError, NvmeTcpController, Status, SyncIo};
 use support::nbd::{handshake, simple_reply};
-use support::serve::{two_cores, Serve};
+use support::serve::{metric, one_core, two_cores, Serve};
 
 use hypoll_frontend::ListenAddr;
 use hypoll_nvmf::{NvmfConfig, NvmfExport, NvmfServer};
@@ -181,4 +181,127 @@ fn serve_refuses_nvme_tcp_for_an_export_restricted_to_named_clients() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let named = stderr.contains("secret") && stderr.contains("clients=");
     assert!(named, "{stderr}");
+}
+
+/// The `--nvme-*` limit flags reach the target: a host's ICReq is answered with the
+/// MAXH2CDATA asked for, and a controller past `--nvme-max-controllers` is refused while
+/// the first one lives.
+#[test]
+fn serve_applies_the_nvme_tcp_limit_flags() {
+    let nqn = "nqn.2026-12.io.hypoll:limits-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=4M"],
+        &[
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+            "--nvme-maxh2cdata-bytes",
+            "8K",
+            "--nvme-max-controllers",
+            "1",
+        ],
+    );
+    let (port, _) = serve.nvme.clone().expect("the NVMe/TCP line");
+
+    // ICReq: PDU type 0, HLEN 128, PLEN 128, PFV 0, no digests; ICResp carries MAXH2CDATA
+    // at bytes 12..16.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut icreq = [0u8; 128];
+    icreq[2] = 128;
+    icreq[4..8].copy_from_slice(&128u32.to_le_bytes());
+    s.write_all(&icreq).unwrap();
+    let mut icresp = [0u8; 128];
+    s.read_exact(&mut icresp).unwrap();
+    assert_eq!(icresp[0], 1, "an ICResp");
+    let maxh2cdata = u32::from_le_bytes(icresp[12..16].try_into().unwrap());
+    assert_eq!(maxh2cdata, 8192);
+    drop(s);
+
+    // One controller at most: a second host's Connect is refused while the first lives,
+    // and the first still reads.
+    let first = open(port, nqn, 1);
+    let second = format!("nvme-tcp:127.0.0.1:{port}/{nqn}");
+    let DeviceConfig::NvmeTcp(cfg) = second.parse().unwrap() else {
+        panic!("an nvme-tcp device string")
+    };
+    assert!(
+        NvmeTcpController::open(&cfg).is_err(),
+        "a second controller past --nvme-max-controllers 1"
+    );
+    let mut qp = first.create_queue_pair(4).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    io.read(0, 1).unwrap();
+    drop(io);
+    drop((qp, first));
+    let (status, stderr) = serve.signal_and_wait(libc::SIGTERM);
+    assert!(status.success(), "{stderr}");
+}
+
+/// A limit the target cannot serve is a usage error naming its flag, before anything
+/// starts.
+#[test]
+fn serve_refuses_an_nvme_tcp_limit_out_of_range() {
+    for (flag, value) in [
+        ("--nvme-in-capsule-bytes", "100"),
+        ("--nvme-maxh2cdata-bytes", "1K"),
+        ("--nvme-queue-entries", "1"),
+        ("--nvme-max-io-queues", "0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hypoll"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["--nvme-tcp", "127.0.0.1:0", "--export", "m=null"])
+            .args([flag, value])
+            .output()
+            .expect("hypoll runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+}
+
+/// `--metrics` serves NVMe/TCP's counters beside NBD's, in one exposition (one `# EOF`).
+#[test]
+fn serve_metrics_count_nvme_tcp_requests_beside_nbd() {
+    let nqn = "nqn.2026-12.io.hypoll:metrics-test";
+    let serve = Serve::start_with(
+        &["disk=emu:dram,size=4M"],
+        &[
+            "--cores",
+            &one_core(),
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-nqn",
+            nqn,
+        ],
+    );
+    let (port, _) = serve.nvme.clone().expect("the NVMe/TCP line");
+    let disk = open(port, nqn, 1);
+    let lba = disk.namespace().lba_size_bytes;
+    let mut qp = disk.create_queue_pair(4).unwrap();
+    let mut io = SyncIo::new(&mut *qp, Duration::from_secs(10));
+    for i in 0..3 {
+        io.read(i, 4096 / lba).unwrap();
+    }
+    io.write(8, &[7u8; 4096]).unwrap();
+    drop(io);
+
+    let m = serve.metrics();
+    let labels = |op: &str| format!("{{reactor=\"0\",export=\"disk\",op=\"{op}\"}}");
+    let reads = metric(&m, &format!("hypoll_nvmf_requests_total{}", labels("read")));
+    let writes = metric(
+        &m,
+        &format!("hypoll_nvmf_requests_total{}", labels("write")),
+    );
+    assert_eq!((reads, writes), (3.0, 1.0), "{m}");
+    assert_eq!(
+        metric(&m, &format!("hypoll_nvmf_bytes_total{}", labels("read"))),
+        3.0 * 4096.0
+    );
+    // NBD's own families are still there, and the exposition ends once.
+    assert!(m.contains("hypoll_nbd_requests"), "{m}");
+    assert_eq!(m.matches("# EOF").count(), 1, "{m}");
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
+    drop((qp, disk));
 }
