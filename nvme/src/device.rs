@@ -37,6 +37,18 @@ impl DeviceConfig {
         self.open_with_clock(Clock::Monotonic)
     }
 
+    /// The same device, opened without write access where it is a file or block device of
+    /// this host (`uring:`), for a read-only export: nothing can then change it through
+    /// this process, and a file the process may only read can be exported. Other devices
+    /// are unchanged (`emu:` with a file backing still opens it for writing); the front
+    /// end refuses a read-only export's writes itself on every device.
+    pub fn read_only(mut self) -> DeviceConfig {
+        if let DeviceConfig::Uring(cfg) = &mut self {
+            cfg.read_only = true;
+        }
+        self
+    }
+
     /// Opens the device; the emulated controller runs on `clock`.
     pub fn open_with_clock(&self, clock: Clock) -> std::io::Result<Arc<dyn Controller>> {
         Ok(match self {

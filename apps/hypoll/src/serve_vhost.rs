@@ -68,7 +68,9 @@ fn open_exports(exports: &[(String, String)], read_only: bool) -> Result<Opened,
                  and without --listen there is no NBD"
             ));
         }
-        let device = Device::open(&spec.device).map_err(|e| format!("export {name}: {e}"))?;
+        let device = spec
+            .open_device(read_only)
+            .map_err(|e| format!("export {name}: {e}"))?;
         let ns = device.ctrl.namespace();
         let read_only = read_only || spec.read_only;
         facts.push(ExportFacts {

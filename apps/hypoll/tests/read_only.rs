@@ -148,3 +148,48 @@ fn one_export_read_only_leaves_the_others_writable() {
         ],
     );
 }
+
+/// The access mode (`O_RDONLY`, `O_WRONLY`, `O_RDWR`) of every descriptor process `pid`
+/// holds on `path`.
+fn access_modes(pid: u32, path: &std::path::Path) -> Vec<i32> {
+    let mut modes = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let fd = fd.unwrap();
+        if std::fs::read_link(fd.path()).ok().as_deref() != Some(path) {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|v| i32::from_str_radix(v.trim(), 8).unwrap())
+            .expect("fdinfo has flags");
+        modes.push(flags & libc::O_ACCMODE);
+    }
+    modes
+}
+
+/// A read-only export of a file (`uring:`) opens it without write access, server-wide or
+/// one export at a time, and still serves its data; a writable export of the same kind
+/// opens its file for writing.
+#[test]
+fn a_read_only_file_export_is_opened_without_write_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro.img");
+    let rw = dir.path().join("rw.img");
+    std::fs::write(&ro, vec![0xab_u8; 1 << 20]).unwrap();
+    std::fs::write(&rw, vec![0_u8; 1 << 20]).unwrap();
+    let ro_spec = format!("ro=uring:{},ro", ro.display());
+    let rw_spec = format!("rw=uring:{}", rw.display());
+    let s = Serve::start(&[&rw_spec, &ro_spec]);
+    assert_eq!(access_modes(s.pid(), &ro), [libc::O_RDONLY]);
+    assert_eq!(access_modes(s.pid(), &rw), [libc::O_RDWR]);
+    writes_are_refused_and_change_nothing(s.port, "ro");
+    drop(s);
+    let s = Serve::start_with(&[&rw_spec], &["-r"]);
+    assert_eq!(access_modes(s.pid(), &rw), [libc::O_RDONLY]);
+}

@@ -6,7 +6,8 @@ use std::ops::RangeInclusive;
 use hypoll_frontend::{
     ListenAddr, ServiceConfig, ServiceConfigError, StartError, QUEUE_DEPTH_DEFAULT,
 };
-use hypoll_reactor::DeviceError;
+use hypoll_nvme::DeviceConfig;
+use hypoll_reactor::{Device, DeviceError};
 
 use crate::proto;
 
@@ -67,6 +68,22 @@ impl ExportSpec {
             read_only,
             clients,
         }
+    }
+
+    /// Opens the export's device; a read-only export (this spec's `ro`, or the whole
+    /// server's `server_read_only`) opens it without write access where the device is a
+    /// file or block device ([`DeviceConfig::read_only`]), so a file the server may only
+    /// read can be exported, and nothing can change it through the server.
+    pub fn open_device(&self, server_read_only: bool) -> Result<Device, DeviceError> {
+        let mut config: DeviceConfig = self.device.parse()?;
+        if server_read_only || self.read_only {
+            config = config.read_only();
+        }
+        let ctrl = config.open().map_err(|source| DeviceError::Open {
+            spec: self.device.clone(),
+            source,
+        })?;
+        Ok(Device::new(ctrl))
     }
 }
 

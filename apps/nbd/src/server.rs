@@ -120,10 +120,12 @@ fn open_exports(
                 return Err(ServeError::ClientsWithoutVerify(name.clone()));
             }
         }
-        let device = Device::open(&spec.device).map_err(|source| ServeError::Device {
-            name: name.clone(),
-            source,
-        })?;
+        let device = spec
+            .open_device(read_only)
+            .map_err(|source| ServeError::Device {
+                name: name.clone(),
+                source,
+            })?;
         let mut info = export_info(name, &device, read_only || spec.read_only);
         info.restricted = spec.clients.is_some();
         infos.push(info);

@@ -70,6 +70,12 @@ pub struct UringConfig {
     /// completions inside the ring (`wait=ring`, the default), or on the ring's eventfd in
     /// epoll (`wait=epoll`).
     pub ring_wait: bool,
+    /// Open the file or block device without write access, so that nothing through this
+    /// device can change it (a read-only export: [`DeviceConfig::read_only`]); writes,
+    /// write zeroes and deallocations then fail. Not a key of the device string.
+    ///
+    /// [`DeviceConfig::read_only`]: crate::DeviceConfig::read_only
+    pub read_only: bool,
 }
 
 impl UringConfig {
@@ -82,6 +88,7 @@ impl UringConfig {
             iopoll: IopollMode::Auto,
             taskrun: TaskRun::Defer,
             ring_wait: true,
+            read_only: false,
         }
     }
 

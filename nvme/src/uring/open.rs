@@ -27,8 +27,8 @@ use crate::spec::NamespaceInfo;
 pub enum UringOpenError {
     #[error("{path}: no such file or block device; create it and fill it with data first (e.g. `fio --name=fill --filename={path} --size=1G --rw=write --bs=1M --direct=1`)")]
     NotFound { path: String },
-    #[error("{path}: permission denied: the device needs read and write access (check the file's mode and owner, or the block device's group)")]
-    PermissionDenied { path: String },
+    #[error("{path}: permission denied: the device needs {access} access (check the file's mode and owner, or the block device's group)")]
+    PermissionDenied { path: String, access: &'static str },
     #[error("{path}: this file system does not support O_DIRECT; add direct=0 to go through the page cache (reads may then never reach the device)")]
     DirectUnsupported { path: String },
     #[error("{path}: not a regular file or a block device")]
@@ -113,7 +113,7 @@ impl UringController {
     /// io_uring works, and decides how completions will be found.
     pub fn open(cfg: &UringConfig) -> Result<UringController, UringOpenError> {
         let path = cfg.path.display().to_string();
-        let file = open_file(&cfg.path, cfg.direct)?;
+        let file = open_file(&cfg.path, cfg.direct, cfg.read_only)?;
         let os = |what: &'static str| {
             let path = path.clone();
             move |source: io::Error| UringOpenError::Os { path, what, source }
@@ -217,10 +217,10 @@ impl UringController {
     }
 }
 
-fn open_file(path: &Path, direct: bool) -> Result<File, UringOpenError> {
+fn open_file(path: &Path, direct: bool, read_only: bool) -> Result<File, UringOpenError> {
     let display = path.display().to_string();
     let mut opts = OpenOptions::new();
-    opts.read(true).write(true);
+    opts.read(true).write(!read_only);
     if direct {
         opts.custom_flags(libc::O_DIRECT);
     }
@@ -232,7 +232,10 @@ fn open_file(path: &Path, direct: bool) -> Result<File, UringOpenError> {
         }
         Some(libc::ENOENT) => UringOpenError::NotFound { path: display },
         Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
-            UringOpenError::PermissionDenied { path: display }
+            UringOpenError::PermissionDenied {
+                path: display,
+                access: if read_only { "read" } else { "read and write" },
+            }
         }
         Some(libc::EINVAL) if direct => UringOpenError::DirectUnsupported { path: display },
         _ => UringOpenError::Os {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::command::{status_of, InFlight, Zeroing};
 use super::*;
 use crate::config::ConfigError;
+use crate::device::DeviceConfig;
 use crate::qpair::{Command, QueuePair};
 use crate::spec::{Opcode, Status};
 use crate::sync::SyncIo;
@@ -417,4 +418,39 @@ fn entries_are_held_for_a_wait_inside_the_ring_for_one_poll_at_most() {
     qp.process_completions(8, &mut |_| {});
     assert_eq!(qp.unsubmitted(), 0, "wait=epoll: no wait to hold them for");
     assert_eq!(wait_one(&mut qp).0, 3);
+}
+
+/// A device made read-only (a read-only export) opens its file without write access: it
+/// reads, and every command that would change the file fails and leaves it as it was, where
+/// the same file opened as usual takes the write.
+#[test]
+fn a_read_only_device_reads_and_changes_nothing() {
+    const LBA: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro.img");
+    std::fs::write(&path, vec![0xab_u8; 16 * LBA]).unwrap();
+    let mut plain = UringConfig::new(&path);
+    plain.iopoll = IopollMode::Off;
+    let DeviceConfig::Uring(cfg) = DeviceConfig::Uring(plain.clone()).read_only() else {
+        unreachable!("read_only keeps the kind")
+    };
+    assert!(cfg.read_only);
+    let ctrl = UringController::open(&cfg).unwrap();
+    let mut qp = ctrl.queue_pair(8).unwrap();
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    assert!(io.read(0, 2).unwrap().iter().all(|&b| b == 0xab));
+    assert!(io.write(1, &[0xcd; LBA]).is_err(), "a write went through");
+    assert!(
+        io.write_zeroes(2, 1).is_err(),
+        "a write zeroes went through"
+    );
+    assert!(io.deallocate(3, 1).is_err(), "a deallocate went through");
+    assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0xab));
+
+    let writable = UringController::open(&plain).unwrap();
+    let mut qp = writable.queue_pair(8).unwrap();
+    SyncIo::new(&mut qp, Duration::from_secs(10))
+        .write(1, &[0xcd; LBA])
+        .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap()[LBA], 0xcd);
 }
