@@ -158,6 +158,7 @@ fn setup_ring(
         kick: kick.try_clone().unwrap(),
         call: Some(eventfd()),
         err: None,
+        inflight: None,
         on_stop: Box::new(|| {}),
     };
     edit(&mut start);
