@@ -364,7 +364,9 @@ impl<S: VhostState> Vring<S> {
         self.recovered = true;
         let recovery = q.recover(used);
         if !recovery.resubmit.is_empty() {
-            tracing::info!(
+            // An operator's event, as a reactor's own recovery steps are: a back end died
+            // with the guest's requests in flight.
+            tracing::warn!(
                 export = %self.export.name,
                 requests = recovery.resubmit.len(),
                 "resubmitting the requests a previous back end left in flight"
