@@ -3,7 +3,8 @@
 //! `vhost` crate's [`VhostUserBackendReqHandlerMut`], answered on the reactor that holds
 //! the connection. A ring whose setup is complete and that is enabled starts on the reactor
 //! that owns it (ring `i` on reactor `i % reactors`), by a message carrying everything it
-//! needs; it stops the same way, and tells this reactor when it has.
+//! needs; it stops the same way, and tells this reactor when it has. With INFLIGHT_SHMFD
+//! each ring starts with its region of the front end's inflight area (`inflight.rs`).
 
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -388,17 +389,13 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         &mut self,
         inflight: &VhostUserInflight,
     ) -> Result<(VhostUserInflight, File)> {
-        let (area, file) = InflightArea::create(inflight.num_queues, inflight.queue_size)
-            .map_err(|e| {
+        let (area, file) =
+            InflightArea::create(inflight.num_queues, inflight.queue_size).map_err(|e| {
                 tracing::warn!("a front end's inflight area was refused: {e}");
                 Error::InvalidParam
             })?;
-        let answer = VhostUserInflight::new(
-            area.size_bytes(),
-            0,
-            area.num_queues(),
-            area.queue_size(),
-        );
+        let answer =
+            VhostUserInflight::new(area.size_bytes(), 0, area.num_queues(), area.queue_size());
         self.inflight = Some(area);
         Ok((answer, file))
     }

@@ -120,11 +120,10 @@ impl InflightArea {
         let ok = (1..=INFLIGHT_QUEUES_MAX).contains(&num_queues)
             && queue_size > 0
             && queue_size <= crate::control::QUEUE_SIZE_MAX;
-        ok.then_some(())
-            .ok_or(InflightError::Shape {
-                num_queues,
-                queue_size,
-            })
+        ok.then_some(()).ok_or(InflightError::Shape {
+            num_queues,
+            queue_size,
+        })
     }
 
     fn bytes(num_queues: u16, queue_size: u16) -> usize {
@@ -213,9 +212,11 @@ impl InflightQueue {
     }
 
     fn set_inflight(&self, head: u16, on: bool) {
-        let _ = self
-            .region()
-            .store(u8::from(on), Self::desc_at(head) + INFLIGHT_AT, Ordering::Release);
+        let _ = self.region().store(
+            u8::from(on),
+            Self::desc_at(head) + INFLIGHT_AT,
+            Ordering::Release,
+        );
     }
 
     fn header_u16(&self, at: usize) -> u16 {

@@ -14,6 +14,9 @@
 //! idle decision, from when the guest's requests come (each batch taken off the ring is
 //! reported: `Reactor::note_arrivals`).
 //!
+//! With an inflight area (`inflight.rs`) the ring records each head it takes and answers,
+//! and, started after a back end that died, first runs again what that one left in flight.
+//!
 //! Limits: at most the queue's size in flight (a slot each; a full table stops the ring
 //! being read), one request waiting for room at the device, the chain buffer and segment
 //! list reserved at start. Nothing on the I/O path allocates.

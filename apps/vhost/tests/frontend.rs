@@ -265,10 +265,16 @@ fn get_vring_base_answers_once_the_ring_has_answered_what_it_took() {
 /// Writes used element `i` (`head`, `len`) and the used index `i + 1`, as a back end does.
 fn put_used(guest: &Guest, i: u16, head: u16, len: u32) {
     let at = GPA + USED + 4 + 8 * u64::from(i);
-    guest.mem.write_obj(u32::from(head), GuestAddress(at)).unwrap();
+    guest
+        .mem
+        .write_obj(u32::from(head), GuestAddress(at))
+        .unwrap();
     guest.mem.write_obj(len, GuestAddress(at + 4)).unwrap();
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    guest.mem.write_obj(i + 1, GuestAddress(GPA + USED + 2)).unwrap();
+    guest
+        .mem
+        .write_obj(i + 1, GuestAddress(GPA + USED + 2))
+        .unwrap();
 }
 
 /// The head of used element `i`.
@@ -290,7 +296,11 @@ fn a_front_end_that_hands_back_its_inflight_area_has_what_was_left_in_flight_ans
     let f = connect_with(&socket, &guest, 0, &kick, &call, Some(&mut inflight));
     let size = 2 * queue_region_bytes(SIZE) as u64;
     assert_eq!(
-        (inflight.0.mmap_size, inflight.0.num_queues, inflight.0.queue_size),
+        (
+            inflight.0.mmap_size,
+            inflight.0.num_queues,
+            inflight.0.queue_size
+        ),
         (size, 2, SIZE)
     );
     let file = inflight.1.as_ref().unwrap().try_clone().unwrap();
@@ -338,9 +348,15 @@ fn a_front_end_that_hands_back_its_inflight_area_has_what_was_left_in_flight_ans
         .mem
         .read_slice(&mut got, GuestAddress(Guest::data(4)))
         .unwrap();
-    assert!(got.iter().all(|b| *b == 0xb1), "the resubmitted write was done");
+    assert!(
+        got.iter().all(|b| *b == 0xb1),
+        "the resubmitted write was done"
+    );
     let left = InflightQueue::new(area, 0, SIZE).unwrap();
-    assert!((0..SIZE).all(|h| !left.is_inflight(h)), "nothing left marked");
+    assert!(
+        (0..SIZE).all(|h| !left.is_inflight(h)),
+        "nothing left marked"
+    );
     drop(f);
     assert!(server.shutdown().panics.is_empty());
 }

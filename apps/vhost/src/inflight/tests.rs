@@ -46,8 +46,14 @@ fn out_of_bounds_shapes_and_short_areas_are_refused() {
     let (area, file) = InflightArea::create(2, 8).unwrap();
     let short = InflightArea::open(file, 0, 2 * 192 - 1, 2, 8);
     assert!(matches!(short, Err(InflightError::Size { .. })));
-    assert!(InflightQueue::new(area.clone(), 2, 8).is_none(), "no queue 2");
-    assert!(InflightQueue::new(area, 0, 16).is_none(), "a ring larger than the region");
+    assert!(
+        InflightQueue::new(area.clone(), 2, 8).is_none(),
+        "no queue 2"
+    );
+    assert!(
+        InflightQueue::new(area, 0, 16).is_none(),
+        "a ring larger than the region"
+    );
 }
 
 #[test]
@@ -145,7 +151,9 @@ fn an_area_never_stamped_is_taken_as_holding_nothing() {
     file.set_len(queue_region_bytes(8) as u64).unwrap();
     let area = InflightArea::open(file, 0, queue_region_bytes(8) as u64, 1, 8).unwrap();
     // Garbage marks without a version: not trusted.
-    let _ = area.region(0).store(1u8, InflightQueue::desc_at(3), Ordering::Relaxed);
+    let _ = area
+        .region(0)
+        .store(1u8, InflightQueue::desc_at(3), Ordering::Relaxed);
     let mut q = InflightQueue::new(area, 0, 8).unwrap();
     let rec = q.recover(7);
     assert_eq!(rec.resubmit, Vec::<u16>::new());

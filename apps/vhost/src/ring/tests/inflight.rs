@@ -88,7 +88,11 @@ fn a_successor_answers_what_a_dead_ring_left_in_flight_exactly_once_and_in_order
     guest.post(vb::VIRTIO_BLK_T_OUT, 2, 512, Some(0xa2));
     guest.post(id, 0, crate::blk::ID_BYTES, None);
     r.poll(&mut state);
-    assert_eq!(guest.used_idx(), 2, "the GET_IDs answered, the writes in flight");
+    assert_eq!(
+        guest.used_idx(),
+        2,
+        "the GET_IDs answered, the writes in flight"
+    );
     assert_eq!(used_heads(&guest, 2), [head(1), head(3)]);
     assert_eq!((guest.status(0), guest.status(2)), (0xee, 0xee));
     // The back end dies: its reactor is never polled again.
@@ -117,9 +121,15 @@ fn a_successor_answers_what_a_dead_ring_left_in_flight_exactly_once_and_in_order
     assert_eq!(used_heads(&guest, 6)[4..], [head(4), head(5)]);
     for (k, byte) in [(4, 0xa0u8), (5, 0xa2)] {
         let mut got = [0u8; 512];
-        guest.mem.read_slice(&mut got, GuestAddress(data(k))).unwrap();
+        guest
+            .mem
+            .read_slice(&mut got, GuestAddress(data(k)))
+            .unwrap();
         assert!(got.iter().all(|b| *b == byte), "read {k} found the write");
     }
     let left = InflightQueue::new(area, 0, SIZE).unwrap();
-    assert!((0..SIZE).all(|h| !left.is_inflight(h)), "nothing left marked");
+    assert!(
+        (0..SIZE).all(|h| !left.is_inflight(h)),
+        "nothing left marked"
+    );
 }
