@@ -567,10 +567,6 @@ impl<S: VhostState> Poller<S> for Vring<S> {
             // Waiting for room, not for the guest: a completion wakes the reactor.
             return false;
         }
-        if !self.resubmit.is_empty() || !self.recovered {
-            // A predecessor's requests to run again: no kick will come for them.
-            return true;
-        }
         if !self.notify {
             match self.queue.enable_notification() {
                 Some(more) => {
