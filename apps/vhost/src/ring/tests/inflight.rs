@@ -1,7 +1,8 @@
 //! A ring that records into an inflight area, abandoned with requests in flight (its
 //! reactor never polled again, as if its process died), and a successor ring on another
 //! reactor, over the same guest memory, device and area, that answers each of them exactly
-//! once, in the order they were taken, before the guest's next request.
+//! once, in the order they were taken, before the guest's next request; and a successor
+//! stopped before it ran them, which leaves them for the next.
 
 use super::*;
 use crate::inflight::{InflightArea, InflightQueue};
@@ -13,7 +14,7 @@ fn start(
     kick: &File,
     area: Arc<InflightArea>,
     base: u16,
-) -> (Reactor<Standalone>, Standalone) {
+) -> (Reactor<Standalone>, Standalone, Arc<RingShared>) {
     let (mut r, _handle) = Reactor::<Standalone>::standalone(StandaloneConfig {
         tuning: ReactorTuning {
             idle_spin_ns: 0,
@@ -25,10 +26,11 @@ fn start(
     let geometry = Geometry::new(&device.ctrl.namespace(), false, false, false, 1);
     let vhost = VhostShard::new(&mut r, &[("d".into(), device.clone(), geometry)], 32).unwrap();
     let mut state = Standalone { vhost };
+    let shared = RingShared::new();
     let start = RingStart {
         export: 0,
         conn: conn.clone(),
-        shared: RingShared::new(),
+        shared: shared.clone(),
         queue_size: SIZE,
         desc: DESC,
         avail: AVAIL,
@@ -44,7 +46,24 @@ fn start(
     };
     state.vhost.start_ring(&mut r, start);
     assert_eq!(state.vhost.rings(), 1);
-    (r, state)
+    (r, state, shared)
+}
+
+/// Guest memory of 1 MiB published on a new connection, the guest, and an eventfd to kick.
+fn guest() -> (Arc<ConnShared>, Guest, File) {
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(1 << 20).unwrap();
+    let mut table = MemoryTable::default();
+    table.add(0, 1 << 20, 0x7000_0000, 0, file).unwrap();
+    let conn = ConnShared::new();
+    table.publish(&conn);
+    let kick = eventfd();
+    let guest = Guest {
+        mem: conn.memory().1.unwrap().guest().clone(),
+        posted: 0,
+        kick: kick.try_clone().unwrap(),
+    };
+    (conn, guest, kick)
 }
 
 /// The heads of the guest's used elements `0..n`.
@@ -65,23 +84,12 @@ fn head(k: u16) -> u16 {
 #[test]
 fn a_successor_answers_what_a_dead_ring_left_in_flight_exactly_once_and_in_order() {
     let device = Device::open("emu:dram,size=1M").unwrap();
-    let file = tempfile::tempfile().unwrap();
-    file.set_len(1 << 20).unwrap();
-    let mut table = MemoryTable::default();
-    table.add(0, 1 << 20, 0x7000_0000, 0, file).unwrap();
-    let conn = ConnShared::new();
-    table.publish(&conn);
-    let kick = eventfd();
-    let mut guest = Guest {
-        mem: conn.memory().1.unwrap().guest().clone(),
-        posted: 0,
-        kick: kick.try_clone().unwrap(),
-    };
+    let (conn, mut guest, kick) = guest();
     let (area, area_file) = InflightArea::create(1, SIZE).unwrap();
 
     // Two writes with a GET_ID after each: the ring takes all four in one poll and answers
     // the GET_IDs at once, so the guest holds answers out of the order it posted.
-    let (mut r, mut state) = start(&device, &conn, &kick, area, 0);
+    let (mut r, mut state, _) = start(&device, &conn, &kick, area, 0);
     let id = vb::VIRTIO_BLK_T_GET_ID;
     guest.post(vb::VIRTIO_BLK_T_OUT, 0, 512, Some(0xa0));
     guest.post(id, 0, crate::blk::ID_BYTES, None);
@@ -103,7 +111,7 @@ fn a_successor_answers_what_a_dead_ring_left_in_flight_exactly_once_and_in_order
     // would take request 2 (answered) and 3 (in flight) off the avail ring again.
     let size = crate::inflight::queue_region_bytes(SIZE) as u64;
     let area = InflightArea::open(area_file, 0, size, 1, SIZE).unwrap();
-    let (mut r, mut state) = start(&device, &conn, &kick, area.clone(), 2);
+    let (mut r, mut state, _) = start(&device, &conn, &kick, area.clone(), 2);
     run_until_answered(&mut r, &mut state, &guest, 4);
     assert_eq!(
         used_heads(&guest, 4),
@@ -132,4 +140,43 @@ fn a_successor_answers_what_a_dead_ring_left_in_flight_exactly_once_and_in_order
         (0..SIZE).all(|h| !left.is_inflight(h)),
         "nothing left marked"
     );
+}
+
+#[test]
+fn a_ring_stopped_before_it_resubmitted_leaves_the_heads_marked_for_the_next_start() {
+    let device = Device::open("emu:dram,size=1M").unwrap();
+    let (conn, mut guest, kick) = guest();
+    let (area, _file) = InflightArea::create(1, SIZE).unwrap();
+    // A back end took two writes and died without answering either.
+    let mut dead = InflightQueue::new(area.clone(), 0, SIZE).unwrap();
+    dead.recover(0);
+    for k in 0..2 {
+        guest.post(
+            vb::VIRTIO_BLK_T_OUT,
+            u64::from(k),
+            512,
+            Some(0xc0 + k as u8),
+        );
+        dead.take(head(k));
+    }
+    // Its successor is stopped (GET_VRING_BASE) before it ran them: it answers nothing,
+    // and leaves them marked.
+    let (mut r, mut state, shared) = start(&device, &conn, &kick, area.clone(), 0);
+    shared.request_stop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while shared.stopped().is_none() {
+        assert!(Instant::now() < deadline, "the ring stopped in time");
+        r.poll(&mut state);
+    }
+    assert_eq!(guest.used_idx(), 0);
+    let marks = InflightQueue::new(area.clone(), 0, SIZE).unwrap();
+    assert!(marks.is_inflight(head(0)) && marks.is_inflight(head(1)));
+    // The next start, from the base that stop published, runs both, once each, in order.
+    let base = shared.stopped().unwrap().unwrap();
+    let (mut r, mut state, _) = start(&device, &conn, &kick, area, base);
+    run_until_answered(&mut r, &mut state, &guest, 2);
+    quiet(&mut r, &mut state);
+    assert_eq!(guest.used_idx(), 2);
+    assert_eq!(used_heads(&guest, 2), [head(0), head(1)]);
+    assert!(!marks.is_inflight(head(0)) && !marks.is_inflight(head(1)));
 }
