@@ -3,7 +3,8 @@
 //! `vhost` crate's [`VhostUserBackendReqHandlerMut`], answered on the reactor that holds
 //! the connection. A ring whose setup is complete and that is enabled starts on the reactor
 //! that owns it (ring `i` on reactor `i % reactors`), by a message carrying everything it
-//! needs; it stops the same way, and tells this reactor when it has.
+//! needs; it stops the same way, and tells this reactor when it has. With INFLIGHT_SHMFD
+//! each ring starts with its region of the front end's inflight area (`inflight.rs`).
 
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,7 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 use crate::blk::{Geometry, VHOST_USER_F_PROTOCOL_FEATURES};
+use crate::inflight::{InflightArea, InflightQueue};
 use crate::memory::{ConnShared, MemoryTable, MEM_SLOTS_MAX};
 use crate::ring::{send, RingShared, RingStart};
 use crate::shard::VhostState;
@@ -57,6 +59,8 @@ pub struct Control<S> {
     table: MemoryTable,
     conn: Arc<ConnShared>,
     rings: Vec<RingSetup>,
+    /// The front end's inflight area (GET_INFLIGHT_FD or SET_INFLIGHT_FD), if it uses one.
+    inflight: Option<Arc<InflightArea>>,
 }
 
 /// The handler of one connection, as the reactor holds it.
@@ -81,6 +85,7 @@ impl<S: VhostState> Control<S> {
             rings: (0..geometry.num_queues)
                 .map(|_| RingSetup::default())
                 .collect(),
+            inflight: None,
         }
     }
 
@@ -103,6 +108,7 @@ impl<S: VhostState> Control<S> {
         let memory = !self.table.is_empty();
         let home = self.handles[self.home.0].clone();
         let key = self.home.1;
+        let area = self.inflight.clone();
         let ring = &mut self.rings[index];
         let ready = ring.kicked && (ring.enabled || !may_run) && ring.running.is_none();
         let (Some((desc, avail, used)), Some(kick), true, true) =
@@ -115,6 +121,16 @@ impl<S: VhostState> Control<S> {
             tracing::warn!("duplicating a kick eventfd failed");
             return;
         };
+        let inflight = area.and_then(|area| {
+            let q = InflightQueue::new(area, index as u16, ring.size);
+            if q.is_none() {
+                tracing::warn!(
+                    ring = index,
+                    "the inflight area has no region for this ring: its requests are not tracked"
+                );
+            }
+            q
+        });
         let shared = RingShared::new();
         let start = RingStart {
             export: self.export,
@@ -130,6 +146,7 @@ impl<S: VhostState> Control<S> {
             kick,
             call: clone(&ring.call),
             err: clone(&ring.err),
+            inflight,
             on_stop: Box::new(move || {
                 send(&home, move |r, s: &mut S| s.vhost().resume_control(r, key));
             }),
@@ -314,7 +331,8 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
@@ -369,13 +387,34 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        inflight: &VhostUserInflight,
     ) -> Result<(VhostUserInflight, File)> {
-        Err(Error::InvalidOperation("INFLIGHT_SHMFD is not offered"))
+        let (area, file) =
+            InflightArea::create(inflight.num_queues, inflight.queue_size).map_err(|e| {
+                tracing::warn!("a front end's inflight area was refused: {e}");
+                Error::InvalidParam
+            })?;
+        let answer =
+            VhostUserInflight::new(area.size_bytes(), 0, area.num_queues(), area.queue_size());
+        self.inflight = Some(area);
+        Ok((answer, file))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
-        Err(Error::InvalidOperation("INFLIGHT_SHMFD is not offered"))
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> Result<()> {
+        let area = InflightArea::open(
+            file,
+            inflight.mmap_offset,
+            inflight.mmap_size,
+            inflight.num_queues,
+            inflight.queue_size,
+        )
+        .map_err(|e| {
+            tracing::warn!("a front end's inflight area was refused: {e}");
+            Error::InvalidParam
+        })?;
+        // Rings started from here on record into it (and resume from what it holds).
+        self.inflight = Some(area);
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> Result<u64> {

@@ -30,6 +30,7 @@ pub mod blk;
 mod conn;
 pub mod control;
 pub mod host;
+pub mod inflight;
 pub mod memory;
 pub mod request;
 mod ring;

@@ -14,6 +14,9 @@
 //! idle decision, from when the guest's requests come (each batch taken off the ring is
 //! reported: `Reactor::note_arrivals`).
 //!
+//! With an inflight area (`inflight.rs`) the ring records each head it takes and answers,
+//! and, started after a back end that died, first runs again what that one left in flight.
+//!
 //! Limits: at most the queue's size in flight (a slot each; a full table stops the ring
 //! being read), one request waiting for room at the device, the chain buffer and segment
 //! list reserved at start. Nothing on the I/O path allocates.
@@ -30,6 +33,7 @@ use vm_memory::GuestAddress;
 
 use crate::blk::{S_IOERR, S_OK};
 use crate::host::HostMemory;
+use crate::inflight::InflightQueue;
 use crate::memory::{ConnShared, Space};
 use crate::request::{parse, Op, ParseError, Request};
 use crate::shard::{completed, user, ShardExport, VhostState};
@@ -100,6 +104,8 @@ pub struct RingStart {
     pub kick: File,
     pub call: Option<File>,
     pub err: Option<File>,
+    /// This ring's region of the front end's inflight area, where one was negotiated.
+    pub inflight: Option<InflightQueue>,
     /// Runs on the control connection's reactor when the ring has stopped.
     pub on_stop: Box<dyn FnOnce() + Send>,
 }
@@ -133,8 +139,17 @@ pub(crate) struct Vring<S> {
     /// Requests in flight, by slot; `free` holds the others.
     slots: Vec<Slot>,
     free: Vec<u16>,
-    /// A request refused for a full queue pair, retried before the ring is read again.
-    waiting: Option<(u16, Request)>,
+    /// A request refused for a full queue pair, retried before the ring is read again
+    /// (and whether it is one a predecessor took).
+    waiting: Option<(u16, Request, bool)>,
+    /// Where the ring records what it takes and answers, for a successor.
+    inflight: Option<InflightQueue>,
+    /// Whether the ring has read what a predecessor left in the inflight area (once, when
+    /// the ring is first mapped).
+    recovered: bool,
+    /// Heads a predecessor took and never answered, to run before any new avail entry;
+    /// the next last. At most the queue's size.
+    resubmit: Vec<u16>,
     chain: Vec<Buffer>,
     segs: Vec<RegionSlice>,
     _state: std::marker::PhantomData<fn(S)>,
@@ -184,6 +199,9 @@ impl<S: VhostState> Vring<S> {
             ],
             free: (0..size).rev().collect(),
             waiting: None,
+            recovered: start.inflight.is_none(),
+            inflight: start.inflight,
+            resubmit: Vec::with_capacity(usize::from(size)),
             chain: Vec::with_capacity(usize::from(size)),
             segs: Vec::with_capacity(SEGMENTS_MAX),
             _state: std::marker::PhantomData,
@@ -215,8 +233,13 @@ impl<S: VhostState> Vring<S> {
         // A status outside memory was refused when the request was walked; one the guest
         // unmapped since is its own loss.
         let _ = mem.write(at.0, &[status]);
+        if let Some(q) = &self.inflight {
+            q.before_put(head);
+        }
         if !self.queue.add_used(head, written + 1) {
             self.break_ring("pushing the used ring: not mapped");
+        } else if let Some(q) = &self.inflight {
+            q.after_put(head, self.queue.next_used());
         }
     }
 
@@ -331,19 +354,65 @@ impl<S: VhostState> Vring<S> {
         }
     }
 
-    /// Takes requests off the avail ring while slots and the device have room. Returns
-    /// how many it took.
+    /// Reads what a predecessor left in the inflight area, once the ring is mapped: the
+    /// ring resumes from the guest's used index, with the heads still marked to run first.
+    fn recover(&mut self) {
+        let Some(q) = self.inflight.as_mut() else {
+            self.recovered = true;
+            return;
+        };
+        let Some(used) = self.queue.guest_used_idx() else {
+            return;
+        };
+        self.recovered = true;
+        let recovery = q.recover(used);
+        if !recovery.resubmit.is_empty() {
+            // An operator's event, as a reactor's own recovery steps are: a back end died
+            // with the guest's requests in flight.
+            tracing::warn!(
+                export = %self.export.name,
+                requests = recovery.resubmit.len(),
+                "resubmitting the requests a previous back end left in flight"
+            );
+        }
+        self.queue.resume(recovery.next_avail, used);
+        debug_assert!(recovery.resubmit.len() <= self.slots.len());
+        self.resubmit.clear();
+        self.resubmit.extend(recovery.resubmit.iter().rev());
+    }
+
+    /// The next head to serve: one a predecessor left first, then the avail ring's (up to
+    /// `avail`). Returns it and whether it is a resubmission.
+    fn next_head(&mut self, avail: Wrapping<u16>) -> Option<(u16, bool)> {
+        if let Some(head) = self.resubmit.pop() {
+            return Some((head, true));
+        }
+        if Wrapping(self.queue.next_avail()) == avail {
+            return None;
+        }
+        let head = self.queue.pop()?;
+        if let Some(q) = self.inflight.as_mut() {
+            q.take(head);
+        }
+        Some((head, false))
+    }
+
+    /// Takes requests off the avail ring (after those a predecessor left) while slots and
+    /// the device have room. Returns how many it took.
     fn take_requests(&mut self, r: &mut Reactor<S>, space: &mut Space) -> usize {
         if self.memory.is_none() {
             self.refresh_memory(r, space);
             return 0;
+        }
+        if !self.recovered {
+            self.recover();
         }
         let Some(avail) = self.queue.avail_idx() else {
             // Not mapped: broken when the map came, or no map yet.
             return 0;
         };
         let next = Wrapping(self.queue.next_avail());
-        if avail == next {
+        if self.resubmit.is_empty() && avail == next {
             return 0;
         }
         if (avail - next).0 > self.limits.queue_size {
@@ -363,14 +432,14 @@ impl<S: VhostState> Vring<S> {
             }
         }
         let mut taken = 0;
-        while Wrapping(self.queue.next_avail()) != avail && !self.broken {
+        while !self.broken {
             let Some(slot) = self.free.last().copied() else {
                 break;
             };
             if !r.has_room(self.export.device) {
                 break;
             }
-            let Some(head) = self.queue.pop() else {
+            let Some((head, resubmitted)) = self.next_head(avail) else {
                 break;
             };
             taken += 1;
@@ -388,7 +457,7 @@ impl<S: VhostState> Vring<S> {
                         written: req.written_bytes,
                     };
                     if !self.submit(r, space, slot, &req) {
-                        self.waiting = Some((slot, req));
+                        self.waiting = Some((slot, req, resubmitted));
                         break;
                     }
                 }
@@ -410,11 +479,20 @@ impl<S: VhostState> Vring<S> {
 
     /// Stops once nothing is in flight: publishes the base, tells the control, ends.
     fn finish_stop(&mut self, r: &mut Reactor<S>, state: &mut S) -> usize {
-        if let Some((slot, _)) = self.waiting.take() {
-            // Never submitted: give it back to the ring, to be taken again after a restart.
+        if let Some((slot, _, resubmitted)) = self.waiting.take() {
+            // Never submitted: give it back, to be taken again after a restart (a head a
+            // predecessor left stays marked in the inflight area, and is found there).
             self.free.push(slot);
-            self.queue
-                .set_next_avail(self.queue.next_avail().wrapping_sub(1));
+            let head = self.slots[usize::from(slot)].head;
+            if resubmitted {
+                self.resubmit.push(head);
+            } else {
+                self.queue
+                    .set_next_avail(self.queue.next_avail().wrapping_sub(1));
+                if let Some(q) = self.inflight.as_mut() {
+                    q.untake(head);
+                }
+            }
         }
         if self.in_flight() > 0 {
             return 0;
@@ -450,11 +528,11 @@ impl<S: VhostState> Poller<S> for Vring<S> {
             space.tidy(r);
         }
         if !self.shared.stop.load(Ordering::Acquire) && !self.broken {
-            if let Some((slot, req)) = self.waiting.take() {
+            if let Some((slot, req, resubmitted)) = self.waiting.take() {
                 if self.submit(r, space, slot, &req) {
                     work += 1;
                 } else {
-                    self.waiting = Some((slot, req));
+                    self.waiting = Some((slot, req, resubmitted));
                 }
             }
             if self.waiting.is_none() {

@@ -110,6 +110,25 @@ impl SplitRing {
         self.next_avail = Wrapping(next);
     }
 
+    /// The used index this ring last published.
+    pub fn next_used(&self) -> u16 {
+        self.next_used.0
+    }
+
+    /// The used index as it is in the guest's memory (None: not mapped), for a ring that
+    /// resumes where a back end that died left it.
+    pub fn guest_used_idx(&self) -> Option<u16> {
+        let areas = self.areas.as_ref()?;
+        areas.used.load_u16(2, Ordering::Acquire)
+    }
+
+    /// Resumes at `next_avail` and `next_used` (after [`crate::inflight`] recovery).
+    pub fn resume(&mut self, next_avail: u16, next_used: u16) {
+        self.next_avail = Wrapping(next_avail);
+        self.next_used = Wrapping(next_used);
+        self.added = Wrapping(0);
+    }
+
     /// The guest's avail index, loaded with Acquire (None: no memory map).
     #[inline]
     pub fn avail_idx(&self) -> Option<Wrapping<u16>> {

@@ -1,5 +1,6 @@
-//! The two system calls the back end needs beyond std and the rust-vmm crates: making an
-//! eventfd non-blocking, and peeking at a socket's next bytes without taking them.
+//! The system calls the back end needs beyond std and the rust-vmm crates: making an
+//! eventfd non-blocking, peeking at a socket's next bytes without taking them, and a memfd
+//! for the inflight area.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -51,4 +52,18 @@ pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
     // SAFETY: one valid `pollfd` for the call, an open fd (borrowed), no wait.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// A new anonymous memory file (memfd), closed on exec, of size 0.
+pub fn memfd(name: &str) -> io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    let name = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; a non-negative
+    // return is a new fd that nothing else owns.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }

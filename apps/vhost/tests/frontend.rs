@@ -2,7 +2,9 @@
 //! set with SET_MEM_TABLE at a guest address far from the front end's own, a ring set up,
 //! enabled, fed, and stopped with GET_VRING_BASE, which answers only once every request
 //! the ring took has been answered; then restarted from that base, and a second front end
-//! served after the first left.
+//! served after the first left. And the inflight protocol: an area the back end allocates
+//! and records into, handed back to a back end that succeeds one which died with requests
+//! in flight.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -10,9 +12,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hypoll_reactor::{CoreList, Device};
+use hypoll_vhost::inflight::{queue_region_bytes, InflightArea, InflightQueue};
 use hypoll_vhost::testkit::{put_chain, put_header};
 use hypoll_vhost::{VhostConfig, VhostExport, VhostServer};
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_blk as vb;
@@ -57,20 +60,29 @@ impl Guest {
     /// Posts a write of one sector of `byte`s to sector `k` (descriptors 3k..3k+2).
     fn post_write(&mut self, byte: u8) {
         let k = self.posted;
+        self.post(vb::VIRTIO_BLK_T_OUT, u64::from(k), Some(byte));
+    }
+
+    /// Posts request `posted` (descriptors `3 * (posted % 5)` on), of `kind` at `sector`:
+    /// one sector of `fill` written, or one for the device to fill.
+    fn post(&mut self, kind: u32, sector: u64, fill: Option<u8>) {
+        let k = self.posted;
         let first = 3 * (k % 5);
         let header = GPA + 0x4000 + 0x100 * u64::from(k);
-        let data = GPA + 0x8000 + 0x1000 * u64::from(k);
-        put_header(&self.mem, header, vb::VIRTIO_BLK_T_OUT, u64::from(k));
-        self.mem
-            .write_slice(&[byte; 512], GuestAddress(data))
-            .unwrap();
+        let data = Self::data(k);
+        put_header(&self.mem, header, kind, sector);
+        if let Some(byte) = fill {
+            self.mem
+                .write_slice(&[byte; 512], GuestAddress(data))
+                .unwrap();
+        }
         let table = GPA + DESC + 16 * u64::from(first);
         put_chain(
             &self.mem,
             table,
             &[
                 (header, 16, false),
-                (data, 512, false),
+                (data, 512, fill.is_none()),
                 (header + 0x80, 1, true),
             ],
         );
@@ -85,6 +97,10 @@ impl Guest {
         self.mem
             .write_obj(self.posted, GuestAddress(GPA + AVAIL + 2))
             .unwrap();
+    }
+
+    fn data(k: u16) -> u64 {
+        GPA + 0x8000 + 0x1000 * u64::from(k)
     }
 
     fn used_idx(&self) -> u16 {
@@ -122,15 +138,42 @@ fn server(socket: &Path) -> VhostServer {
 
 /// Connects and sets ring 0 up from `base`, QEMU's way.
 fn connect(socket: &Path, guest: &Guest, base: u16, kick: &EventFd, call: &EventFd) -> Frontend {
+    connect_with(socket, guest, base, kick, call, None)
+}
+
+/// [`connect`], with the inflight area `inflight` handed over first (a new one asked for
+/// and returned when it holds no file yet), as QEMU does on every start.
+fn connect_with(
+    socket: &Path,
+    guest: &Guest,
+    base: u16,
+    kick: &EventFd,
+    call: &EventFd,
+    inflight: Option<&mut (VhostUserInflight, Option<File>)>,
+) -> Frontend {
     let mut f = Frontend::connect(socket, 2).unwrap();
     f.set_owner().unwrap();
     let features = f.get_features().unwrap();
     f.set_features(features).unwrap();
     let protocol = f.get_protocol_features().unwrap();
-    assert!(protocol.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
-    f.set_protocol_features(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ)
-        .unwrap();
+    let mut ack = VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ;
+    assert!(protocol.contains(ack | VhostUserProtocolFeatures::INFLIGHT_SHMFD));
+    if inflight.is_some() {
+        ack |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
+    }
+    f.set_protocol_features(ack).unwrap();
     assert_eq!(f.get_queue_num().unwrap(), 2);
+    if let Some((info, file)) = inflight {
+        if file.is_none() {
+            let (got, area) = f
+                .get_inflight_fd(&VhostUserInflight::new(0, 0, 2, SIZE))
+                .unwrap();
+            *info = got;
+            *file = Some(area);
+        }
+        let fd = file.as_ref().unwrap().as_raw_fd();
+        f.set_inflight_fd(info, fd).unwrap();
+    }
     f.set_mem_table(&[VhostUserMemoryRegionInfo {
         guest_phys_addr: GPA,
         memory_size: MEM_BYTES,
@@ -215,6 +258,105 @@ fn get_vring_base_answers_once_the_ring_has_answered_what_it_took() {
     kick.write(1).unwrap();
     wait_used(&guest, 6);
     assert_eq!(guest.status(5), 0);
+    drop(f);
+    assert!(server.shutdown().panics.is_empty());
+}
+
+/// Writes used element `i` (`head`, `len`) and the used index `i + 1`, as a back end does.
+fn put_used(guest: &Guest, i: u16, head: u16, len: u32) {
+    let at = GPA + USED + 4 + 8 * u64::from(i);
+    guest
+        .mem
+        .write_obj(u32::from(head), GuestAddress(at))
+        .unwrap();
+    guest.mem.write_obj(len, GuestAddress(at + 4)).unwrap();
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    guest
+        .mem
+        .write_obj(i + 1, GuestAddress(GPA + USED + 2))
+        .unwrap();
+}
+
+/// The head of used element `i`.
+fn used_head(guest: &Guest, i: u16) -> u16 {
+    let at = GPA + USED + 4 + 8 * u64::from(i);
+    guest.mem.read_obj::<u32>(GuestAddress(at)).unwrap() as u16
+}
+
+#[test]
+fn a_front_end_that_hands_back_its_inflight_area_has_what_was_left_in_flight_answered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let server = server(&socket);
+    let mut guest = Guest::new();
+    let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+
+    // The back end allocates the area: one region per queue, and it records into it.
+    let mut inflight = (VhostUserInflight::default(), None);
+    let f = connect_with(&socket, &guest, 0, &kick, &call, Some(&mut inflight));
+    let size = 2 * queue_region_bytes(SIZE) as u64;
+    assert_eq!(
+        (
+            inflight.0.mmap_size,
+            inflight.0.num_queues,
+            inflight.0.queue_size
+        ),
+        (size, 2, SIZE)
+    );
+    let file = inflight.1.as_ref().unwrap().try_clone().unwrap();
+    let area = InflightArea::open(file, 0, size, 2, SIZE).unwrap();
+    guest.post_write(0xb0);
+    kick.write(1).unwrap();
+    wait_used(&guest, 1);
+    assert_eq!(guest.status(0), 0);
+    drop(f);
+
+    // A back end then took three writes (heads 3, 6, 9), answered the second, and died
+    // just after it published the third's answer to the guest, before clearing it: the
+    // front end's area holds what that back end recorded (played here with the same
+    // bookkeeping).
+    let mut dead = InflightQueue::new(area.clone(), 0, SIZE).unwrap();
+    dead.recover(1);
+    for b in [0xb1, 0xb2, 0xb3] {
+        guest.post_write(b);
+    }
+    for head in [3, 6, 9] {
+        dead.take(head);
+    }
+    dead.before_put(6);
+    put_used(&guest, 1, 6, 1);
+    dead.after_put(6, 2);
+    dead.before_put(9);
+    put_used(&guest, 2, 9, 1);
+    drop(dead);
+
+    // QEMU reconnects, hands the area back, and starts the ring at the guest's used index:
+    // only the first write is still owed, and is run and answered once.
+    let f = connect_with(&socket, &guest, 3, &kick, &call, Some(&mut inflight));
+    wait_used(&guest, 4);
+    assert_eq!(used_head(&guest, 3), 3);
+    assert_eq!(guest.status(1), 0);
+    // The guest's next request is the next avail entry: a read of that write's data.
+    guest.post(vb::VIRTIO_BLK_T_IN, 1, None);
+    kick.write(1).unwrap();
+    wait_used(&guest, 5);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.used_idx(), 5, "nothing answered twice");
+    assert_eq!(used_head(&guest, 4), 12);
+    let mut got = [0u8; 512];
+    guest
+        .mem
+        .read_slice(&mut got, GuestAddress(Guest::data(4)))
+        .unwrap();
+    assert!(
+        got.iter().all(|b| *b == 0xb1),
+        "the resubmitted write was done"
+    );
+    let left = InflightQueue::new(area, 0, SIZE).unwrap();
+    assert!(
+        (0..SIZE).all(|h| !left.is_inflight(h)),
+        "nothing left marked"
+    );
     drop(f);
     assert!(server.shutdown().panics.is_empty());
 }

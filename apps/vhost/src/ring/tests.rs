@@ -56,15 +56,27 @@ impl Guest {
     /// be told (event index). Returns whether it kicked.
     fn post_read(&mut self) -> bool {
         let k = self.posted;
+        self.post(vb::VIRTIO_BLK_T_IN, u64::from(k), 512, None)
+    }
+
+    /// Posts a request of `kind` at `sector` with `len` data bytes in request slot
+    /// `posted` (descriptors `3 * (posted % 5)` on): written by the guest as `fill` if
+    /// given, else for the device to write. Returns whether it kicked.
+    fn post(&mut self, kind: u32, sector: u64, len: u32, fill: Option<u8>) -> bool {
+        let k = self.posted;
         let first = 3 * (k % 5);
-        put_header(&self.mem, header(k), vb::VIRTIO_BLK_T_IN, u64::from(k));
+        put_header(&self.mem, header(k), kind, sector);
+        if let Some(byte) = fill {
+            let bytes = vec![byte; len as usize];
+            self.mem.write_slice(&bytes, GuestAddress(data(k))).unwrap();
+        }
         let table = DESC + 16 * u64::from(first);
         put_chain(
             &self.mem,
             table,
             &[
                 (header(k), 16, false),
-                (data(k), 512, true),
+                (data(k), len, fill.is_none()),
                 (status(k), 1, true),
             ],
         );
@@ -158,6 +170,7 @@ fn setup_ring(
         kick: kick.try_clone().unwrap(),
         call: Some(eventfd()),
         err: None,
+        inflight: None,
         on_stop: Box::new(|| {}),
     };
     edit(&mut start);
@@ -378,3 +391,5 @@ fn a_used_ring_past_guest_memory_or_misaligned_breaks_the_ring_and_nothing_is_wr
         assert!(near.iter().all(|b| *b == 0), "{used:#x}: nor there");
     }
 }
+
+mod inflight;
