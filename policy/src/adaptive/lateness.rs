@@ -1,7 +1,8 @@
 //! The lateness check: the lateness `adaptive`'s sleeps really cause, each censored
 //! completion against its stand-in, over windows of [`LATENESS_WINDOW`] lone I/Os (queue
 //! depth one). The budget the plan spends is scaled to meet the budget; where even the
-//! smallest scale is too late, only a share of the I/Os sleep.
+//! smallest scale is too late, only a share of the I/Os sleep; where even the smallest share
+//! stays too late, none do for a while (see [`FLOOR_LATE_WINDOWS`]).
 
 use crate::policy::Observation;
 
