@@ -15,8 +15,10 @@
 //! batch and less late; where every wake-up costs a large share of the latency, the trial
 //! refuses it and the batches are tried next.
 //!
-//! So the reactor tries each way against not doing it. Arms of at least [`ARM_LATENCIES`]
-//! mean latencies (and [`ARM_NS_MIN`]) alternately wait that way and do not (the per-I/O
+//! So the reactor tries each way against not doing it. Arms of as many completions as
+//! [`ARM_LATENCIES`] mean latencies give at queue depth 1 (and at least [`ARM_NS_MIN`]; a
+//! deep queue completes many I/Os per mean latency, and half of every trial is spent not
+//! waiting, so arms no longer than the evidence needs) alternately wait that way and do not (the per-I/O
 //! plan, which under load mostly spins, as classic does), in the order try, not, not, try:
 //! a drift in the device's latency then weighs on both alike. [`PAIRS`] pairs. Each arm's
 //! mean latency, as seen (lateness included), counts the I/Os submitted after its first
@@ -41,9 +43,16 @@
 
 use super::ADAPTIVE_BATCH_FRACTION;
 
-/// An arm lasts this many of the device's mean latencies, within [`ARM_NS_MIN`] and
-/// [`ARM_NS_MAX`]; it also waits for [`ARM_IOS_MIN`] counted completions.
+/// An arm lasts as long as this many of the device's mean latencies take at queue depth 1:
+/// at depth `d`, `d` I/Os complete per mean latency (Little's law), so the same evidence
+/// takes `ARM_LATENCIES / d` of them; but never less than [`ARM_SETTLE_LATENCIES`], and
+/// within [`ARM_NS_MIN`] and [`ARM_NS_MAX`]. It also waits for [`ARM_IOS_MIN`] counted
+/// completions.
 pub(crate) const ARM_LATENCIES: u64 = 128;
+/// An arm lasts at least this many mean latencies, whatever the depth: its first quarter,
+/// which is not counted, is then two mean latencies, time for the queue left by the arm
+/// before to turn over (one mean latency, at a fixed depth) with room to spare.
+pub(crate) const ARM_SETTLE_LATENCIES: u64 = 8;
 pub(crate) const ARM_NS_MIN: u64 = 10_000_000;
 pub(crate) const ARM_NS_MAX: u64 = 1_000_000_000;
 /// Counted completions an arm waits for, up to [`ARM_GIVE_UP`] times its length; a pair
@@ -118,8 +127,10 @@ pub(crate) struct BatchTrial {
     first: ArmTotal,
     /// Pairs so far in which batching was late past the budget.
     worse: u32,
-    /// When the policy last asked (see [`STALE_NS`]).
+    /// When the policy last asked (see [`STALE_NS`]), and the I/Os then outstanding (0
+    /// before it is told, taken as 1), which set the length of the next arm.
     asked_ns: u64,
+    depth: u64,
     /// Trials concluded.
     pub(crate) trials: u64,
 }
@@ -262,14 +273,36 @@ impl BatchTrial {
         self.arm_wait(0, interrupts)
     }
 
+    /// The I/Os outstanding on the device now: an arm begun at a depth lasts long enough for
+    /// as many completions as [`ARM_LATENCIES`] mean latencies give at depth 1, not
+    /// `ARM_LATENCIES` mean latencies, each of which is `depth` completions there.
+    pub(crate) fn set_depth(&mut self, outstanding: usize) {
+        self.depth = outstanding as u64;
+    }
+
+    /// The length of an arm begun now, on a device whose mean latency is `mean_ns`, at the
+    /// depth last told (see [`ARM_LATENCIES`]).
+    fn arm_ns(&self, mean_ns: u64) -> u64 {
+        let depth = self.depth.max(1);
+        let evidence_ns = mean_ns.saturating_mul(ARM_LATENCIES) / depth;
+        let settle_ns = mean_ns.saturating_mul(ARM_SETTLE_LATENCIES);
+        let arm_ns = evidence_ns.max(settle_ns).clamp(ARM_NS_MIN, ARM_NS_MAX);
+        // Never longer than at depth 1.
+        debug_assert!(
+            arm_ns
+                <= mean_ns
+                    .saturating_mul(ARM_LATENCIES)
+                    .clamp(ARM_NS_MIN, ARM_NS_MAX)
+        );
+        arm_ns
+    }
+
     /// Arm `arm` from `now_ns`, on a device whose mean latency is `mean_ns`.
     fn begin_arm(&mut self, arm: u32, now_ns: u64, mean_ns: u64) {
         debug_assert!(arm < 2 * PAIRS);
         self.arm = Some(arm);
         self.arm_start_ns = now_ns;
-        self.arm_ns = mean_ns
-            .saturating_mul(ARM_LATENCIES)
-            .clamp(ARM_NS_MIN, ARM_NS_MAX);
+        self.arm_ns = self.arm_ns(mean_ns);
         self.count_from_ns = now_ns + self.arm_ns / 4;
         self.current = ArmTotal::default();
         debug_assert!((ARM_NS_MIN..=ARM_NS_MAX).contains(&self.arm_ns));
@@ -481,6 +514,36 @@ mod tests {
         }
         assert!(trial.batch_fraction(63_999_999, 500_000, BUDGET).is_some());
         assert!(trial.batch_fraction(64_000_000, 500_000, BUDGET).is_none());
+    }
+
+    #[test]
+    fn an_arm_at_depth_lasts_as_many_completions_as_one_at_depth_1() {
+        // 800 us at depth 128 (a queueing disk): 128 completions per mean latency, so the
+        // evidence of 128 mean latencies at depth 1 takes one mean latency; the settling
+        // time, 8 of them (6.4 ms), is shorter than the shortest arm: 10 ms arms.
+        let mut trial = BatchTrial::default();
+        trial.set_depth(128);
+        assert!(trial.batch_fraction(0, 800_000, BUDGET).is_some());
+        for _ in 0..ARM_IOS_MIN {
+            trial.record(ARM_NS_MIN / 4, 800_000);
+        }
+        assert!(trial
+            .batch_fraction(ARM_NS_MIN - 1, 800_000, BUDGET)
+            .is_some());
+        assert!(trial.batch_fraction(ARM_NS_MIN, 800_000, BUDGET).is_none());
+        // 5 ms at depth 64: 128 / 64 = 2 mean latencies of evidence, but 8 to settle.
+        let mut trial = BatchTrial::default();
+        trial.set_depth(64);
+        assert!(trial.batch_fraction(0, 5_000_000, BUDGET).is_some());
+        for _ in 0..ARM_IOS_MIN {
+            trial.record(10_000_000, 5_000_000);
+        }
+        assert!(trial
+            .batch_fraction(39_999_999, 5_000_000, BUDGET)
+            .is_some());
+        assert!(trial
+            .batch_fraction(40_000_000, 5_000_000, BUDGET)
+            .is_none());
     }
 
     #[test]

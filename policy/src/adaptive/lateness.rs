@@ -1,7 +1,8 @@
 //! The lateness check: the lateness `adaptive`'s sleeps really cause, each censored
 //! completion against its stand-in, over windows of [`LATENESS_WINDOW`] lone I/Os (queue
 //! depth one). The budget the plan spends is scaled to meet the budget; where even the
-//! smallest scale is too late, only a share of the I/Os sleep.
+//! smallest scale is too late, only a share of the I/Os sleep; where even the smallest share
+//! stays too late, none do for a while (see [`FLOOR_LATE_WINDOWS`]).
 
 use crate::policy::Observation;
 
@@ -18,6 +19,14 @@ pub(super) const BUDGET_SCALE_MAX: f64 = 2.0;
 /// check then lets only a share of the I/Os sleep (the others spin from submission), which
 /// cuts the lateness in proportion; the share moves like the scale, and never below this.
 pub(super) const SLEEP_SHARE_MIN: f64 = 0.25;
+/// Where even the smallest share is too late, window after window, sleeping at queue depth 1
+/// does not meet the budget on this machine at all: sparse sleeps can be later than dense
+/// ones (a vCPU that rarely halts is woken slowly), so a smaller share need not help. After
+/// this many windows in a row at both floors and late past the budget (harmless sleeps would
+/// do that by chance once in 2^8 runs), the budgeted sleeps of lone I/Os stop for
+/// [`SLEEP_HOLD_WINDOWS`] windows, then are tried again at the floors.
+pub(super) const FLOOR_LATE_WINDOWS: u32 = 8;
+pub(super) const SLEEP_HOLD_WINDOWS: u32 = 64;
 
 /// The lateness check's state: the scale and share it sets, and the window in progress.
 #[derive(Clone)]
@@ -37,6 +46,10 @@ pub(super) struct Lateness {
     window_ios: u32,
     window_slept: u32,
     window_late: f64,
+    /// Windows in a row at both floors that were late past the budget, and the windows
+    /// left in which no lone I/O's budgeted sleep is taken (see [`FLOOR_LATE_WINDOWS`]).
+    pub(super) floor_late_windows: u32,
+    pub(super) hold_windows: u32,
 }
 
 impl Lateness {
@@ -51,6 +64,8 @@ impl Lateness {
             window_ios: 0,
             window_slept: 0,
             window_late: 0.0,
+            floor_late_windows: 0,
+            hold_windows: 0,
         }
     }
 
@@ -69,6 +84,8 @@ impl Lateness {
         debug_assert!(self.window_slept <= self.window_ios);
         debug_assert!(self.window_ios < LATENESS_WINDOW);
         debug_assert!(self.window_late >= 0.0);
+        debug_assert!(self.floor_late_windows < FLOOR_LATE_WINDOWS);
+        debug_assert!(self.hold_windows <= SLEEP_HOLD_WINDOWS);
     }
 
     /// Whether a budgeted sleep of a lone I/O is taken: all are while the share is whole;
@@ -76,6 +93,9 @@ impl Lateness {
     /// rest spin.
     pub(super) fn admits_sleep(&mut self) -> bool {
         self.assert_invariants();
+        if self.hold_windows > 0 {
+            return false;
+        }
         if self.sleep_share >= 1.0 {
             return true;
         }
@@ -128,6 +148,13 @@ impl Lateness {
             self.assert_invariants();
             return;
         }
+        if self.hold_windows > 0 {
+            // No budgeted sleep was taken: nothing to judge, and the floors stay for the
+            // sleeps tried again after the hold.
+            self.hold_windows -= 1;
+            self.end_window();
+            return;
+        }
         let target = self.target;
         let factor = if self.window_slept >= LATENESS_WINDOW / 8 {
             let late = self.window_late / f64::from(self.window_ios);
@@ -139,6 +166,16 @@ impl Lateness {
         };
         // (A product of factors can land a rounding error above the floor.)
         let at_floor = self.budget_scale <= BUDGET_SCALE_MIN * (1.0 + 1e-9);
+        let at_floors = at_floor && self.sleep_share <= SLEEP_SHARE_MIN;
+        if at_floors && factor < 1.0 && self.window_slept >= LATENESS_WINDOW / 8 {
+            self.floor_late_windows += 1;
+            if self.floor_late_windows == FLOOR_LATE_WINDOWS {
+                self.floor_late_windows = 0;
+                self.hold_windows = SLEEP_HOLD_WINDOWS;
+            }
+        } else {
+            self.floor_late_windows = 0;
+        }
         let share = if factor < 1.0 && at_floor {
             (self.sleep_share * factor).max(SLEEP_SHARE_MIN)
         } else {
@@ -157,6 +194,11 @@ impl Lateness {
             self.budget_scale = scale;
             self.budget_scale_changes += 1;
         }
+        self.end_window();
+    }
+
+    /// A new window begins.
+    fn end_window(&mut self) {
         self.window_ios = 0;
         self.window_slept = 0;
         self.window_late = 0.0;

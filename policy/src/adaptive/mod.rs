@@ -18,7 +18,8 @@
 //! - **The lateness its sleeps really cause**, each censored completion against its
 //!   stand-in, over windows of 512 I/Os: the budget the plan spends is scaled to meet it,
 //!   and where even the smallest scale is too late (the overshoot's tail, which the plan
-//!   leaves out, makes sleeps late however early they end), only a share of the I/Os sleep.
+//!   leaves out, makes sleeps late however early they end), only a share of the I/Os sleep;
+//!   where even the smallest share stays too late, none do for a while.
 //! - **What an interrupt wake-up costs in latency** (`sleep=interruptible` only), by
 //!   experiment: while its sleeps pay, one I/O in 64 at queue depth 1 is a probe, alternately
 //!   spun through or waited for on the interrupt; the price is the difference of the two

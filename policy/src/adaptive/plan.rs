@@ -187,6 +187,7 @@ impl Adaptive {
         }
         let published_mean_ns = ctx.stats.bucket(bucket).mean_ns;
         let budget_fraction = self.budget_pct / 100.0;
+        self.batch_trial.set_depth(ctx.outstanding);
         self.batch_trial.load_wait(
             ctx.now_ns,
             published_mean_ns,

@@ -148,6 +148,65 @@ fn past_the_scale_floor_only_a_share_of_the_ios_sleep() {
 }
 
 #[test]
+fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
+    use super::super::lateness::{FLOOR_LATE_WINDOWS, SLEEP_HOLD_WINDOWS};
+    use super::super::probe::PROBE_SLEEP_NS_MAX;
+    let mut p = Adaptive::default();
+    nand_like(&mut p);
+    calibrate(&mut p, 5_000, 7_000);
+    let window = u64::from(LATENESS_WINDOW);
+    // The budgeted sleeps (the probe sleeps are shorter) a run of decisions took.
+    let budgeted = |ds: &[Decision]| {
+        ds.iter()
+            .filter(|d| matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 > PROBE_SLEEP_NS_MAX))
+            .count() as f64
+    };
+    // As in the test above, every sleep is seen ~65 us after its stand-in, however early
+    // the plan wakes: the scale, then the share, fall to their floors, and the windows at
+    // the floors stay late.
+    let late = |submit_ns, d| {
+        let seen_ns = if matches!(d, Decision::Sleep(_)) {
+            150_000
+        } else {
+            85_000
+        };
+        seen_at(submit_ns, d, seen_ns)
+    };
+    run_ios(&mut p, 0, 16 * window, late);
+    assert_eq!(p.lateness.budget_scale, BUDGET_SCALE_MIN);
+    assert_eq!(p.lateness.sleep_share, SLEEP_SHARE_MIN);
+    // At most FLOOR_LATE_WINDOWS more such windows, and the hold begins.
+    let mut floors = 16;
+    while p.lateness.hold_windows == 0 {
+        assert!(floors < 16 + u64::from(FLOOR_LATE_WINDOWS), "no hold");
+        run_ios(&mut p, floors * window * 200_000, window, late);
+        floors += 1;
+    }
+    // Then no lone I/O takes a budgeted sleep for the hold, and the floors stay.
+    // (The spin probes are not counted in a window: it takes a few more I/Os.)
+    let hold = u64::from(SLEEP_HOLD_WINDOWS);
+    let from_ns = floors * window * 200_000;
+    let mut held = 0;
+    while p.lateness.hold_windows > 0 {
+        assert!(held < (hold + hold / 8) * window, "the hold does not end");
+        let ds = run_ios(&mut p, from_ns + held * 200_000, 1, late);
+        assert_eq!(
+            budgeted(&ds),
+            0.0,
+            "a budgeted sleep at I/O {held} of the hold"
+        );
+        held += 1;
+    }
+    assert!(held >= hold * window, "held for {held} I/Os");
+    assert_eq!(p.lateness.budget_scale, BUDGET_SCALE_MIN);
+    assert_eq!(p.lateness.sleep_share, SLEEP_SHARE_MIN);
+    // After it, the share's sleeps are tried again.
+    let ds = run_ios(&mut p, from_ns + held * 200_000, window, late);
+    let share = budgeted(&ds) / window as f64;
+    assert!((0.2..0.32).contains(&share), "share {share}");
+}
+
+#[test]
 fn a_probe_burst_after_spinning_measures_the_overshoot_afresh() {
     let mut p = Adaptive::default();
     // A 9 us device, and 64 sleeps that overshot by 60 us (a host that had stopped
