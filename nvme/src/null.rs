@@ -151,20 +151,33 @@ pub struct NullQueuePair {
     _not_send: PhantomData<*const ()>,
 }
 
-impl QueuePair for NullQueuePair {
-    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+impl NullQueuePair {
+    /// Takes `cmd`; `placed` is the mask of the regions its segments lie in when the caller
+    /// found them already ([`QueuePair::submit_in_regions`]), `None` to look them up here.
+    #[inline(always)]
+    fn take(&mut self, cmd: &Command<'_>, tag: u64, placed: Option<u64>) -> Result<(), SubmitError> {
         let depth = self.done.len();
         if self.len == depth {
             return Err(SubmitError::QueueFull { depth });
         }
         cmd.check(self.ns.lba_size_bytes)?;
-        let regions =
-            if self.regions.is_empty() || !matches!(cmd.opcode(), Opcode::Read | Opcode::Write) {
-                0
-            } else {
-                let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
-                self.regions.command_mask(cmd, data_bytes)?
-            };
+        let data_op = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
+        let regions = if self.regions.is_empty() || !data_op {
+            0
+        } else {
+            let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
+            match placed {
+                Some(mask) => {
+                    debug_assert_eq!(
+                        self.regions.command_mask(cmd, data_bytes),
+                        Ok(mask),
+                        "the caller's regions are the command's"
+                    );
+                    mask
+                }
+                None => self.regions.command_mask(cmd, data_bytes)?,
+            }
+        };
         let in_range = matches!(cmd.opcode(), Opcode::Flush)
             || cmd
                 .slba()
@@ -173,8 +186,7 @@ impl QueuePair for NullQueuePair {
         let bytes = u64::from(cmd.nlb()) * u64::from(self.ns.lba_size_bytes);
         let status = if !in_range {
             Status::LBA_OUT_OF_RANGE
-        } else if matches!(cmd.opcode(), Opcode::Read | Opcode::Write)
-            && bytes > u64::from(self.ns.transfer_bytes_max)
+        } else if data_op && bytes > u64::from(self.ns.transfer_bytes_max)
         {
             Status::INVALID_FIELD
         } else {
@@ -196,6 +208,24 @@ impl QueuePair for NullQueuePair {
                 .expect("null device: eventfd write on our own eventfd failed");
         }
         Ok(())
+    }
+}
+
+impl QueuePair for NullQueuePair {
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        self.take(cmd, tag, None)
+    }
+
+    /// Takes the caller's mask: the null device moves no data, so the regions are only
+    /// counted, and the caller found them already.
+    unsafe fn submit_in_regions(
+        &mut self,
+        cmd: &Command<'_>,
+        tag: u64,
+        regions: u64,
+    ) -> Result<(), SubmitError> {
+        let placed = cmd.segments().is_some().then_some(regions);
+        self.take(cmd, tag, placed)
     }
 
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
