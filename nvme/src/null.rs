@@ -155,7 +155,12 @@ impl NullQueuePair {
     /// Takes `cmd`; `placed` is the mask of the regions its segments lie in when the caller
     /// found them already ([`QueuePair::submit_in_regions`]), `None` to look them up here.
     #[inline(always)]
-    fn take(&mut self, cmd: &Command<'_>, tag: u64, placed: Option<u64>) -> Result<(), SubmitError> {
+    fn take(
+        &mut self,
+        cmd: &Command<'_>,
+        tag: u64,
+        placed: Option<u64>,
+    ) -> Result<(), SubmitError> {
         let depth = self.done.len();
         if self.len == depth {
             return Err(SubmitError::QueueFull { depth });
@@ -186,8 +191,7 @@ impl NullQueuePair {
         let bytes = u64::from(cmd.nlb()) * u64::from(self.ns.lba_size_bytes);
         let status = if !in_range {
             Status::LBA_OUT_OF_RANGE
-        } else if data_op && bytes > u64::from(self.ns.transfer_bytes_max)
-        {
+        } else if data_op && bytes > u64::from(self.ns.transfer_bytes_max) {
             Status::INVALID_FIELD
         } else {
             Status::SUCCESS
@@ -358,5 +362,26 @@ mod tests {
         // SAFETY: flush carries no buffer.
         unsafe { qp.submit(&Command::flush(), 2) }.unwrap();
         assert!(fd_ready(&qp));
+    }
+
+    #[test]
+    fn regions_handed_in_count_as_in_use_until_reaped() {
+        let ctrl = NullController::new(&NullConfig::default());
+        let mut qp = ctrl.queue_pair(4).unwrap();
+        let mut memory = crate::IoBuf::zeroed(16 << 10);
+        // SAFETY: `memory` outlives the queue pair (dropped after it).
+        let region = unsafe { qp.register_memory(memory.as_mut_ptr(), memory.len()) }.unwrap();
+        let mut segs = [std::io::IoSliceMut::new(&mut memory[4096..8192])];
+        let cmd = Command::readv(0, 8, &mut segs);
+        // SAFETY: the segment lies in `region`, and `memory` outlives the command.
+        unsafe { qp.submit_in_regions(&cmd, 7, 1 << region.index()) }.unwrap();
+        assert_eq!(
+            qp.unregister_memory(region),
+            Err(UnregisterError::InUse { commands: 1 })
+        );
+        assert_eq!(qp.process_completions(8, &mut |c| assert_eq!(c.tag, 7)), 1);
+        qp.unregister_memory(region).unwrap();
+        drop(qp);
+        drop(memory);
     }
 }
