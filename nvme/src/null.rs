@@ -151,20 +151,38 @@ pub struct NullQueuePair {
     _not_send: PhantomData<*const ()>,
 }
 
-impl QueuePair for NullQueuePair {
-    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+impl NullQueuePair {
+    /// Takes `cmd`; `placed` is the mask of the regions its segments lie in when the caller
+    /// found them already ([`QueuePair::submit_in_regions`]), `None` to look them up here.
+    #[inline(always)]
+    fn take(
+        &mut self,
+        cmd: &Command<'_>,
+        tag: u64,
+        placed: Option<u64>,
+    ) -> Result<(), SubmitError> {
         let depth = self.done.len();
         if self.len == depth {
             return Err(SubmitError::QueueFull { depth });
         }
         cmd.check(self.ns.lba_size_bytes)?;
-        let regions =
-            if self.regions.is_empty() || !matches!(cmd.opcode(), Opcode::Read | Opcode::Write) {
-                0
-            } else {
-                let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
-                self.regions.command_mask(cmd, data_bytes)?
-            };
+        let data_op = matches!(cmd.opcode(), Opcode::Read | Opcode::Write);
+        let regions = if self.regions.is_empty() || !data_op {
+            0
+        } else {
+            let data_bytes = cmd.nlb() as usize * self.ns.lba_size_bytes as usize;
+            match placed {
+                Some(mask) => {
+                    debug_assert_eq!(
+                        self.regions.command_mask(cmd, data_bytes),
+                        Ok(mask),
+                        "the caller's regions are the command's"
+                    );
+                    mask
+                }
+                None => self.regions.command_mask(cmd, data_bytes)?,
+            }
+        };
         let in_range = matches!(cmd.opcode(), Opcode::Flush)
             || cmd
                 .slba()
@@ -173,9 +191,7 @@ impl QueuePair for NullQueuePair {
         let bytes = u64::from(cmd.nlb()) * u64::from(self.ns.lba_size_bytes);
         let status = if !in_range {
             Status::LBA_OUT_OF_RANGE
-        } else if matches!(cmd.opcode(), Opcode::Read | Opcode::Write)
-            && bytes > u64::from(self.ns.transfer_bytes_max)
-        {
+        } else if data_op && bytes > u64::from(self.ns.transfer_bytes_max) {
             Status::INVALID_FIELD
         } else {
             Status::SUCCESS
@@ -196,6 +212,24 @@ impl QueuePair for NullQueuePair {
                 .expect("null device: eventfd write on our own eventfd failed");
         }
         Ok(())
+    }
+}
+
+impl QueuePair for NullQueuePair {
+    unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError> {
+        self.take(cmd, tag, None)
+    }
+
+    /// Takes the caller's mask: the null device moves no data, so the regions are only
+    /// counted, and the caller found them already.
+    unsafe fn submit_in_regions(
+        &mut self,
+        cmd: &Command<'_>,
+        tag: u64,
+        regions: u64,
+    ) -> Result<(), SubmitError> {
+        let placed = cmd.segments().is_some().then_some(regions);
+        self.take(cmd, tag, placed)
     }
 
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize {
@@ -328,5 +362,26 @@ mod tests {
         // SAFETY: flush carries no buffer.
         unsafe { qp.submit(&Command::flush(), 2) }.unwrap();
         assert!(fd_ready(&qp));
+    }
+
+    #[test]
+    fn regions_handed_in_count_as_in_use_until_reaped() {
+        let ctrl = NullController::new(&NullConfig::default());
+        let mut qp = ctrl.queue_pair(4).unwrap();
+        let mut memory = crate::IoBuf::zeroed(16 << 10);
+        // SAFETY: `memory` outlives the queue pair (dropped after it).
+        let region = unsafe { qp.register_memory(memory.as_mut_ptr(), memory.len()) }.unwrap();
+        let mut segs = [std::io::IoSliceMut::new(&mut memory[4096..8192])];
+        let cmd = Command::readv(0, 8, &mut segs);
+        // SAFETY: the segment lies in `region`, and `memory` outlives the command.
+        unsafe { qp.submit_in_regions(&cmd, 7, 1 << region.index()) }.unwrap();
+        assert_eq!(
+            qp.unregister_memory(region),
+            Err(UnregisterError::InUse { commands: 1 })
+        );
+        assert_eq!(qp.process_completions(8, &mut |c| assert_eq!(c.tag, 7)), 1);
+        qp.unregister_memory(region).unwrap();
+        drop(qp);
+        drop(memory);
     }
 }

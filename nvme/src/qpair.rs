@@ -83,6 +83,28 @@ pub trait QueuePair: Any {
     /// during the call only (implementors copy what they need of it).
     unsafe fn submit(&mut self, cmd: &Command<'_>, tag: u64) -> Result<(), SubmitError>;
 
+    /// [`QueuePair::submit`] for a vectored Read or Write whose segments the caller has
+    /// already placed, each inside one region registered with this queue pair: `regions`
+    /// holds one bit per region they lie in (bit [`MemoryRegion::index`]). A queue pair that
+    /// counts each region's commands in flight may take the mask as given rather than
+    /// look every segment up again by address; the default ignores it and submits.
+    ///
+    /// # Safety
+    /// As for [`QueuePair::submit`]; and every segment of `cmd` must lie wholly inside a
+    /// region registered with this queue pair whose bit is in `regions`, with no other bit
+    /// set: an implementation that trusts the mask would otherwise let a region in use be
+    /// unregistered.
+    unsafe fn submit_in_regions(
+        &mut self,
+        cmd: &Command<'_>,
+        tag: u64,
+        regions: u64,
+    ) -> Result<(), SubmitError> {
+        let _ = regions;
+        // SAFETY: our caller keeps `submit`'s contract.
+        unsafe { self.submit(cmd, tag) }
+    }
+
     /// Reaps up to `max` completions, handing each to `out`, and returns how many it reaped:
     /// 0 means an idle poll. Callbacks that submit must do so after this returns.
     fn process_completions(&mut self, max: usize, out: &mut dyn FnMut(Completion)) -> usize;

@@ -182,7 +182,7 @@ impl<S> Reactor<S> {
             waiting: VecDeque::with_capacity(options.wait_queue),
             wait_capacity: options.wait_queue,
             abandoned: 0,
-            regions: Vec::with_capacity(hypoll_nvme::REGIONS_MAX),
+            regions: vec![None; hypoll_nvme::REGIONS_MAX],
             oracle,
         });
         // What the I/O path counts on: room reserved for every slot, every device's wait

@@ -128,9 +128,10 @@ struct Attached<S> {
     wait_capacity: usize,
     /// Abandoned I/Os of this device still holding a queue-pair slot.
     abandoned: usize,
-    /// Regions registered with this queue pair (at most `hypoll_nvme::REGIONS_MAX`):
-    /// a vectored I/O's segments must lie in them.
-    regions: Vec<hypoll_nvme::MemoryRegion>,
+    /// Regions registered with this queue pair, each at its table index
+    /// (`MemoryRegion::index`, `hypoll_nvme::REGIONS_MAX` entries): a vectored I/O's
+    /// segments must lie in them, and checking one is one look at its index.
+    regions: Vec<Option<hypoll_nvme::MemoryRegion>>,
     /// Whether the policy is told the emulated device's true next deadline
     /// (`PollContext::oracle_deadline_ns`): only for the `oracle` policy on an emulated
     /// queue pair, so no other device or policy pays to ask.

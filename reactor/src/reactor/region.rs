@@ -41,8 +41,8 @@ impl<S> Reactor<S> {
             .ok_or(RegionUseError::UnknownDevice)?;
         // SAFETY: our caller keeps the queue pair's contract (the same as ours).
         let region = unsafe { dev.qp.register_memory(ptr, len_bytes) }?;
-        dev.regions.push(region);
-        debug_assert!(dev.regions.len() <= hypoll_nvme::REGIONS_MAX);
+        debug_assert!(dev.regions[region.index()].is_none(), "index taken twice");
+        dev.regions[region.index()] = Some(region);
         Ok(region)
     }
 
@@ -58,7 +58,10 @@ impl<S> Reactor<S> {
             .get_mut(device.0 as usize)
             .ok_or(RegionUseError::UnknownDevice)?;
         dev.qp.unregister_memory(region)?;
-        dev.regions.retain(|r| *r != region);
+        if let Some(at) = dev.regions.get_mut(region.index()) {
+            debug_assert_eq!(*at, Some(region), "the queue pair knew it, so did we");
+            *at = None;
+        }
         Ok(())
     }
 
@@ -127,42 +130,71 @@ impl<S> Reactor<S> {
         let d = device.0 as usize;
         let dev = &mut self.devices[d];
         let key = self.slots.vacant_key();
-        // Each segment lies inside a region registered with this queue pair (checked
-        // above), whose memory the registration's contract keeps valid until it is
-        // unregistered, which the queue pair refuses while this command is outstanding.
-        // The slices live only for this call: the queue pair reads the list during
-        // `submit` and keeps its own copy, and the list is emptied before it returns.
+        // One pass over the segments: each must be of a region registered here (a stale
+        // handle, or another device's, is refused), and its bit goes into the mask the queue
+        // pair is handed, so that it need not look the segments up again by address.
+        // Each segment lies inside its region (`RegionSlice` is built so), whose memory the
+        // registration's contract keeps valid until it is unregistered, which the queue pair
+        // refuses while this command is outstanding. The slices live only for this call: the
+        // queue pair reads the list during `submit_in_regions` and keeps its own copy, and
+        // the list is emptied before it returns.
+        let mut regions = 0u64;
+        let mut unregistered = None;
         let submitted = match req.op {
             IoOp::Read => {
                 let mut list = std::mem::take(&mut self.read_segments);
-                list.extend(segs.iter().map(|s| {
+                for (index, s) in segs.iter().enumerate() {
+                    if !registered(&dev.regions, s) {
+                        unregistered = Some(index);
+                        break;
+                    }
+                    regions |= 1 << s.region().index();
                     // SAFETY: see above; a read's region is the device's alone meanwhile
                     // (the registration's contract).
                     let bytes = unsafe { std::slice::from_raw_parts_mut(s.ptr(), s.len()) };
-                    IoSliceMut::new(bytes)
-                }));
-                let cmd = Command::readv(req.slba, req.nlb, &mut list).with_fua(req.fua);
-                // SAFETY: the memory stays valid until the completion (see above).
-                let submitted = unsafe { dev.qp.submit(&cmd, key as u64) };
+                    list.push(IoSliceMut::new(bytes));
+                }
+                let submitted = match unregistered {
+                    Some(_) => Ok(()),
+                    None => {
+                        let cmd = Command::readv(req.slba, req.nlb, &mut list).with_fua(req.fua);
+                        // SAFETY: the memory stays valid until the completion (see above),
+                        // and `regions` holds the region of every segment and no other.
+                        unsafe { dev.qp.submit_in_regions(&cmd, key as u64, regions) }
+                    }
+                };
                 list.clear();
                 self.read_segments = list;
                 submitted
             }
             _ => {
                 let mut list = std::mem::take(&mut self.write_segments);
-                list.extend(segs.iter().map(|s| {
+                for (index, s) in segs.iter().enumerate() {
+                    if !registered(&dev.regions, s) {
+                        unregistered = Some(index);
+                        break;
+                    }
+                    regions |= 1 << s.region().index();
                     // SAFETY: see above.
                     let bytes = unsafe { std::slice::from_raw_parts(s.ptr(), s.len()) };
-                    IoSlice::new(bytes)
-                }));
-                let cmd = Command::writev(req.slba, req.nlb, &list).with_fua(req.fua);
-                // SAFETY: the memory stays valid until the completion (see above).
-                let submitted = unsafe { dev.qp.submit(&cmd, key as u64) };
+                    list.push(IoSlice::new(bytes));
+                }
+                let submitted = match unregistered {
+                    Some(_) => Ok(()),
+                    None => {
+                        let cmd = Command::writev(req.slba, req.nlb, &list).with_fua(req.fua);
+                        // SAFETY: as for a read.
+                        unsafe { dev.qp.submit_in_regions(&cmd, key as u64, regions) }
+                    }
+                };
                 list.clear();
                 self.write_segments = list;
                 submitted
             }
         };
+        if let Some(segment) = unregistered {
+            return refuse(RejectReason::Unregistered { segment }, callback);
+        }
         if let Err(e) = submitted {
             let reason = match e {
                 SubmitError::QueueFull { depth } => self.full(d, depth),
@@ -174,7 +206,8 @@ impl<S> Reactor<S> {
         Ok(())
     }
 
-    /// Why a vectored I/O cannot be submitted now, before its command is built.
+    /// Why a vectored I/O cannot be submitted now, before its segments are looked at
+    /// (`submit_vectored` checks each segment's region as it lists them).
     fn check_vectored(
         &self,
         device: DeviceId,
@@ -197,15 +230,25 @@ impl<S> Reactor<S> {
                 max: SEGMENTS_MAX,
             });
         }
-        if let Some(index) = segs.iter().position(|s| !dev.regions.contains(&s.region())) {
-            return Err(RejectReason::Unregistered { segment: index });
-        }
         if !dev.waiting.is_empty() {
-            // Those waiting go first; a vectored I/O does not wait behind them.
+            // Those waiting go first; a vectored I/O does not wait behind them. (An
+            // unregistered segment is refused first: only the list's pass finds it.)
+            if let Some(segment) = segs.iter().position(|s| !registered(&dev.regions, s)) {
+                return Err(RejectReason::Unregistered { segment });
+            }
             return Err(self.full(device.0 as usize, dev.qp.depth()));
         }
         Ok(())
     }
+}
+
+/// Whether `s`'s region is registered with the queue pair whose regions, by table index,
+/// are `regions`: the same handle (a stale one, or one of another queue pair that happens
+/// to share its index, differs in identity or place).
+#[inline]
+fn registered(regions: &[Option<MemoryRegion>], s: &RegionSlice) -> bool {
+    let region = s.region();
+    regions.get(region.index()) == Some(&Some(region))
 }
 
 #[cfg(test)]

@@ -163,3 +163,66 @@ fn bad_vectored_input_is_refused_clearly_and_never_panics() {
     drop(r);
     drop((memory, other));
 }
+
+#[test]
+fn a_stale_handle_is_refused_even_where_a_new_region_took_its_place() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let mut r = reactor(&clock, "classic");
+    let device = Device::new(Arc::new(emu("emu:optane,size=1M,lba=512", &clock)));
+    let dev = r.attach(&device, 4).unwrap();
+    let mut memory = IoBuf::zeroed(64 << 10);
+    // SAFETY: `memory` outlives the reactor (dropped after it).
+    let old = unsafe { r.register_memory(dev, memory.as_mut_ptr(), memory.len()) }.unwrap();
+    r.unregister_memory(dev, old).unwrap();
+    // The same memory again: the same table index, place and length, a new identity.
+    // SAFETY: as above.
+    let new = unsafe { r.register_memory(dev, memory.as_mut_ptr(), memory.len()) }.unwrap();
+    assert_eq!(new.index(), old.index());
+    let (tx, rx) = mpsc::channel();
+    let stale = [RegionSlice::new(old, 0, 4096).unwrap()];
+    let refused = r.readv(dev, 0, 8, &stale, answering(&tx)).unwrap_err();
+    assert_eq!(refused.reason, RejectReason::Unregistered { segment: 0 });
+    let fresh = [RegionSlice::new(new, 0, 4096).unwrap()];
+    r.readv(dev, 0, 8, &fresh, answering(&tx)).unwrap();
+    assert_eq!(answer(&mut r, &clock, &rx), Ok(()));
+    drop(r);
+    drop(memory);
+}
+
+/// The null device takes a vectored I/O's regions from the reactor instead of looking
+/// them up: the region must still count as in use until the completion.
+#[test]
+fn on_null_a_region_in_use_stays_registered_until_the_completion() {
+    let clock = VirtualClock::new(1_000_000_000);
+    let mut r = reactor(&clock, "classic");
+    let device = Device::open("null,size=1M").unwrap();
+    let dev = r.attach(&device, 4).unwrap();
+    let mut memory = IoBuf::zeroed(64 << 10);
+    let mut second = IoBuf::zeroed(8 << 10);
+    // SAFETY: both outlive the reactor (dropped after it).
+    let region = unsafe { r.register_memory(dev, memory.as_mut_ptr(), memory.len()) }.unwrap();
+    // SAFETY: as above.
+    let other = unsafe { r.register_memory(dev, second.as_mut_ptr(), second.len()) }.unwrap();
+    let (tx, rx) = mpsc::channel();
+    let segs = [
+        RegionSlice::new(other, 4096, 2048).unwrap(),
+        RegionSlice::new(region, 0, 2048).unwrap(),
+    ];
+    r.writev(dev, 0, 8, &segs, answering(&tx)).unwrap();
+    for (name, handle) in [("first", region), ("second", other)] {
+        assert!(
+            matches!(
+                r.unregister_memory(dev, handle),
+                Err(RegionUseError::Unregister(UnregisterError::InUse {
+                    commands: 1
+                }))
+            ),
+            "the {name} region is in use"
+        );
+    }
+    assert_eq!(answer(&mut r, &clock, &rx), Ok(()));
+    r.unregister_memory(dev, region).unwrap();
+    r.unregister_memory(dev, other).unwrap();
+    drop(r);
+    drop((memory, second));
+}
