@@ -113,6 +113,12 @@ impl UringQueuePair {
         self.defer_taskrun && self.ring.submission().taskrun()
     }
 
+    /// Whether completions wait in the main ring's completion queue (tests).
+    #[cfg(test)]
+    pub(crate) fn completions_posted(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
     /// Entries pushed and not yet entered (tests).
     #[cfg(test)]
     pub(crate) fn unsubmitted(&self) -> usize {
