@@ -2,47 +2,24 @@
 //! over loopback: every command kind and its data, vectored commands, two queue pairs,
 //! many commands in flight, the interrupt line, and a connection cut mid-I/O.
 
+mod support;
+
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hypoll_frontend::ListenAddr;
 use hypoll_nvme::nvmetcp::CONNECTION_LOST;
 use hypoll_nvme::{
     Command, Completion, Controller, DeviceConfig, IoBuf, IoError, NvmeTcpController, Opcode,
     QueuePair, Status, SubmitError, SyncIo,
 };
-use hypoll_nvmf::{NvmfConfig, NvmfExport, NvmfServer};
-use hypoll_reactor::Device;
+
+use support::{mem, port, server, BLOCK, BLOCKS};
 
 const NQN: &str = "nqn.2026-12.io.hypoll:initiator";
-const BLOCK: u32 = 512;
-const BLOCKS: u64 = 16384;
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-fn server(device: &str) -> NvmfServer {
-    let export = NvmfExport {
-        name: "mem".into(),
-        device: Device::open(device).unwrap(),
-        read_only: false,
-    };
-    let mut cfg = NvmfConfig::new(vec![export], "127.0.0.1:0".parse().unwrap());
-    cfg.subsystem_nqn = NQN.into();
-    NvmfServer::start(cfg).unwrap()
-}
-
-fn mem() -> String {
-    format!("emu:dram,size={},lba={BLOCK}", BLOCKS * u64::from(BLOCK))
-}
-
-fn port(s: &NvmfServer) -> u16 {
-    let ListenAddr::Tcp(addr) = s.local_addr() else {
-        panic!("a TCP server")
-    };
-    addr.port()
-}
 
 fn open(port: u16) -> NvmeTcpController {
     let text = format!("nvme-tcp:127.0.0.1:{port}/{NQN}");
@@ -75,7 +52,7 @@ fn reap(qp: &mut dyn QueuePair, n: usize) -> Vec<Completion> {
 
 #[test]
 fn every_command_kind_round_trips_through_the_target() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let ctrl = open(port(&s));
     let ns = ctrl.namespace();
     assert_eq!((ns.lba_size_bytes, ns.capacity_lbas), (BLOCK, BLOCKS));
@@ -121,7 +98,7 @@ fn every_command_kind_round_trips_through_the_target() {
 
 #[test]
 fn vectored_commands_gather_and_scatter() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let ctrl = open(port(&s));
     let mut qp = ctrl.queue_pair(8).unwrap();
     let data = pattern(3, 3 * 4096);
@@ -149,7 +126,7 @@ fn vectored_commands_gather_and_scatter() {
 
 #[test]
 fn two_queue_pairs_see_each_others_writes_with_many_commands_in_flight() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let ctrl = open(port(&s));
     let mut q1 = ctrl.queue_pair(32).unwrap();
     let mut q2 = ctrl.queue_pair(32).unwrap();
@@ -190,7 +167,7 @@ fn two_queue_pairs_see_each_others_writes_with_many_commands_in_flight() {
 
 #[test]
 fn the_interrupt_line_rises_for_an_answer_and_stays_down_when_idle() {
-    let s = server("emu:nand,size=8M,lba=512");
+    let s = server(NQN, "emu:nand,size=8M,lba=512");
     let ctrl = open(port(&s));
     let mut qp = ctrl.queue_pair(4).unwrap();
     let mut buf = IoBuf::zeroed(4096);
@@ -264,7 +241,7 @@ impl Relay {
 #[test]
 fn a_connection_cut_mid_io_fails_its_commands_and_refuses_more() {
     // Slow reads, so they are at the device when the connection goes.
-    let s = server("emu:nand,size=8M,lba=512,read_us=20000");
+    let s = server(NQN, "emu:nand,size=8M,lba=512,read_us=20000");
     let relay = Relay::new(port(&s));
     let ctrl = open(relay.port);
     let mut qp = ctrl.queue_pair(16).unwrap();

@@ -1,23 +1,22 @@
 //! The NVMe/TCP front end over real sockets: a server on a loopback port and a host that
 //! speaks the protocol byte for byte (the builders of `hypoll_nvmf::client`), blocking.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use hypoll_frontend::ListenAddr;
 use hypoll_nvme::fabrics::CNTLID_DYNAMIC;
 use hypoll_nvme::spec::{CompletionEntry, Status};
 use hypoll_nvme::tcp::decode::{Decode, Decoder, Role};
 use hypoll_nvme::tcp::{Fes, Pdu, R2t};
 use hypoll_nvmf::client::Host;
-use hypoll_nvmf::{BlockRange, NvmfConfig, NvmfExport, NvmfServer};
-use hypoll_reactor::Device;
+use hypoll_nvmf::{BlockRange, NvmfServer};
+
+use support::{mem, port, server, BLOCK, BLOCKS};
 
 const NQN: &str = "nqn.2026-12.io.hypoll:serve";
-const BLOCK: u32 = 512;
-/// Blocks of the test namespace (8 MiB).
-const BLOCKS: u64 = 16384;
 
 /// What the target sent, owned.
 #[derive(Debug)]
@@ -44,10 +43,7 @@ struct Wire {
 
 impl Wire {
     fn new(server: &NvmfServer) -> Wire {
-        let ListenAddr::Tcp(addr) = server.local_addr() else {
-            panic!("a TCP server")
-        };
-        let s = TcpStream::connect(addr).unwrap();
+        let s = TcpStream::connect(("127.0.0.1", port(server))).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.set_nodelay(true).unwrap();
         Wire {
@@ -212,24 +208,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn server(device: &str) -> NvmfServer {
-    let export = NvmfExport {
-        name: "mem".into(),
-        device: Device::open(device).unwrap(),
-        read_only: false,
-    };
-    let mut cfg = NvmfConfig::new(vec![export], "127.0.0.1:0".parse().unwrap());
-    cfg.subsystem_nqn = NQN.into();
-    NvmfServer::start(cfg).unwrap()
-}
-
-fn mem() -> String {
-    format!("emu:dram,size={},lba={BLOCK}", BLOCKS * u64::from(BLOCK))
-}
-
 #[test]
 fn every_command_kind_reaches_the_device_and_data_reads_back() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let mut admin = Wire::new(&s);
     let cntlid = admin.admin(0);
     let mut q = Wire::new(&s);
@@ -283,7 +264,7 @@ fn every_command_kind_reaches_the_device_and_data_reads_back() {
 
 #[test]
 fn many_commands_in_flight_are_each_answered_once() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let mut admin = Wire::new(&s);
     let cntlid = admin.admin(0);
     let mut q = Wire::new(&s);
@@ -327,7 +308,7 @@ fn many_commands_in_flight_are_each_answered_once() {
 
 #[test]
 fn a_host_that_stops_its_keep_alives_is_disconnected_with_its_queues() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let mut admin = Wire::new(&s);
     let cntlid = admin.admin(300);
     let mut q = Wire::new(&s);
@@ -344,7 +325,7 @@ fn a_host_that_stops_its_keep_alives_is_disconnected_with_its_queues() {
 
 #[test]
 fn a_host_that_sends_keep_alives_stays() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let mut admin = Wire::new(&s);
     admin.admin(300);
     for cid in 10..20 {
@@ -358,7 +339,7 @@ fn a_host_that_sends_keep_alives_stays() {
 
 #[test]
 fn a_bad_pdu_gets_a_termination_request_and_the_server_goes_on() {
-    let s = server(&mem());
+    let s = server(NQN, &mem());
     let mut w = Wire::new(&s);
     w.init();
     // A second ICReq is out of sequence.
@@ -376,7 +357,7 @@ fn a_bad_pdu_gets_a_termination_request_and_the_server_goes_on() {
 #[test]
 fn a_host_that_leaves_mid_io_leaves_nothing_behind() {
     // Slow enough that the reads are at the device when the host goes.
-    let s = server("emu:nand,size=8M,lba=512");
+    let s = server(NQN, "emu:nand,size=8M,lba=512");
     for _ in 0..3 {
         let mut admin = Wire::new(&s);
         let cntlid = admin.admin(0);
