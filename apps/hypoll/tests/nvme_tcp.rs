@@ -11,7 +11,7 @@ use std::time::Duration;
 use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
 use hypoll_nvme::{Controller, DeviceConfig, IoError, NvmeTcpController, Status, SyncIo};
-use support::nbd::{handshake, simple_reply};
+use support::nbd::{handshake, read_ok, simple_reply};
 use support::serve::{metric, one_core, two_cores, Serve};
 
 use hypoll_frontend::ListenAddr;
@@ -135,11 +135,7 @@ fn serve_exports_the_same_disks_over_nbd_and_nvme_tcp_and_stops_cleanly() {
     io.flush().unwrap();
 
     // NBD reads the host's write.
-    nbd.write_all(&client::request(CMD_READ, 0, 3, 2 << 20, 4096))
-        .unwrap();
-    assert_eq!(simple_reply(&mut nbd), (3, 0));
-    let mut back = vec![0u8; 4096];
-    nbd.read_exact(&mut back).unwrap();
+    let back = read_ok(&mut nbd, 3, 2 << 20, 4096);
     assert!(
         back.iter().all(|&x| x == 0xa5),
         "the host's write, read over NBD"

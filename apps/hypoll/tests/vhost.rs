@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::mem::MaybeUninit;
 use std::net::TcpListener;
 use std::path::Path;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use blkio::{Blkio, Completion, ReqFlags};
 use hypoll_nbd::client;
 use hypoll_nbd::proto::*;
-use support::nbd::{handshake, simple_reply};
+use support::nbd::{handshake, read_ok, simple_reply};
 use support::serve::{two_cores, Serve};
 
 /// Runs one request on `q` and waits: its `ret`.
@@ -71,11 +71,7 @@ fn one_export_over_nbd_and_vhost_user_blk_sees_one_disk() {
     assert_eq!(wait(q), 0);
 
     // NBD reads the guest's write.
-    nbd.write_all(&client::request(CMD_READ, 0, 3, 2 << 20, 4096))
-        .unwrap();
-    assert_eq!(simple_reply(&mut nbd), (3, 0));
-    let mut back = vec![0u8; 4096];
-    nbd.read_exact(&mut back).unwrap();
+    let back = read_ok(&mut nbd, 3, 2 << 20, 4096);
     assert!(
         back.iter().all(|&x| x == 0xa5),
         "the guest's write, read over NBD"

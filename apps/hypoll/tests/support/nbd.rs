@@ -63,6 +63,17 @@ pub fn simple_reply(c: &mut impl Read) -> (u64, u32) {
     )
 }
 
+/// Reads `len` bytes at `offset` (cookie `cookie`) on a connection in transmission, and
+/// returns them; the read must succeed.
+pub fn read_ok(c: &mut TcpStream, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    c.write_all(&client::request(CMD_READ, 0, cookie, offset, len))
+        .unwrap();
+    assert_eq!(simple_reply(c), (cookie, 0));
+    let mut data = vec![0u8; len as usize];
+    c.read_exact(&mut data).unwrap();
+    data
+}
+
 /// True once the server closed the connection (end of stream or reset).
 pub fn closed(c: &mut TcpStream) -> bool {
     let mut b = [0u8; 1];
