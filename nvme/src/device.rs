@@ -38,13 +38,15 @@ impl DeviceConfig {
     }
 
     /// The same device, opened without write access where it is a file or block device of
-    /// this host (`uring:`), for a read-only export: nothing can then change it through
-    /// this process, and a file the process may only read can be exported. Other devices
-    /// are unchanged (`emu:` with a file backing still opens it for writing); the front
-    /// end refuses a read-only export's writes itself on every device.
+    /// this host (`uring:`, and `emu:` with `backing=file:`), for a read-only export:
+    /// nothing can then change it through this process, and a file the process may only
+    /// read can be exported. Other devices are unchanged; the front end refuses a
+    /// read-only export's writes itself on every device.
     pub fn read_only(mut self) -> DeviceConfig {
-        if let DeviceConfig::Uring(cfg) = &mut self {
-            cfg.read_only = true;
+        match &mut self {
+            DeviceConfig::Uring(cfg) => cfg.read_only = true,
+            DeviceConfig::Emu(cfg) => cfg.read_only = true,
+            _ => {}
         }
         self
     }

@@ -6,7 +6,8 @@
 //! a client some other file; anything but a regular file is refused; a file smaller than
 //! the namespace is refused, not grown; a larger one is used for its first `size` bytes and
 //! the rest is left alone. A missing file is created, exclusively and readable and writable
-//! by its owner alone (mode 0600 before the umask), and sized to the namespace.
+//! by its owner alone (mode 0600 before the umask), and sized to the namespace. A read-only
+//! device (a read-only export) opens the file without write access and never creates one.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -45,8 +46,13 @@ pub enum FileBackingError {
         file_bytes: u64,
         size_bytes: u64,
     },
-    #[error("{path}: permission denied: the emulator needs to read and write it (check the file's mode and owner, or its directory's)")]
-    PermissionDenied { path: String },
+    #[error("{path}: permission denied: the emulator needs to {access} it (check the file's mode and owner, or its directory's)")]
+    PermissionDenied { path: String, access: &'static str },
+    #[error(
+        "{path} does not exist: a read-only device is never created, since it would hold \
+         nothing but zeroes; give an existing file, or export it writable once to create it"
+    )]
+    Missing { path: String },
     #[error("{path}: {what}: {source}")]
     Os {
         path: String,
@@ -75,7 +81,11 @@ pub struct FileStore {
 impl FileStore {
     /// Opens the file at `path` for a namespace of `size_bytes`, or creates it (see the
     /// module documentation for what is refused).
-    pub(super) fn open(path: &Path, size_bytes: u64) -> Result<FileStore, FileBackingError> {
+    pub(super) fn open(
+        path: &Path,
+        size_bytes: u64,
+        read_only: bool,
+    ) -> Result<FileStore, FileBackingError> {
         let display = path.display().to_string();
         let os = |what: &'static str| {
             let path = display.clone();
@@ -101,13 +111,16 @@ impl FileStore {
         let mut created = false;
         let mut file = None;
         for _ in 0..2 {
-            match open_existing(path) {
+            match open_existing(path, read_only) {
                 Ok(f) => {
                     file = Some(f);
                     break;
                 }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && read_only => {
+                    return Err(FileBackingError::Missing { path: display });
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(refusal(path, e)),
+                Err(e) => return Err(refusal(path, e, read_only)),
             }
             match create_new(path) {
                 Ok(f) => {
@@ -116,7 +129,7 @@ impl FileStore {
                     break;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(e) => return Err(refusal(path, e)),
+                Err(e) => return Err(refusal(path, e, read_only)),
             }
         }
         let Some(file) = file else {
@@ -180,11 +193,12 @@ impl FileStore {
     }
 }
 
-/// Opens an existing file read-write without following a symbolic link at the path.
-fn open_existing(path: &Path) -> io::Result<File> {
+/// Opens an existing file, read-write unless `read_only`, without following a symbolic
+/// link at the path.
+fn open_existing(path: &Path, read_only: bool) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
 }
@@ -201,7 +215,7 @@ fn create_new(path: &Path) -> io::Result<File> {
 }
 
 /// Explains why opening or creating `path` failed.
-fn refusal(path: &Path, e: io::Error) -> FileBackingError {
+fn refusal(path: &Path, e: io::Error, read_only: bool) -> FileBackingError {
     let display = path.display().to_string();
     let lstat = std::fs::symlink_metadata(path);
     match e.raw_os_error() {
@@ -210,7 +224,11 @@ fn refusal(path: &Path, e: io::Error) -> FileBackingError {
             FileBackingError::Symlink { path: display }
         }
         Some(libc::EACCES | libc::EPERM | libc::EROFS) => {
-            FileBackingError::PermissionDenied { path: display }
+            let access = if read_only { "read" } else { "read and write" };
+            FileBackingError::PermissionDenied {
+                path: display,
+                access,
+            }
         }
         // Opening a directory for writing answers EISDIR; a socket, ENXIO.
         Some(libc::EISDIR | libc::ENXIO) if lstat.is_ok() => FileBackingError::NotRegularFile {

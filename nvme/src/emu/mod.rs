@@ -132,7 +132,7 @@ impl EmuController {
             capacity_lbas: cfg.size_bytes / u64::from(cfg.lba_bytes),
             transfer_bytes_max: cfg.mdts_bytes,
         };
-        let store = Store::open(&cfg.backing, cfg.size_bytes)?;
+        let store = Store::open(&cfg.backing, cfg.size_bytes, cfg.read_only)?;
         let queues_max = cfg.queues_max as usize;
         Ok(EmuController {
             shared: Arc::new(Shared {

@@ -23,11 +23,11 @@ pub enum Store {
 }
 
 impl Store {
-    pub fn open(backing: &Backing, size_bytes: u64) -> io::Result<Store> {
+    pub fn open(backing: &Backing, size_bytes: u64, read_only: bool) -> io::Result<Store> {
         Ok(match backing {
             Backing::Ram => Store::Memory(MemoryStore::new(size_bytes, true)),
             Backing::Sparse => Store::Memory(MemoryStore::new(size_bytes, false)),
-            Backing::File(path) => Store::File(FileStore::open(path, size_bytes)?),
+            Backing::File(path) => Store::File(FileStore::open(path, size_bytes, read_only)?),
         })
     }
 
@@ -188,11 +188,11 @@ mod tests {
 
     #[test]
     fn memory_and_file_stores_keep_what_was_written() {
-        round_trip(&Store::open(&Backing::Ram, 4 * CHUNK_BYTES).unwrap());
-        round_trip(&Store::open(&Backing::Sparse, 4 * CHUNK_BYTES).unwrap());
+        round_trip(&Store::open(&Backing::Ram, 4 * CHUNK_BYTES, false).unwrap());
+        round_trip(&Store::open(&Backing::Sparse, 4 * CHUNK_BYTES, false).unwrap());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ns.img");
-        round_trip(&Store::open(&Backing::File(path.clone()), 4 * CHUNK_BYTES).unwrap());
+        round_trip(&Store::open(&Backing::File(path.clone()), 4 * CHUNK_BYTES, false).unwrap());
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * CHUNK_BYTES);
     }
 

@@ -70,6 +70,12 @@ pub struct EmuConfig {
     /// Maximum data transfer size of one command (MDTS).
     pub mdts_bytes: u32,
     pub backing: Backing,
+    /// Open a file backing without write access (a read-only export:
+    /// [`DeviceConfig::read_only`]): a missing file is refused rather than created, and
+    /// nothing through this process can change the file. Not a key of the device string.
+    ///
+    /// [`DeviceConfig::read_only`]: crate::DeviceConfig::read_only
+    pub read_only: bool,
     /// Percent of commands that complete with a media error status.
     pub err_pct: f64,
     /// Percent of commands that never complete (until a reset aborts them).

@@ -110,6 +110,7 @@ impl EmuConfig {
             lba_bytes: 512,
             mdts_bytes: 128 << 10,
             backing: Backing::Sparse,
+            read_only: false,
             err_pct: 0.0,
             lost_pct: 0.0,
             reset_pct: 0.0,
