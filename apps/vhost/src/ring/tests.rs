@@ -171,7 +171,7 @@ fn setup_ring(
         call: Some(eventfd()),
         err: None,
         inflight: None,
-        on_stop: Box::new(|| {}),
+        tell_control: Box::new(|| {}),
     };
     edit(&mut start);
     state.vhost.start_ring(&mut r, start);
