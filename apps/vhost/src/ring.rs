@@ -540,12 +540,14 @@ impl<S: VhostState> Poller<S> for Vring<S> {
             // reactor.
             return false;
         }
+        if self.conn.generation() != self.generation {
+            // Waiting for the old map's requests (a completion wakes the reactor), or, with
+            // none, about to take the new map: the next poll does, before the rings are
+            // touched again (turning notifications on writes to the used ring).
+            return self.in_flight() == 0;
+        }
         if self.waiting.is_some() || self.free.is_empty() {
             // Waiting for room, not for the guest: a completion wakes the reactor.
-            return false;
-        }
-        if self.conn.generation() != self.generation && self.in_flight() > 0 {
-            // Waiting for the old map's requests: a completion wakes the reactor.
             return false;
         }
         if !self.notify {
