@@ -43,18 +43,9 @@ struct Guest {
 
 impl Guest {
     fn new() -> Guest {
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(MEM_BYTES).unwrap();
-        let mapping = MmapRegion::build(
-            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-            MEM_BYTES as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-        )
-        .unwrap();
-        let region = GuestRegionMmap::new(mapping, GuestAddress(GPA)).unwrap();
+        let (file, mem) = shared_memory(GPA);
         Guest {
-            mem: GuestMemoryMmap::from_regions(vec![region]).unwrap(),
+            mem,
             file,
             posted: 0,
         }
@@ -119,6 +110,21 @@ impl Guest {
         let at = GPA + 0x4000 + 0x100 * u64::from(k) + 0x80;
         self.mem.read_obj(GuestAddress(at)).unwrap()
     }
+}
+
+/// [`MEM_BYTES`] of memory in a file, mapped shared where the guest sees it at `gpa`.
+fn shared_memory(gpa: u64) -> (File, GuestMemoryMmap) {
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(MEM_BYTES).unwrap();
+    let mapping = MmapRegion::build(
+        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+        MEM_BYTES as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+    )
+    .unwrap();
+    let region = GuestRegionMmap::new(mapping, GuestAddress(gpa)).unwrap();
+    (file, GuestMemoryMmap::from_regions(vec![region]).unwrap())
 }
 
 fn server(socket: &Path) -> VhostServer {
@@ -377,41 +383,57 @@ fn a_front_end_that_hands_back_its_inflight_area_has_what_was_left_in_flight_ans
     assert!(server.shutdown().panics.is_empty());
 }
 
-/// A second memory region (as a hot-plugged one): its file, mapped where the guest sees it
-/// (`GPA_C`), and the front end's address of it.
+/// A second memory region (as a hot-plugged one), where the guest sees it, and the front
+/// end's address of it.
 const GPA_C: u64 = GPA + MEM_BYTES;
 const USER_C: u64 = USER + MEM_BYTES;
 
-fn region_c() -> (File, GuestMemoryMmap) {
-    let file = tempfile::tempfile().unwrap();
-    file.set_len(MEM_BYTES).unwrap();
-    let mapping = MmapRegion::build(
-        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-        MEM_BYTES as usize,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED,
-    )
-    .unwrap();
-    let region = GuestRegionMmap::new(mapping, GuestAddress(GPA_C)).unwrap();
-    (file, GuestMemoryMmap::from_regions(vec![region]).unwrap())
+/// A server on [`SLOW_WRITES`], its front end with ring 0 set up, and the guest's write in
+/// flight there.
+struct InFlight {
+    _dir: tempfile::TempDir,
+    server: VhostServer,
+    guest: Guest,
+    kick: EventFd,
+    call: EventFd,
+    f: Frontend,
 }
 
-#[test]
-fn a_memory_table_set_while_a_request_is_in_flight_is_handled_once_it_is_answered() {
+/// Posts a write of `byte`s and lets the ring take it: the device holds it for 300 ms.
+fn write_in_flight(byte: u8) -> InFlight {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vhost.sock");
     let server = server_on(&socket, SLOW_WRITES);
     let mut guest = Guest::new();
     let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
     let f = connect(&socket, &guest, 0, &kick, &call);
-    guest.post_write(0x5a);
+    guest.post_write(byte);
     kick.write(1).unwrap();
-    // The ring has taken the write; the device holds it for 300 ms.
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(guest.used_idx(), 0);
+    assert_eq!(guest.used_idx(), 0, "the write is in flight");
+    InFlight {
+        _dir: dir,
+        server,
+        guest,
+        kick,
+        call,
+        f,
+    }
+}
+
+#[test]
+fn a_memory_table_set_while_a_request_is_in_flight_is_handled_once_it_is_answered() {
+    let InFlight {
+        _dir,
+        server,
+        mut guest,
+        kick,
+        call: _call,
+        f,
+    } = write_in_flight(0x5a);
 
     // A new table: the first region as it was, and a second (QEMU after a memory hotplug).
-    let (file_c, mem_c) = region_c();
+    let (file_c, mem_c) = shared_memory(GPA_C);
     let sent = Instant::now();
     f.set_mem_table(&[
         VhostUserMemoryRegionInfo {
@@ -461,20 +483,14 @@ fn a_memory_table_set_while_a_request_is_in_flight_is_handled_once_it_is_answere
 
 #[test]
 fn the_graceful_stop_answers_a_request_in_flight_before_the_reactors_stop() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("vhost.sock");
-    let server = server_on(&socket, SLOW_WRITES);
-    let mut guest = Guest::new();
-    let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
-    let f = connect(&socket, &guest, 0, &kick, &call);
-    guest.post_write(0x6b);
-    kick.write(1).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(
-        guest.used_idx(),
-        0,
-        "the write is in flight when the stop begins"
-    );
+    let InFlight {
+        _dir,
+        server,
+        guest,
+        kick: _kick,
+        call,
+        f,
+    } = write_in_flight(0x6b);
 
     let report = server.shutdown();
     assert!(report.panics.is_empty());
