@@ -11,9 +11,10 @@
 //! message back that puts it in again, and the handler then answers with the stopped
 //! ring's index. A SET_MEM_TABLE or REM_MEM_REG while rings run waits the same way, for
 //! every running ring to have answered all it took (`Control::quiesce`); the message is
-//! then handled, its answer sent, and the hold lifted. Sockets are blocking with a timeout on each read and write: a message is
-//! read only once its header is there, and a front end that stalls mid-message or does not
-//! read its answers costs the reactor at most the timeout, then its connection.
+//! then handled, its answer sent, and the hold lifted. Sockets are blocking with a timeout
+//! on each read and write: a message is read only once its header is there, and a front
+//! end that stalls mid-message or does not read its answers costs the reactor at most the
+//! timeout, then its connection.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};

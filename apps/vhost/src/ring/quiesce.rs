@@ -74,7 +74,10 @@ impl<S: VhostState> Vring<S> {
     /// Nothing the ring took is in flight any more.
     pub(super) fn quiesced(&mut self) {
         if self.quiesce_logged {
-            tracing::info!(export = %self.export.name, "the requests a memory map change waited for are answered");
+            tracing::info!(
+                export = %self.export.name,
+                "the requests a memory map change waited for are answered"
+            );
         }
         self.quiescing_since_ns = None;
         self.quiesce_logged = false;
