@@ -297,7 +297,7 @@ impl<S: VhostState> Vring<S> {
             return true;
         }
         if self.memory.is_some() && self.in_flight() > 0 {
-            self.note_quiescing(r.now_ns());
+            self.note_quiescing(r);
             return false;
         }
         self.quiesced();
@@ -496,7 +496,7 @@ impl<S: VhostState> Poller<S> for Vring<S> {
                 self.give_back_waiting();
             }
             if hold != 0 {
-                self.hold(r.now_ns(), hold);
+                self.hold(r, hold);
             } else if !self.broken {
                 self.refresh_memory(r, space);
                 if let Some((slot, req, resubmitted)) = self.waiting.take() {

@@ -7,6 +7,7 @@
 //! the log once it has waited [`QUIESCE_LOG_NS`].
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use hypoll_reactor::Reactor;
 
@@ -42,9 +43,9 @@ impl<S: VhostState> Vring<S> {
 
     /// Under hold `epoch`: once nothing the ring took is in flight, tells the control (once
     /// per hold).
-    pub(super) fn hold(&mut self, now_ns: u64, epoch: u64) {
+    pub(super) fn hold(&mut self, r: &mut Reactor<S>, epoch: u64) {
         if self.in_flight() > 0 {
-            self.note_quiescing(now_ns);
+            self.note_quiescing(r);
             return;
         }
         self.quiesced();
@@ -57,8 +58,17 @@ impl<S: VhostState> Vring<S> {
 
     /// The ring waits for requests in flight before it may go on: logs it, once, when the
     /// wait passes [`QUIESCE_LOG_NS`].
-    pub(super) fn note_quiescing(&mut self, now_ns: u64) {
-        let since_ns = *self.quiescing_since_ns.get_or_insert(now_ns);
+    pub(super) fn note_quiescing(&mut self, r: &mut Reactor<S>) {
+        let now_ns = r.now_ns();
+        let since_ns = match self.quiescing_since_ns {
+            Some(since_ns) => since_ns,
+            None => {
+                self.quiescing_since_ns = Some(now_ns);
+                // A reactor parked until the device answers is woken then, to log.
+                r.after(Duration::from_nanos(QUIESCE_LOG_NS), |_, _| {});
+                now_ns
+            }
+        };
         if !self.quiesce_logged && now_ns.saturating_sub(since_ns) >= QUIESCE_LOG_NS {
             self.quiesce_logged = true;
             tracing::warn!(

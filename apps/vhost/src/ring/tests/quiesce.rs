@@ -127,3 +127,63 @@ fn a_held_ring_takes_nothing_and_says_once_when_all_it_took_is_answered() {
     answered(&mut rig.r, &mut rig.state, &rig.guest, 2);
     assert_eq!(told.load(Ordering::Relaxed), 1);
 }
+
+/// What a test's tracing subscriber wrote.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_ring_that_waits_past_the_bound_says_so_and_keeps_waiting() {
+    // A write that takes longer than the bound, the reactor driven as its thread would
+    // (it parks while the device works).
+    let device = "emu:dram,size=1M,write_us=1300000,jitter=0,tail_pct=0";
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let started = Instant::now();
+    tracing::subscriber::with_default(subscriber, || {
+        let mut rig = rig(device, parked(), |_| {});
+        write_in_flight(&mut rig, 0x77);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(1 << 20).unwrap();
+        rig.table.add(C, 1 << 20, 0x7010_0000, 0, file).unwrap();
+        rig.table.publish(&rig.conn);
+        rig.guest.mem = rig.conn.memory().1.unwrap().guest().clone();
+        rig.guest
+            .post_at(vb::VIRTIO_BLK_T_GET_ID, 0, ID_BYTES, C + 0x100, None);
+        run_until_answered(&mut rig.r, &mut rig.state, &rig.guest, 2);
+        assert_eq!(
+            (used_head(&rig.guest, 0), used_head(&rig.guest, 1)),
+            (0, 3),
+            "the write, then the request under the new map: nothing dropped"
+        );
+        assert!((0..2).all(|k| rig.guest.status(k) == S_OK));
+    });
+    assert!(started.elapsed() >= Duration::from_millis(1300));
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(
+        text.matches("waits for the device").count(),
+        1,
+        "said once that it still waits: {text}"
+    );
+    assert!(text.contains("requests=1"), "{text}");
+    assert!(
+        text.contains("waited for are answered"),
+        "and when they were: {text}"
+    );
+}
