@@ -46,6 +46,18 @@ fn write_in_flight(rig: &mut Rig, byte: u8) {
     assert_eq!(rig.guest.used_idx(), 0, "the write is in flight");
 }
 
+/// The front end adds 1 MiB of memory at [`C`] (published as ADD_MEM_REG does, with no
+/// hold) and the guest at once posts a GET_ID into it (answered as soon as it is taken).
+fn add_region_and_get_id(rig: &mut Rig) {
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(1 << 20).unwrap();
+    rig.table.add(C, 1 << 20, 0x7010_0000, 0, file).unwrap();
+    rig.table.publish(&rig.conn);
+    rig.guest.mem = rig.conn.memory().1.unwrap().guest().clone();
+    rig.guest
+        .post_at(vb::VIRTIO_BLK_T_GET_ID, 0, ID_BYTES, C + 0x100, None);
+}
+
 #[test]
 fn a_new_map_is_taken_only_once_the_old_maps_request_is_answered() {
     let mut rig = rig(SLOW_WRITES, parked(), |_| {});
@@ -54,13 +66,7 @@ fn a_new_map_is_taken_only_once_the_old_maps_request_is_answered() {
     // The front end adds a region (memory hot-plugged) and the guest at once posts
     // requests into it: a GET_ID (answered as soon as it is taken) and a read of the
     // write's sector.
-    let file = tempfile::tempfile().unwrap();
-    file.set_len(1 << 20).unwrap();
-    rig.table.add(C, 1 << 20, 0x7010_0000, 0, file).unwrap();
-    rig.table.publish(&rig.conn);
-    rig.guest.mem = rig.conn.memory().1.unwrap().guest().clone();
-    rig.guest
-        .post_at(vb::VIRTIO_BLK_T_GET_ID, 0, ID_BYTES, C + 0x100, None);
+    add_region_and_get_id(&mut rig);
     rig.guest
         .post_at(vb::VIRTIO_BLK_T_IN, 8, 512, C + 0x1000, None);
 
@@ -159,13 +165,7 @@ fn a_ring_that_waits_past_the_bound_says_so_and_keeps_waiting() {
     tracing::subscriber::with_default(subscriber, || {
         let mut rig = rig(device, parked(), |_| {});
         write_in_flight(&mut rig, 0x77);
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(1 << 20).unwrap();
-        rig.table.add(C, 1 << 20, 0x7010_0000, 0, file).unwrap();
-        rig.table.publish(&rig.conn);
-        rig.guest.mem = rig.conn.memory().1.unwrap().guest().clone();
-        rig.guest
-            .post_at(vb::VIRTIO_BLK_T_GET_ID, 0, ID_BYTES, C + 0x100, None);
+        add_region_and_get_id(&mut rig);
         run_until_answered(&mut rig.r, &mut rig.state, &rig.guest, 2);
         assert_eq!(
             (used_head(&rig.guest, 0), used_head(&rig.guest, 1)),
