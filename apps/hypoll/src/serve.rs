@@ -541,9 +541,16 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         "hypoll serve: signal {}: stopping (finishing in-flight requests, then flushing)",
         signal.unwrap_or_default()
     );
-    let (report, nvme_left) = running.stop();
+    let (report, nvme_left, vhost_left) = running.stop(!sockets.is_empty());
     drop(socket_files);
     let mut ok = true;
+    if vhost_left > 0 {
+        eprintln!(
+            "hypoll serve: {vhost_left} vhost-user rings still had guests' requests in flight \
+             when the drain timed out"
+        );
+        ok = false;
+    }
     if nvme_left > 0 {
         eprintln!(
             "hypoll serve: {nvme_left} NVMe/TCP connections did not finish in time and were cut"

@@ -74,16 +74,27 @@ impl Running {
         let _ = out.flush();
     }
 
-    /// Stops it: NVMe/TCP's listener and connections first, then NBD's (or the vhost
-    /// part alone). Returns the report and the NVMe/TCP connections cut.
-    pub(crate) fn stop(self) -> (StopReport, usize) {
+    /// Stops it: the guests' rings first (each answers what it took: `hypoll_vhost::drain`,
+    /// when vhost-user-blk is served), then NVMe/TCP's listener and connections, then
+    /// NBD's (or the vhost part alone). Returns the report, the NVMe/TCP connections cut and
+    /// the vhost-user rings whose drain timed out.
+    pub(crate) fn stop(self, vhost: bool) -> (StopReport, usize, usize) {
         match self {
             Running::Nbd(nbd) => {
                 let NbdRunning { server, nvme } = *nbd;
+                let vhost_left = match server.handles() {
+                    Some(handles) if vhost => {
+                        hypoll_vhost::drain(handles, hypoll_vhost::VHOST_DRAIN_TIMEOUT)
+                    }
+                    _ => 0,
+                };
                 let nvme_left = nvme.map_or(0, |(listener, _)| listener.stop());
-                (server.stop(), nvme_left)
+                (server.stop(), nvme_left, vhost_left)
             }
-            Running::Vhost(server) => (server.stop(), 0),
+            Running::Vhost(server) => {
+                let (report, vhost_left) = server.stop();
+                (report, 0, vhost_left)
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `hypoll serve` without NBD: `--vhost-user-blk` with no `--listen` serves the exports to
 //! virtual machines only. The reactors hold the vhost-user-blk part alone (no NBD listener,
 //! poller or timer); each export's device is attached once per reactor, as with NBD, and
-//! the stop flushes every export as NBD's does.
+//! the stop drains the guests' rings, then flushes every export as NBD's does.
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
@@ -136,18 +136,22 @@ impl VhostOnly {
         &self.lines
     }
 
-    /// Stops: flushes every export (from the first reactor: a flush covers the whole
-    /// device), then stops the reactors; a guest's requests still in flight complete or
-    /// fail as the reactors stop.
-    pub fn stop(self) -> StopReport {
+    /// Stops: every ring stops taking the guest's requests and answers those it took
+    /// (`hypoll_vhost::drain`, up to its timeout), then every export is flushed (from the
+    /// first reactor: a flush covers the whole device), then the reactors stop; what a
+    /// ring still had in flight past the drain's timeout completes or fails as the
+    /// reactors stop. Returns the report and the rings whose drain timed out.
+    pub fn stop(self) -> (StopReport, usize) {
+        let vhost_left = hypoll_vhost::drain(self.set.handles(), hypoll_vhost::VHOST_DRAIN_TIMEOUT);
         let flush_failures = self.flush_exports();
         let shutdown = self.set.shutdown();
-        StopReport {
+        let report = StopReport {
             flush_failures,
             failed_ios: shutdown.exits.iter().map(|e| e.failed_ios).sum(),
             panics: shutdown.panics.iter().map(|p| p.to_string()).collect(),
             ..StopReport::default()
-        }
+        };
+        (report, vhost_left)
     }
 
     /// Flushes every export and waits for the answers up to [`FLUSH_TIMEOUT`]; returns

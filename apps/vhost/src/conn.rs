@@ -9,9 +9,12 @@
 //! GET_VRING_BASE for a running ring asks the ring to stop and takes the connection out of
 //! the reactor's epoll set; the ring, once its requests in flight are answered, sends a
 //! message back that puts it in again, and the handler then answers with the stopped
-//! ring's index. Sockets are blocking with a timeout on each read and write: a message is
-//! read only once its header is there, and a front end that stalls mid-message or does not
-//! read its answers costs the reactor at most the timeout, then its connection.
+//! ring's index. A SET_MEM_TABLE or REM_MEM_REG while rings run waits the same way, for
+//! every running ring to have answered all it took (`Control::quiesce`); the message is
+//! then handled, its answer sent, and the hold lifted. Sockets are blocking with a timeout
+//! on each read and write: a message is read only once its header is there, and a front
+//! end that stalls mid-message or does not read its answers costs the reactor at most the
+//! timeout, then its connection.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -45,11 +48,35 @@ pub(crate) struct ControlConn<S: VhostState> {
     /// The export whose socket it came in on (one connection per export at a time).
     export: usize,
     poller: Option<PollerId>,
-    /// The ring whose stop a GET_VRING_BASE waits for.
-    waiting: Option<usize>,
+    /// What the next message waits for, if anything.
+    waiting: Option<Wait>,
+}
+
+/// What a control connection's next message waits for.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// GET_VRING_BASE: this ring's stop.
+    Stop(usize),
+    /// A message that replaces or removes memory: every running ring to be quiet.
+    Quiesce,
+}
+
+/// Whether a message of `code` replaces or removes guest memory (and so waits for the
+/// rings to answer what they took under the old map before it is handled).
+fn takes_memory(code: u32) -> bool {
+    code == FrontendReq::SET_MEM_TABLE as u32 || code == FrontendReq::REM_MEM_REG as u32
 }
 
 impl<S: VhostState> ControlConn<S> {
+    /// Takes the connection out of the reactor's epoll set until what its next message
+    /// needs has happened (`resume_control` puts it back).
+    fn wait(&mut self, r: &mut Reactor<S>, wait: Wait) {
+        self.waiting = Some(wait);
+        if let Some(id) = self.poller.take() {
+            r.remove_poller(id);
+        }
+    }
+
     /// Whether the front end has closed the connection (what it sent before it closed,
     /// if anything, is moot: a front end that reconnects sets everything up again).
     fn ended(&self) -> bool {
@@ -183,14 +210,21 @@ impl<S: VhostState> Poller<S> for ConnPoller {
                 .expect("never poisoned")
                 .stop_ring(index as usize);
             if running {
-                conn.waiting = Some(index as usize);
-                if let Some(id) = conn.poller.take() {
-                    r.remove_poller(id);
-                }
+                conn.wait(r, Wait::Stop(index as usize));
                 return 1;
             }
         }
-        match conn.handler.handle_request() {
+        let memory = takes_memory(code);
+        if memory && conn.backend.lock().expect("never poisoned").quiesce() {
+            conn.wait(r, Wait::Quiesce);
+            return 1;
+        }
+        let handled = conn.handler.handle_request();
+        if memory {
+            // Handled (or refused): the rings take the new map, if any, and go on.
+            conn.backend.lock().expect("never poisoned").release();
+        }
+        match handled {
             Ok(()) => {}
             Err(Error::Disconnected | Error::PartialMessage) => shard.close(r, self.key),
             Err(e) => {
@@ -216,6 +250,13 @@ impl<S: VhostState> Poller<S> for ConnPoller {
 impl<S: VhostState> VhostShard<S> {
     /// Takes a connection that came in on export `export`'s socket.
     fn adopt(&mut self, r: &mut Reactor<S>, export: usize, stream: UnixStream) {
+        if self.draining {
+            tracing::info!(
+                export = %self.exports[export].name,
+                "a vhost-user front end connected while the server stops: closed"
+            );
+            return;
+        }
         // A front end that reconnects has closed its old connection, which this reactor
         // may not have seen yet: an old connection at its end goes first.
         let ended: Vec<usize> = self
@@ -282,21 +323,24 @@ impl<S: VhostState> VhostShard<S> {
         }
     }
 
-    /// A ring that connection `key` waited for has stopped: read its messages again.
+    /// A ring of connection `key` has stopped, or has answered all it took under a hold:
+    /// if what the connection's next message waits for has happened, read its messages
+    /// again.
     pub(crate) fn resume_control(&mut self, r: &mut Reactor<S>, key: usize) {
         let Some(conn) = self.controls.get_mut(key) else {
             return;
         };
-        let Some(index) = conn.waiting else {
+        let Some(wait) = conn.waiting else {
             return;
         };
-        if conn
-            .backend
-            .lock()
-            .expect("never poisoned")
-            .stop_ring(index)
-        {
-            // Another ring's stop, or a stale message: this one still runs.
+        let mut backend = conn.backend.lock().expect("never poisoned");
+        let still = match wait {
+            Wait::Stop(index) => backend.stop_ring(index),
+            Wait::Quiesce => backend.quiesce(),
+        };
+        drop(backend);
+        if still {
+            // Another ring's news, or a stale message: what it waits for has not happened.
             return;
         }
         conn.waiting = None;
@@ -311,8 +355,22 @@ impl<S: VhostState> VhostShard<S> {
         if let Some(id) = conn.poller.take() {
             r.remove_poller(id);
         }
-        conn.backend.lock().expect("never poisoned").stop_all();
+        let mut backend = conn.backend.lock().expect("never poisoned");
+        backend.release();
+        backend.stop_all();
+        drop(backend);
         tracing::info!(export = %self.exports[conn.export].name, "a vhost-user front end left");
+    }
+
+    /// The graceful stop on this reactor: no new front end is served, and every ring of the
+    /// connections here stops taking the guest's requests, answers those it took (and
+    /// signals the guest) and ends; no ring starts again. The connections stay open, so
+    /// that the front end keeps listening for the rings' signals until the reactors stop.
+    pub fn drain(&mut self) {
+        self.draining = true;
+        for (_, conn) in self.controls.iter_mut() {
+            conn.backend.lock().expect("never poisoned").drain();
+        }
     }
 
     /// Control connections open on this reactor.

@@ -5,6 +5,12 @@
 //! that owns it (ring `i` on reactor `i % reactors`), by a message carrying everything it
 //! needs; it stops the same way, and tells this reactor when it has. With INFLIGHT_SHMFD
 //! each ring starts with its region of the front end's inflight area (`inflight.rs`).
+//!
+//! A message that replaces or removes guest memory while rings run (SET_MEM_TABLE,
+//! REM_MEM_REG) is handled only once every running ring has answered all it took under
+//! the old map ([`Control::quiesce`]; the connection waits out of the reactor's way,
+//! `conn.rs`): its answer tells the front end that no request uses the old memory any
+//! more, as the kernel's vhost ioctl returning does.
 
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -61,6 +67,10 @@ pub struct Control<S> {
     rings: Vec<RingSetup>,
     /// The front end's inflight area (GET_INFLIGHT_FD or SET_INFLIGHT_FD), if it uses one.
     inflight: Option<Arc<InflightArea>>,
+    /// The last hold epoch used (see [`Control::quiesce`]).
+    hold_epoch: u64,
+    /// The server is stopping: no ring starts again.
+    draining: bool,
 }
 
 /// The handler of one connection, as the reactor holds it.
@@ -86,6 +96,8 @@ impl<S: VhostState> Control<S> {
                 .map(|_| RingSetup::default())
                 .collect(),
             inflight: None,
+            hold_epoch: 0,
+            draining: false,
         }
     }
 
@@ -110,7 +122,8 @@ impl<S: VhostState> Control<S> {
         let key = self.home.1;
         let area = self.inflight.clone();
         let ring = &mut self.rings[index];
-        let ready = ring.kicked && (ring.enabled || !may_run) && ring.running.is_none();
+        let ready =
+            ring.kicked && (ring.enabled || !may_run) && ring.running.is_none() && !self.draining;
         let (Some((desc, avail, used)), Some(kick), true, true) =
             (ring.addrs, &ring.kick, ready && ring.size > 0, memory)
         else {
@@ -147,7 +160,7 @@ impl<S: VhostState> Control<S> {
             call: clone(&ring.call),
             err: clone(&ring.err),
             inflight,
-            on_stop: Box::new(move || {
+            tell_control: Box::new(move || {
                 send(&home, move |r, s: &mut S| s.vhost().resume_control(r, key));
             }),
         };
@@ -185,6 +198,56 @@ impl<S: VhostState> Control<S> {
         }
     }
 
+    /// Holds the rings before a message that replaces or removes guest memory: each running
+    /// ring takes no new chain and, once all it took is answered, tells this connection.
+    /// Returns whether some ring has not yet (the connection waits for it before it reads
+    /// the message). No running ring, or a stopping server: nothing to wait for.
+    pub(crate) fn quiesce(&mut self) -> bool {
+        if self.draining {
+            return false;
+        }
+        if self.conn.hold() == 0 {
+            if !self.rings.iter().any(|r| r.runs()) {
+                return false;
+            }
+            self.hold_epoch += 1;
+            self.conn.set_hold(self.hold_epoch);
+            // Wake the owners: a parked ring with nothing in flight says so at once.
+            self.wake_rings();
+        }
+        let epoch = self.conn.hold();
+        self.rings.iter().any(|r| {
+            r.running
+                .as_ref()
+                .is_some_and(|(_, s)| s.stopped().is_none() && s.quiet() != epoch)
+        })
+    }
+
+    /// Lifts the hold, if any: the rings take the new map and go on.
+    pub(crate) fn release(&mut self) {
+        if self.conn.hold() != 0 {
+            self.conn.set_hold(0);
+            self.wake_rings();
+        }
+    }
+
+    /// Sends an empty message to the owner of every running ring (it may be parked).
+    fn wake_rings(&self) {
+        for ring in &self.rings {
+            if let Some((owner, _)) = &ring.running {
+                send(&self.handles[*owner], |_, _| {});
+            }
+        }
+    }
+
+    /// The server is stopping: every ring stops (answering what it took) and none starts
+    /// again.
+    pub(crate) fn drain(&mut self) {
+        self.draining = true;
+        self.release();
+        self.stop_all();
+    }
+
     /// Forgets the rings that have stopped, keeping each one's next avail index as its base.
     fn reap_stopped(&mut self, index: usize) -> Option<u16> {
         let ring = self.rings.get_mut(index)?;
@@ -196,6 +259,15 @@ impl<S: VhostState> Control<S> {
             ring.base = base;
         }
         Some(ring.base)
+    }
+}
+
+impl RingSetup {
+    /// Whether the ring runs (started, and not stopped).
+    fn runs(&self) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|(_, s)| s.stopped().is_none())
     }
 }
 

@@ -19,7 +19,8 @@
 //!   implements [`VhostState`]);
 //! - `control.rs`: the vhost-user messages of one front end (the `vhost` crate's backend
 //!   request handler); `conn.rs`: the listening sockets and control connections, polled on
-//!   a reactor; `server.rs`: a server of its own ([`VhostServer`]);
+//!   a reactor; `server.rs`: a server of its own ([`VhostServer`]); `stop.rs`: the
+//!   graceful stop's wait for the guests' requests in flight ([`drain`]);
 //! - `sys.rs`: the two system calls std lacks.
 //!
 //! No thread of its own: the `vhost` crate's request handler is driven by a poller when its
@@ -37,6 +38,7 @@ mod ring;
 mod server;
 mod shard;
 mod split;
+mod stop;
 mod sys;
 pub mod walk;
 
@@ -47,6 +49,7 @@ pub use server::{
     bind_socket, Standalone, VhostConfig, VhostExport, VhostServer, QUEUE_DEPTH_DEFAULT,
 };
 pub use shard::{ShardExport, VhostShard, VhostState};
+pub use stop::{drain, VHOST_DRAIN_TIMEOUT};
 pub use walk::{walk_chain, Buffer, ChainError, ChainLimits, GuestView};
 #[doc(hidden)]
 pub mod testkit;

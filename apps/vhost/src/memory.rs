@@ -7,7 +7,9 @@
 //!
 //! The table publishes each new memory map through [`ConnShared`]: a generation counter the
 //! rings read before they walk new requests (one atomic load, no lock on the I/O path), and
-//! the map itself behind a mutex taken only when the generation moved.
+//! the map itself behind a mutex taken only when the generation moved. It also carries the
+//! connection's hold: while a message that replaces or removes memory waits for the rings,
+//! they take no new chains (`control.rs`, `ring/quiesce.rs`).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,10 +62,14 @@ pub struct MemoryTable {
     regions: Vec<Mapped>,
 }
 
-/// What a connection shares with the rings it runs: the latest memory map.
+/// What a connection shares with the rings it runs: the latest memory map, and the hold.
 pub struct ConnShared {
     generation: AtomicU64,
     memory: Mutex<Option<Arc<HostMemory>>>,
+    /// The epoch of the hold in force (0: none): while the front end's message that
+    /// replaces or removes memory waits, the rings take no new chains and each says when
+    /// everything it took is answered.
+    hold: AtomicU64,
 }
 
 impl ConnShared {
@@ -71,7 +77,18 @@ impl ConnShared {
         Arc::new(ConnShared {
             generation: AtomicU64::new(0),
             memory: Mutex::new(None),
+            hold: AtomicU64::new(0),
         })
+    }
+
+    /// The epoch of the hold in force, 0 if none.
+    pub fn hold(&self) -> u64 {
+        self.hold.load(Ordering::Acquire)
+    }
+
+    /// Puts hold `epoch` in force (0 lifts it).
+    pub(crate) fn set_hold(&self, epoch: u64) {
+        self.hold.store(epoch, Ordering::Release);
     }
 
     /// The generation of the latest map: a ring whose map is older reloads it.

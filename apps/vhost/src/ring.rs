@@ -17,6 +17,12 @@
 //! With an inflight area (`inflight.rs`) the ring records each head it takes and answers,
 //! and, started after a back end that died, first runs again what that one left in flight.
 //!
+//! A new memory map is taken only once nothing taken under the old one is in flight: until
+//! then the ring takes no new chain, and answers what it has through the old map. A hold
+//! (the front end's message that replaces or removes memory, waiting) stops it taking
+//! chains too, and it tells the control connection once all it took is answered
+//! (`quiesce.rs`, which also holds the stop).
+//!
 //! Limits: at most the queue's size in flight (a slot each; a full table stops the ring
 //! being read), one request waiting for room at the device, the chain buffer and segment
 //! list reserved at start. Nothing on the I/O path allocates.
@@ -25,7 +31,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::num::Wrapping;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hypoll_reactor::{IoOp, IoRequest, Poller, Reactor, ReactorHandle, RegionSlice, SEGMENTS_MAX};
@@ -51,6 +57,8 @@ pub struct RingShared {
     stop: AtomicBool,
     /// The next avail index once stopped ([`RUNNING`] before).
     base: AtomicU32,
+    /// The last hold epoch for which the ring had answered all it took (0: none).
+    quiet: AtomicU64,
     /// A call eventfd the front end set while the ring runs, for the ring to take.
     call: Mutex<Option<Option<File>>>,
     call_changed: AtomicBool,
@@ -61,6 +69,7 @@ impl RingShared {
         Arc::new(RingShared {
             stop: AtomicBool::new(false),
             base: AtomicU32::new(RUNNING),
+            quiet: AtomicU64::new(0),
             call: Mutex::new(None),
             call_changed: AtomicBool::new(false),
         })
@@ -77,6 +86,11 @@ impl RingShared {
             FAILED => Some(None),
             base => Some(Some(base as u16)),
         }
+    }
+
+    /// The last hold epoch for which the ring had nothing in flight.
+    pub fn quiet(&self) -> u64 {
+        self.quiet.load(Ordering::Acquire)
     }
 
     pub(crate) fn fail(&self) {
@@ -106,8 +120,10 @@ pub struct RingStart {
     pub err: Option<File>,
     /// This ring's region of the front end's inflight area, where one was negotiated.
     pub inflight: Option<InflightQueue>,
-    /// Runs on the control connection's reactor when the ring has stopped.
-    pub on_stop: Box<dyn FnOnce() + Send>,
+    /// Tells the control connection the ring has stopped, or has answered all it took
+    /// under a hold (runs on the ring's reactor; the control looks at the ring's shared
+    /// state on its own).
+    pub tell_control: Box<dyn Fn() + Send>,
 }
 
 /// A request taken off the ring and not yet answered.
@@ -132,7 +148,13 @@ pub(crate) struct Vring<S> {
     kick: File,
     call: Option<File>,
     err: Option<File>,
-    on_stop: Option<Box<dyn FnOnce() + Send>>,
+    tell_control: Box<dyn Fn() + Send>,
+    /// The hold epoch the ring last told the control it was quiet for.
+    quiet_told: u64,
+    /// Since when (reactor time) the ring has waited for requests under an old map or a
+    /// hold to be answered, and whether it has said so in the log.
+    quiescing_since_ns: Option<u64>,
+    quiesce_logged: bool,
     /// Whether the guest's notifications are on.
     notify: bool,
     broken: bool,
@@ -185,7 +207,10 @@ impl<S: VhostState> Vring<S> {
             kick: start.kick,
             call: start.call,
             err: start.err,
-            on_stop: Some(start.on_stop),
+            tell_control: start.tell_control,
+            quiet_told: 0,
+            quiescing_since_ns: None,
+            quiesce_logged: false,
             // The front end starts a ring with notifications on.
             notify: true,
             broken: false,
@@ -264,16 +289,24 @@ impl<S: VhostState> Vring<S> {
         }
     }
 
-    /// Takes the connection's latest memory map, registered here, if it changed.
-    fn refresh_memory(&mut self, r: &mut Reactor<S>, space: &mut Space) {
+    /// Takes the connection's latest memory map, registered here, if it changed and nothing
+    /// the ring took under the one it has is in flight (those are answered through the map
+    /// they were walked with). Returns whether the ring is on the latest map.
+    fn refresh_memory(&mut self, r: &mut Reactor<S>, space: &mut Space) -> bool {
         if self.conn.generation() == self.generation {
-            return;
+            return true;
         }
+        if self.memory.is_some() && self.in_flight() > 0 {
+            self.note_quiescing(r);
+            return false;
+        }
+        self.quiesced();
         self.memory = space.refresh(r).cloned();
         self.generation = space.generation();
         if let Err(e) = self.queue.map(self.memory.as_ref()) {
             self.break_ring(&e.to_string());
         }
+        true
     }
 
     /// Takes the call eventfd the front end changed while the ring ran.
@@ -377,8 +410,11 @@ impl<S: VhostState> Vring<S> {
             return 0;
         }
         // The memory map after the avail index: a region the front end added before it
-        // posted a request into it is in the map read after the request was seen.
-        self.refresh_memory(r, space);
+        // posted a request into it is in the map read after the request was seen. A new
+        // map waits for the old one's requests: no chain is taken meanwhile.
+        if !self.refresh_memory(r, space) {
+            return 0;
+        }
         let Some(mem) = self.memory.clone() else {
             return 0;
         };
@@ -433,48 +469,15 @@ impl<S: VhostState> Vring<S> {
         r.note_arrivals(taken);
         taken
     }
-
-    /// Stops once nothing is in flight: publishes the base, tells the control, ends.
-    fn finish_stop(&mut self, r: &mut Reactor<S>, state: &mut S) -> usize {
-        if let Some((slot, _, resubmitted)) = self.waiting.take() {
-            // Never submitted: give it back, to be taken again after a restart (a head a
-            // predecessor left stays marked in the inflight area, and is found there).
-            self.free.push(slot);
-            let head = self.slots[usize::from(slot)].head;
-            if resubmitted {
-                self.resubmit.push(head);
-            } else {
-                self.queue
-                    .set_next_avail(self.queue.next_avail().wrapping_sub(1));
-                if let Some(q) = self.inflight.as_mut() {
-                    q.untake(head);
-                }
-            }
-        }
-        if self.in_flight() > 0 {
-            return 0;
-        }
-        let base = if self.broken {
-            FAILED
-        } else {
-            u32::from(self.queue.next_avail())
-        };
-        self.shared.base.store(base, Ordering::Release);
-        if let Some(on_stop) = self.on_stop.take() {
-            on_stop();
-        }
-        state.vhost().end_ring(r, self.inbox, self.space);
-        1
-    }
 }
 
 impl<S: VhostState> Poller<S> for Vring<S> {
     fn poll(&mut self, r: &mut Reactor<S>, state: &mut S) -> usize {
         self.take_call();
-        let (inbox, space) = state.vhost().ring_parts(self.inbox, self.space);
+        let (inbox, _) = state.vhost().ring_parts(self.inbox, self.space);
         let mut done = std::mem::take(&mut inbox.done);
-        self.refresh_memory(r, space);
         let mut work = 0;
+        // Through the map the requests were walked with: a new one waits for them.
         for (slot, ok) in done.drain(..) {
             work += usize::from(self.answer(slot, if ok { S_OK } else { S_IOERR }));
         }
@@ -484,22 +487,34 @@ impl<S: VhostState> Poller<S> for Vring<S> {
             // Completions may have freed a region the guest gave up.
             space.tidy(r);
         }
-        if !self.shared.stop.load(Ordering::Acquire) && !self.broken {
-            if let Some((slot, req, resubmitted)) = self.waiting.take() {
-                if self.submit(r, space, slot, &req) {
-                    work += 1;
-                } else {
-                    self.waiting = Some((slot, req, resubmitted));
-                }
+        let stopping = self.shared.stop.load(Ordering::Acquire);
+        if !stopping {
+            let hold = self.conn.hold();
+            if hold != 0 || self.conn.generation() != self.generation {
+                // A request refused for room was walked with the map now going: it is
+                // taken again, and walked again, under the new one.
+                self.give_back_waiting();
             }
-            if self.waiting.is_none() {
-                work += self.take_requests(r, space);
+            if hold != 0 {
+                self.hold(r, hold);
+            } else if !self.broken {
+                self.refresh_memory(r, space);
+                if let Some((slot, req, resubmitted)) = self.waiting.take() {
+                    if self.submit(r, space, slot, &req) {
+                        work += 1;
+                    } else {
+                        self.waiting = Some((slot, req, resubmitted));
+                    }
+                }
+                if self.waiting.is_none() {
+                    work += self.take_requests(r, space);
+                }
             }
         }
         if work > 0 {
             self.signal();
         }
-        if self.shared.stop.load(Ordering::Acquire) {
+        if stopping {
             work += self.finish_stop(r, state);
         }
         work
@@ -519,6 +534,17 @@ impl<S: VhostState> Poller<S> for Vring<S> {
         }
         if self.memory.is_none() {
             return false;
+        }
+        if self.conn.hold() != 0 {
+            // Held: the chains wait; the control's message lifting the hold wakes the
+            // reactor.
+            return false;
+        }
+        if self.conn.generation() != self.generation {
+            // Waiting for the old map's requests (a completion wakes the reactor), or, with
+            // none, about to take the new map: the next poll does, before the rings are
+            // touched again (turning notifications on writes to the used ring).
+            return self.in_flight() == 0;
         }
         if self.waiting.is_some() || self.free.is_empty() {
             // Waiting for room, not for the guest: a completion wakes the reactor.
@@ -559,6 +585,7 @@ pub(crate) fn send<S: 'static>(
     }
 }
 
+mod quiesce;
 mod resume;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@ use hypoll_reactor::{
 use crate::blk::Geometry;
 use crate::conn::{Listen, Pace};
 use crate::shard::{VhostShard, VhostState};
+use crate::stop::{drain, VHOST_DRAIN_TIMEOUT};
 
 /// Queue depth of each export's queue pair on each reactor, unless configured.
 pub const QUEUE_DEPTH_DEFAULT: usize = 256;
@@ -152,8 +153,12 @@ impl VhostServer {
         self.set.handles()
     }
 
-    /// Stops the reactors (I/O in flight finishes or fails as a reactor's shutdown says).
+    /// Stops gracefully: every ring stops taking the guest's requests and answers those it
+    /// took (signalling the guest), waited for up to [`VHOST_DRAIN_TIMEOUT`]; then the
+    /// reactors stop (what is still in flight then finishes or fails as a reactor's
+    /// shutdown says).
     pub fn shutdown(self) -> ShutdownReport {
+        drain(self.set.handles(), VHOST_DRAIN_TIMEOUT);
         self.set.shutdown()
     }
 }

@@ -44,6 +44,8 @@ pub struct VhostShard<S: VhostState> {
     /// Spaces whose rings are gone, waiting for their I/O to let go of the registrations.
     pub(crate) leaving: Vec<Space>,
     pub(crate) controls: Slab<ControlConn<S>>,
+    /// The server is stopping (`drain`): no new front end is served.
+    pub(crate) draining: bool,
 }
 
 impl<S: VhostState> VhostShard<S> {
@@ -76,6 +78,7 @@ impl<S: VhostState> VhostShard<S> {
             spaces: Slab::new(),
             leaving: Vec::new(),
             controls: Slab::new(),
+            draining: false,
         }
     }
 

@@ -4,7 +4,10 @@
 //! the ring took has been answered; then restarted from that base, and a second front end
 //! served after the first left. And the inflight protocol: an area the back end allocates
 //! and records into, handed back to a back end that succeeds one which died with requests
-//! in flight.
+//! in flight. And the life cycle around requests in flight on a slow device: a memory
+//! table set while one is in flight is handled (and the next message answered) only once
+//! that request is answered, and the graceful stop answers what the rings took before the
+//! reactors stop.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -40,18 +43,9 @@ struct Guest {
 
 impl Guest {
     fn new() -> Guest {
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(MEM_BYTES).unwrap();
-        let mapping = MmapRegion::build(
-            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-            MEM_BYTES as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-        )
-        .unwrap();
-        let region = GuestRegionMmap::new(mapping, GuestAddress(GPA)).unwrap();
+        let (file, mem) = shared_memory(GPA);
         Guest {
-            mem: GuestMemoryMmap::from_regions(vec![region]).unwrap(),
+            mem,
             file,
             posted: 0,
         }
@@ -66,10 +60,15 @@ impl Guest {
     /// Posts request `posted` (descriptors `3 * (posted % 5)` on), of `kind` at `sector`:
     /// one sector of `fill` written, or one for the device to fill.
     fn post(&mut self, kind: u32, sector: u64, fill: Option<u8>) {
+        self.post_at(kind, sector, Self::data(self.posted), fill);
+    }
+
+    /// [`Guest::post`] with the data at guest address `data` (`fill` only inside the memory
+    /// this guest maps).
+    fn post_at(&mut self, kind: u32, sector: u64, data: u64, fill: Option<u8>) {
         let k = self.posted;
         let first = 3 * (k % 5);
         let header = GPA + 0x4000 + 0x100 * u64::from(k);
-        let data = Self::data(k);
         put_header(&self.mem, header, kind, sector);
         if let Some(byte) = fill {
             self.mem
@@ -113,7 +112,31 @@ impl Guest {
     }
 }
 
+/// [`MEM_BYTES`] of memory in a file, mapped shared where the guest sees it at `gpa`.
+fn shared_memory(gpa: u64) -> (File, GuestMemoryMmap) {
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(MEM_BYTES).unwrap();
+    let mapping = MmapRegion::build(
+        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+        MEM_BYTES as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+    )
+    .unwrap();
+    let region = GuestRegionMmap::new(mapping, GuestAddress(gpa)).unwrap();
+    (file, GuestMemoryMmap::from_regions(vec![region]).unwrap())
+}
+
 fn server(socket: &Path) -> VhostServer {
+    // A device slow enough that requests are still in flight when the stop comes.
+    server_on(socket, "emu:nand,size=1M")
+}
+
+/// A device whose writes take 300 ms, every one: a write is surely in flight for a while.
+const SLOW_WRITES: &str = "emu:dram,size=1M,write_us=300000,jitter=0,tail_pct=0";
+
+/// A server of export "disk" on `device`, two reactors, two queues.
+fn server_on(socket: &Path, device: &str) -> VhostServer {
     let _ = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
         .with_test_writer()
@@ -123,8 +146,7 @@ fn server(socket: &Path) -> VhostServer {
     VhostServer::start(VhostConfig {
         exports: vec![VhostExport {
             name: "disk".into(),
-            // A device slow enough that requests are still in flight when the stop comes.
-            device: Device::open("emu:nand,size=1M").unwrap(),
+            device: Device::open(device).unwrap(),
             read_only: false,
             socket: socket.to_path_buf(),
         }],
@@ -359,4 +381,126 @@ fn a_front_end_that_hands_back_its_inflight_area_has_what_was_left_in_flight_ans
     );
     drop(f);
     assert!(server.shutdown().panics.is_empty());
+}
+
+/// A second memory region (as a hot-plugged one), where the guest sees it, and the front
+/// end's address of it.
+const GPA_C: u64 = GPA + MEM_BYTES;
+const USER_C: u64 = USER + MEM_BYTES;
+
+/// A server on [`SLOW_WRITES`], its front end with ring 0 set up, and the guest's write in
+/// flight there.
+struct InFlight {
+    _dir: tempfile::TempDir,
+    server: VhostServer,
+    guest: Guest,
+    kick: EventFd,
+    call: EventFd,
+    f: Frontend,
+}
+
+/// Posts a write of `byte`s and lets the ring take it: the device holds it for 300 ms.
+fn write_in_flight(byte: u8) -> InFlight {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let server = server_on(&socket, SLOW_WRITES);
+    let mut guest = Guest::new();
+    let (kick, call) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+    let f = connect(&socket, &guest, 0, &kick, &call);
+    guest.post_write(byte);
+    kick.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.used_idx(), 0, "the write is in flight");
+    InFlight {
+        _dir: dir,
+        server,
+        guest,
+        kick,
+        call,
+        f,
+    }
+}
+
+#[test]
+fn a_memory_table_set_while_a_request_is_in_flight_is_handled_once_it_is_answered() {
+    let InFlight {
+        _dir,
+        server,
+        mut guest,
+        kick,
+        call: _call,
+        f,
+    } = write_in_flight(0x5a);
+
+    // A new table: the first region as it was, and a second (QEMU after a memory hotplug).
+    let (file_c, mem_c) = shared_memory(GPA_C);
+    let sent = Instant::now();
+    f.set_mem_table(&[
+        VhostUserMemoryRegionInfo {
+            guest_phys_addr: GPA,
+            memory_size: MEM_BYTES,
+            userspace_addr: USER,
+            mmap_offset: 0,
+            mmap_handle: guest.file.as_raw_fd(),
+        },
+        VhostUserMemoryRegionInfo {
+            guest_phys_addr: GPA_C,
+            memory_size: MEM_BYTES,
+            userspace_addr: USER_C,
+            mmap_offset: 0,
+            mmap_handle: file_c.as_raw_fd(),
+        },
+    ])
+    .unwrap();
+    // The table's message is handled, and this one answered, only once the write taken
+    // under the old table is answered.
+    f.get_features().unwrap();
+    assert_eq!(
+        guest.used_idx(),
+        1,
+        "answered after the request in flight ({:?})",
+        sent.elapsed()
+    );
+    assert_eq!(guest.status(0), 0);
+
+    // The new table serves the guest's next request: a read of the write into the new
+    // region.
+    guest.post_at(vb::VIRTIO_BLK_T_IN, 0, GPA_C + 0x1000, None);
+    kick.write(1).unwrap();
+    wait_used(&guest, 2);
+    assert_eq!(guest.status(1), 0);
+    let mut got = [0u8; 512];
+    mem_c
+        .read_slice(&mut got, GuestAddress(GPA_C + 0x1000))
+        .unwrap();
+    assert!(
+        got.iter().all(|b| *b == 0x5a),
+        "the write's data, read back"
+    );
+    drop(f);
+    assert!(server.shutdown().panics.is_empty());
+}
+
+#[test]
+fn the_graceful_stop_answers_a_request_in_flight_before_the_reactors_stop() {
+    let InFlight {
+        _dir,
+        server,
+        guest,
+        kick: _kick,
+        call,
+        f,
+    } = write_in_flight(0x6b);
+
+    let report = server.shutdown();
+    assert!(report.panics.is_empty());
+    assert_eq!(
+        report.exits.iter().map(|e| e.failed_ios).sum::<u64>(),
+        0,
+        "nothing was left for the shutdown to fail"
+    );
+    assert_eq!(guest.used_idx(), 1, "the write was answered");
+    assert_eq!(guest.status(0), 0, "with its real status");
+    assert!(call.read().unwrap() >= 1, "and the guest was signalled");
+    drop(f);
 }

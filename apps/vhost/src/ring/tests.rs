@@ -63,12 +63,17 @@ impl Guest {
     /// `posted` (descriptors `3 * (posted % 5)` on): written by the guest as `fill` if
     /// given, else for the device to write. Returns whether it kicked.
     fn post(&mut self, kind: u32, sector: u64, len: u32, fill: Option<u8>) -> bool {
+        self.post_at(kind, sector, len, data(self.posted), fill)
+    }
+
+    /// [`Guest::post`] with the data at guest address `at`.
+    fn post_at(&mut self, kind: u32, sector: u64, len: u32, at: u64, fill: Option<u8>) -> bool {
         let k = self.posted;
         let first = 3 * (k % 5);
         put_header(&self.mem, header(k), kind, sector);
         if let Some(byte) = fill {
             let bytes = vec![byte; len as usize];
-            self.mem.write_slice(&bytes, GuestAddress(data(k))).unwrap();
+            self.mem.write_slice(&bytes, GuestAddress(at)).unwrap();
         }
         let table = DESC + 16 * u64::from(first);
         put_chain(
@@ -76,7 +81,7 @@ impl Guest {
             table,
             &[
                 (header(k), 16, false),
-                (data(k), len, fill.is_none()),
+                (at, len, fill.is_none()),
                 (status(k), 1, true),
             ],
         );
@@ -142,8 +147,25 @@ fn setup_ring(
     cfg: StandaloneConfig,
     edit: impl FnOnce(&mut RingStart),
 ) -> (Reactor<Standalone>, Standalone, Guest, Arc<RingShared>) {
+    let rig = rig("emu:dram,size=1M", cfg, edit);
+    (rig.r, rig.state, rig.guest, rig.shared)
+}
+
+/// A ring on a reactor, its guest, and the guest's memory table as the control holds it.
+struct Rig {
+    r: Reactor<Standalone>,
+    state: Standalone,
+    guest: Guest,
+    shared: Arc<RingShared>,
+    table: MemoryTable,
+    conn: Arc<ConnShared>,
+}
+
+/// A ring on `device` (1 MiB of guest memory at guest address 0), built from `cfg`, its
+/// start edited by `edit`.
+fn rig(device: &str, cfg: StandaloneConfig, edit: impl FnOnce(&mut RingStart)) -> Rig {
     let (mut r, _handle) = Reactor::<Standalone>::standalone(cfg).unwrap();
-    let device = Device::open("emu:dram,size=1M").unwrap();
+    let device = Device::open(device).unwrap();
     let geometry = Geometry::new(&device.ctrl.namespace(), false, false, false, 1);
     let vhost = VhostShard::new(&mut r, &[("d".into(), device, geometry)], 32).unwrap();
     let mut state = Standalone { vhost };
@@ -158,7 +180,7 @@ fn setup_ring(
     let shared = RingShared::new();
     let mut start = RingStart {
         export: 0,
-        conn,
+        conn: conn.clone(),
         shared: shared.clone(),
         queue_size: SIZE,
         desc: DESC,
@@ -171,7 +193,7 @@ fn setup_ring(
         call: Some(eventfd()),
         err: None,
         inflight: None,
-        on_stop: Box::new(|| {}),
+        tell_control: Box::new(|| {}),
     };
     edit(&mut start);
     state.vhost.start_ring(&mut r, start);
@@ -181,7 +203,14 @@ fn setup_ring(
         posted: 0,
         kick,
     };
-    (r, state, guest, shared)
+    Rig {
+        r,
+        state,
+        guest,
+        shared,
+        table,
+        conn,
+    }
 }
 
 /// Polls until the guest has `n` requests answered.
@@ -393,3 +422,4 @@ fn a_used_ring_past_guest_memory_or_misaligned_breaks_the_ring_and_nothing_is_wr
 }
 
 mod inflight;
+mod quiesce;

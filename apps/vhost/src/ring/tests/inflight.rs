@@ -42,7 +42,7 @@ fn start(
         call: Some(eventfd()),
         err: None,
         inflight: Some(InflightQueue::new(area, 0, SIZE).unwrap()),
-        on_stop: Box::new(|| {}),
+        tell_control: Box::new(|| {}),
     };
     state.vhost.start_ring(&mut r, start);
     assert_eq!(state.vhost.rings(), 1);
