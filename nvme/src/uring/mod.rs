@@ -148,7 +148,7 @@ impl Controller for UringController {
                  idle, {}",
                 sq.idle_ms,
                 sq.cpu
-                    .map_or_else(|| "unpinned".to_string(), |cpu| format!("on CPU {cpu}"))
+                    .map_or_else(|| "on its creator's CPUs".to_string(), |cpu| format!("on CPU {cpu}"))
             ),
         };
         format!(
