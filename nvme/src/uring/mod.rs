@@ -147,8 +147,10 @@ impl Controller for UringController {
                 "; submissions taken by a kernel thread per ring (SQPOLL), asleep after {} ms \
                  idle, {}",
                 sq.idle_ms,
-                sq.cpu
-                    .map_or_else(|| "on its creator's CPUs".to_string(), |cpu| format!("on CPU {cpu}"))
+                sq.cpu.map_or_else(
+                    || "on its creator's CPUs".to_string(),
+                    |cpu| format!("on CPU {cpu}")
+                )
             ),
         };
         format!(
