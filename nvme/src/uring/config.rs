@@ -21,6 +21,10 @@ pub const URING_KEYS: &[&str] = &[
     "sqpoll_cpu",
 ];
 
+/// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
+/// on every common file system and disk.
+pub const URING_FILE_LBA_BYTES: u32 = 4096;
+
 /// How long a ring's submission thread (`sqpoll=on`) keeps polling for new entries before it
 /// sleeps, when `sqpoll_idle_ms` is not given: the kernel's own default, written out so that
 /// the device string means the same on every kernel.
@@ -33,10 +37,6 @@ pub const SQPOLL_IDLE_MS_MAX: u32 = 60_000;
 /// One past the highest CPU number `sqpoll_cpu` accepts (`CPU_SETSIZE`); whether the CPU is
 /// online and allowed is the kernel's to say when the ring is created.
 pub const SQPOLL_CPU_LIMIT: u32 = 1024;
-
-/// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
-/// on every common file system and disk.
-pub const URING_FILE_LBA_BYTES: u32 = 4096;
 
 /// Whether to find completions by polling the device (`IORING_SETUP_IOPOLL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
