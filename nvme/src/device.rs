@@ -106,6 +106,7 @@ impl FromStr for DeviceConfig {
                 let (k, v) = pair?;
                 cfg.set(k, v)?;
             }
+            cfg.validate()?;
             Ok(DeviceConfig::Uring(cfg))
         } else if let Some(path) = head.strip_prefix("vhost-user:") {
             if path.is_empty() {

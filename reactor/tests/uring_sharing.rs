@@ -1,6 +1,7 @@
 //! The `uring` device shared: several of them on one reactor, and one file open on several
 //! reactors at once. Each reactor owns its own ring; these check that nothing in a ring's
-//! setup, its interrupt eventfd or the reactor's wait mixes them up.
+//! setup, its interrupt eventfd or the reactor's wait mixes them up, with the default rings
+//! and with rings that have a kernel submission thread of their own (`sqpoll=on`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,6 +16,12 @@ const FILE_BYTES: usize = 4 << 20;
 const BLOCKS: u64 = 64;
 /// Room for every I/O a test keeps in flight at once (a reactor reads every range at once).
 const QUEUE_DEPTH: usize = 256;
+/// Device string options every test runs with: the default rings, and rings whose
+/// submission thread sleeps after 1 ms without entries, so that it is asleep between a
+/// test's bursts and each burst must wake it.
+const OPTIONS: [&str; 2] = ["", ",sqpoll=on,sqpoll_idle_ms=1"];
+/// Longer than a submission thread's idle time under `OPTIONS`: it falls asleep.
+const THREAD_SLEEPS: Duration = Duration::from_millis(10);
 
 /// A file of `FILE_BYTES` in a directory of test `test`'s own, filled with data, not sparse: a hole would make the kernel's
 /// reads of it skip the disk.
@@ -26,8 +33,8 @@ fn data_file(test: &str, name: &str) -> PathBuf {
     path
 }
 
-fn open(path: &Path) -> Device {
-    Device::open(&format!("uring:{}", path.display())).unwrap()
+fn open(path: &Path, options: &str) -> Device {
+    Device::open(&format!("uring:{}{options}", path.display())).unwrap()
 }
 
 /// The bytes block `lba` holds once writer `who` wrote it.
@@ -109,24 +116,29 @@ fn several_uring_devices_on_one_reactor_keep_their_own_data() {
         data_file("uring-devices", "b.img"),
     );
     // `interrupt` waits on both rings' eventfds at once; `classic` polls both rings.
-    for policy in ["interrupt", "classic"] {
+    for (policy, options) in ["interrupt", "classic"]
+        .into_iter()
+        .flat_map(|p| OPTIONS.map(|o| (p, o)))
+    {
         let mut r = reactor(policy);
-        let dev_a = r.attach(&open(&a), QUEUE_DEPTH).unwrap();
-        let dev_b = r.attach(&open(&b), QUEUE_DEPTH).unwrap();
+        let dev_a = r.attach(&open(&a, options), QUEUE_DEPTH).unwrap();
+        let dev_b = r.attach(&open(&b, options), QUEUE_DEPTH).unwrap();
         let mut state = State::default();
         // The same blocks on both devices, written with different data, all in flight.
         write_blocks(&mut r, dev_a, 1, 0);
         write_blocks(&mut r, dev_b, 2, 0);
         drive(&mut r, &mut state, 2 * BLOCKS);
+        std::thread::sleep(THREAD_SLEEPS);
         read_blocks(&mut r, dev_a, 1, 0);
         read_blocks(&mut r, dev_b, 2, 0);
         drive(&mut r, &mut state, 4 * BLOCKS);
-        assert_eq!((state.failed, state.wrong), (0, 0), "policy {policy}");
+        let what = format!("policy {policy}, options {options:?}");
+        assert_eq!((state.failed, state.wrong), (0, 0), "{what}");
         if policy == "interrupt" {
-            assert!(r.counters().interrupt_waits > 0, "interrupt never waited");
+            assert!(r.counters().interrupt_waits > 0, "{what}: never waited");
         }
         let report = r.shut_down(&mut state);
-        assert_eq!(report.failed_ios, 0);
+        assert_eq!(report.failed_ios, 0, "{what}");
     }
     std::fs::remove_dir_all(a.parent().unwrap()).unwrap();
 }
@@ -136,7 +148,8 @@ fn one_file_on_several_reactors_at_once() {
     let path = data_file("uring-shared", "shared.img");
     const REACTORS: u8 = 3;
     // Each reactor, on its own thread with its own ring on the same file, writes its own
-    // range, then (once all have written) reads every range back.
+    // range, then (once all have written) reads every range back; every other one with a
+    // submission thread.
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(usize::from(REACTORS)));
     let threads: Vec<_> = (0..REACTORS)
         .map(|who| {
@@ -144,11 +157,13 @@ fn one_file_on_several_reactors_at_once() {
             std::thread::spawn(move || {
                 let policy = if who % 2 == 0 { "interrupt" } else { "classic" };
                 let mut r = reactor(policy);
-                let dev = r.attach(&open(&path), QUEUE_DEPTH).unwrap();
+                let options = OPTIONS[usize::from(who) % OPTIONS.len()];
+                let dev = r.attach(&open(&path, options), QUEUE_DEPTH).unwrap();
                 let mut state = State::default();
                 write_blocks(&mut r, dev, who, u64::from(who) * BLOCKS);
                 drive(&mut r, &mut state, BLOCKS);
                 barrier.wait();
+                std::thread::sleep(THREAD_SLEEPS);
                 for other in 0..REACTORS {
                     read_blocks(&mut r, dev, other, u64::from(other) * BLOCKS);
                 }
@@ -185,13 +200,16 @@ fn read_again(r: &mut Reactor<State>, dev: DeviceId, lba: u64) {
 fn a_reactor_waits_inside_the_ring_and_still_runs_its_messages() {
     let path = data_file("uring-ring-wait", "ring.img");
     const MESSAGES: u64 = 200;
-    for wait in ["ring", "epoll"] {
+    for (wait, options) in ["ring", "epoll"]
+        .into_iter()
+        .flat_map(|w| OPTIONS.map(|o| (w, o)))
+    {
         let cfg = StandaloneConfig {
             policy: "interrupt".to_string(),
             ..StandaloneConfig::default()
         };
         let (mut r, handle) = Reactor::<State>::standalone(cfg).unwrap();
-        let device = Device::open(&format!("uring:{},wait={wait}", path.display())).unwrap();
+        let device = open(&path, &format!(",wait={wait}{options}"));
         let dev = r.attach(&device, QUEUE_DEPTH).unwrap();
         let mut state = State {
             reading: true,

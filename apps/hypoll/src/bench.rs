@@ -120,7 +120,8 @@ pub struct RunResult {
     pub ios: u64,
     pub errors: u64,
     pub wall_ns: u64,
-    /// CPU time of all reactor threads over the measured window, from the OS.
+    /// CPU time of all reactor threads over the measured window, from the OS, and of the
+    /// io_uring submission threads where the device has them (`sqpoll=on`).
     pub cpu_ns: u64,
     pub cores: usize,
     pub latency: Histogram<u64>,
@@ -287,8 +288,16 @@ fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
     }
 }
 
+/// CPU time of this reactor's thread. Reactor 0 also carries the process's io_uring
+/// submission threads (`uring:...,sqpoll=on`): they run no reactor code, but they are what
+/// the rings cost, and leaving them out would make a spinning kernel thread look free.
 fn reactor_cpu_ns(r: &BenchReactor) -> u64 {
-    r.handles()[r.index()].cpu_ns().unwrap_or(0)
+    let own_ns = r.handles()[r.index()].cpu_ns().unwrap_or(0);
+    if r.index() == 0 {
+        own_ns + hypoll_nvme::sqpoll_threads_cpu_ns()
+    } else {
+        own_ns
+    }
 }
 
 fn begin_measure(r: &mut BenchReactor, s: &mut Bench) {

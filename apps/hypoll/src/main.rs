@@ -106,7 +106,8 @@ struct SimArgs {
 #[derive(Parser)]
 struct BenchArgs {
     /// Device string: emu:<profile>[,key=value...], null, uring:/path[,direct=0|1]
-    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal],
+    /// [,size=...][,iopoll=auto|on|off|hybrid][,taskrun=defer|signal][,wait=ring|epoll]
+    /// [,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N],
     /// vhost-user:/path.sock[,queues=N] (a vhost-user-blk back end, as a client; one queue
     /// per reactor), or nvme-tcp:HOST:PORT/SUBNQN[,ns=N][,digests=...] (a namespace of an
     /// NVMe/TCP target) (see `hypoll devices`).
@@ -235,7 +236,10 @@ fn main() -> ExitCode {
                 "{:<13} io_uring on a file or block device: keys direct=0|1 (O_DIRECT, default 1), \
                  size=, lba=512|4096, iopoll=auto|on|off|hybrid (auto: polled when the device \
                  has poll queues, else interrupts), taskrun=defer|signal (defer, the default: \
-                 completions posted when the reactor next enters the kernel, Linux 6.1+)",
+                 completions posted when the reactor next enters the kernel, Linux 6.1+), \
+                 wait=ring|epoll, sqpoll=off|on (a kernel submission thread per ring), \
+                 sqpoll_idle_ms=N (its idle time before it sleeps, default 1000), \
+                 sqpoll_cpu=N (pin it)",
                 "uring:/path"
             );
             println!(

@@ -1,6 +1,7 @@
 //! What a `uring:` device string says: the path, the keys it accepts
-//! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`), how each value is read, and the canonical
-//! text a configuration prints as.
+//! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`, `sqpoll`, `sqpoll_idle_ms`,
+//! `sqpoll_cpu`), how each value is read, the rules between keys, and the canonical text a
+//! configuration prints as.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,11 +9,34 @@ use std::path::PathBuf;
 use crate::config::{parse_size_bytes, size_text, ConfigError};
 
 /// Keys `uring:` accepts.
-pub const URING_KEYS: &[&str] = &["direct", "size", "lba", "iopoll", "taskrun", "wait"];
+pub const URING_KEYS: &[&str] = &[
+    "direct",
+    "size",
+    "lba",
+    "iopoll",
+    "taskrun",
+    "wait",
+    "sqpoll",
+    "sqpoll_idle_ms",
+    "sqpoll_cpu",
+];
 
 /// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
 /// on every common file system and disk.
 pub const URING_FILE_LBA_BYTES: u32 = 4096;
+
+/// How long a ring's submission thread (`sqpoll=on`) keeps polling for new entries before it
+/// sleeps, when `sqpoll_idle_ms` is not given: the kernel's own default, written out so that
+/// the device string means the same on every kernel.
+pub const SQPOLL_IDLE_MS_DEFAULT: u32 = 1000;
+
+/// The longest `sqpoll_idle_ms` accepted: a thread that spins longer than this after the
+/// last submission is a core given away, not an idle policy.
+pub const SQPOLL_IDLE_MS_MAX: u32 = 60_000;
+
+/// One past the highest CPU number `sqpoll_cpu` accepts (`CPU_SETSIZE`); whether the CPU is
+/// online and allowed is the kernel's to say when the ring is created.
+pub const SQPOLL_CPU_LIMIT: u32 = 1024;
 
 /// Whether to find completions by polling the device (`IORING_SETUP_IOPOLL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +100,23 @@ pub struct UringConfig {
     ///
     /// [`DeviceConfig::read_only`]: crate::DeviceConfig::read_only
     pub read_only: bool,
+    /// `sqpoll=on`: every ring of the device gets a kernel thread of its own that takes
+    /// submissions from the ring (`IORING_SETUP_SQPOLL`), so a reactor hands entries over
+    /// without `io_uring_enter` while that thread is awake.
+    pub sqpoll: bool,
+    /// `sqpoll_idle_ms`: how long the submission thread polls an empty ring before it sleeps
+    /// (`sq_thread_idle`); [`SQPOLL_IDLE_MS_DEFAULT`] when not given. Needs `sqpoll=on`.
+    pub sqpoll_idle_ms: Option<u32>,
+    /// `sqpoll_cpu`: the CPU the submission thread is pinned to (`IORING_SETUP_SQ_AFF`);
+    /// unpinned when not given. Needs `sqpoll=on`.
+    pub sqpoll_cpu: Option<u32>,
+}
+
+/// The submission thread's settings of a `sqpoll=on` device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqPoll {
+    pub idle_ms: u32,
+    pub cpu: Option<u32>,
 }
 
 impl UringConfig {
@@ -89,6 +130,39 @@ impl UringConfig {
             taskrun: TaskRun::Defer,
             ring_wait: true,
             read_only: false,
+            sqpoll: false,
+            sqpoll_idle_ms: None,
+            sqpoll_cpu: None,
+        }
+    }
+
+    /// The submission thread's settings, with `sqpoll=on`.
+    pub fn sqpoll(&self) -> Option<SqPoll> {
+        self.sqpoll.then(|| SqPoll {
+            idle_ms: self.sqpoll_idle_ms.unwrap_or(SQPOLL_IDLE_MS_DEFAULT),
+            cpu: self.sqpoll_cpu,
+        })
+    }
+
+    /// The rules between keys, checked once every key is set: the submission thread's
+    /// settings mean nothing without the thread, so they are refused rather than ignored.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.sqpoll {
+            return Ok(());
+        }
+        let given = [
+            ("sqpoll_idle_ms", self.sqpoll_idle_ms),
+            ("sqpoll_cpu", self.sqpoll_cpu),
+        ];
+        match given.into_iter().find(|(_, v)| v.is_some()) {
+            Some((key, Some(value))) => Err(ConfigError::BadValue {
+                key: key.to_string(),
+                value: value.to_string(),
+                expected: "sqpoll=on with it (it sets io_uring's submission thread, which \
+                           only sqpoll=on starts)"
+                    .to_string(),
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -145,6 +219,33 @@ impl UringConfig {
                     _ => return Err(bad("ring or epoll")),
                 }
             }
+            "sqpoll" => {
+                self.sqpoll = match value {
+                    "on" | "1" => true,
+                    "off" | "0" => false,
+                    _ => return Err(bad("on or off")),
+                }
+            }
+            "sqpoll_idle_ms" => {
+                self.sqpoll_idle_ms = Some(
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|ms| (1..=SQPOLL_IDLE_MS_MAX).contains(ms))
+                        .ok_or_else(|| {
+                            bad(&format!("milliseconds from 1 to {SQPOLL_IDLE_MS_MAX}"))
+                        })?,
+                )
+            }
+            "sqpoll_cpu" => {
+                self.sqpoll_cpu = Some(
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|cpu| *cpu < SQPOLL_CPU_LIMIT)
+                        .ok_or_else(|| bad(&format!("a CPU number below {SQPOLL_CPU_LIMIT}")))?,
+                )
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     device: "uring".into(),
@@ -178,6 +279,15 @@ impl fmt::Display for UringConfig {
         }
         if !self.ring_wait {
             write!(f, ",wait=epoll")?;
+        }
+        if self.sqpoll {
+            write!(f, ",sqpoll=on")?;
+        }
+        if let Some(ms) = self.sqpoll_idle_ms {
+            write!(f, ",sqpoll_idle_ms={ms}")?;
+        }
+        if let Some(cpu) = self.sqpoll_cpu {
+            write!(f, ",sqpoll_cpu={cpu}")?;
         }
         Ok(())
     }

@@ -148,7 +148,7 @@ fn probe_iopoll(
     hybrid: bool,
 ) -> Result<String, String> {
     let mut ring = if hybrid {
-        sys::hybrid_iopoll_ring(2).map_err(|e| {
+        sys::hybrid_iopoll_ring(2, None).map_err(|e| {
             format!("creating a hybrid iopoll ring failed ({e}); it needs Linux 6.13")
         })?
     } else {

@@ -1,6 +1,6 @@
 //! The `uring` device: NVMe-shaped queue pairs over io_uring, on a regular file or a block
 //! device. `uring:/path[,direct=0|1][,size=...][,lba=512|4096][,iopoll=auto|on|off|hybrid]
-//! [,taskrun=defer|signal]`.
+//! [,taskrun=defer|signal][,wait=ring|epoll][,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N]`.
 //!
 //! Each queue pair owns one ring, with the file registered (fixed file 0), and in polled
 //! modes a second one for the commands an IOPOLL ring refuses (the side ring, in `queue`).
@@ -29,14 +29,18 @@
 //!
 //! Submissions are batched: `submit` only writes the submission entry, and the next
 //! `process_completions` (or `arm_interrupt`) hands every pending entry to the kernel with
-//! one `io_uring_enter`, as SPDK rings a doorbell once per batch.
+//! one `io_uring_enter`, as SPDK rings a doorbell once per batch. With `sqpoll=on` the main
+//! ring has a kernel thread of its own that takes entries as they are written, so that
+//! hand-over makes no system call while the thread is awake (it sleeps after
+//! `sqpoll_idle_ms` without entries, and the next hand-over wakes it); completions are then
+//! posted by that thread, so deferred task work does not apply (see `ring`).
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
 //! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
 //! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
 //! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
-//! set-up and `io_uring_enter`), `sys` (the raw system calls the io-uring crate does not
-//! wrap). This file holds the controller.
+//! set-up and `io_uring_enter`), `sqpoll` (what the submission threads cost), `sys` (the raw
+//! system calls the io-uring crate does not wrap). This file holds the controller.
 
 mod command;
 mod config;
@@ -44,9 +48,12 @@ mod iopoll;
 mod open;
 mod queue;
 mod ring;
+mod sqpoll;
 mod sys;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sqpoll;
 
 use std::fmt;
 use std::fs::File;
@@ -55,9 +62,13 @@ use std::sync::Arc;
 use crate::qpair::{Controller, QueuePair, QueuePairError};
 use crate::spec::NamespaceInfo;
 
-pub use config::{IopollMode, TaskRun, UringConfig, URING_FILE_LBA_BYTES, URING_KEYS};
+pub use config::{
+    IopollMode, SqPoll, TaskRun, UringConfig, SQPOLL_CPU_LIMIT, SQPOLL_IDLE_MS_DEFAULT,
+    SQPOLL_IDLE_MS_MAX, URING_FILE_LBA_BYTES, URING_KEYS,
+};
 pub use open::UringOpenError;
 pub use queue::{RingWake, UringQueuePair};
+pub use sqpoll::sqpoll_threads_cpu_ns;
 
 /// Largest transfer one command may move: larger reads and writes complete with Invalid
 /// Field, as on a controller with this MDTS. The kernel splits requests for the device.
@@ -114,6 +125,7 @@ impl UringController {
             self.ns,
             self.mode,
             self.defer_taskrun,
+            self.cfg.sqpoll(),
             depth,
             self.mode != CompletionMode::Interrupt,
         )?;
@@ -129,8 +141,20 @@ impl Controller for UringController {
         } else {
             format!("; {}", self.taskrun_note)
         };
+        let sqpoll = match self.cfg.sqpoll() {
+            None => String::new(),
+            Some(sq) => format!(
+                "; submissions taken by a kernel thread per ring (SQPOLL), asleep after {} ms \
+                 idle, {}",
+                sq.idle_ms,
+                sq.cpu.map_or_else(
+                    || "on its creator's CPUs".to_string(),
+                    |cpu| format!("on CPU {cpu}")
+                )
+            ),
+        };
         format!(
-            "{} ({}, {} completions: {}{taskrun}; {})",
+            "{} ({}, {} completions: {}{taskrun}{sqpoll}; {})",
             self.cfg,
             if self.cfg.direct {
                 "O_DIRECT"

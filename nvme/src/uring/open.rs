@@ -13,7 +13,7 @@ use std::sync::Arc;
 use io_uring::IoUring;
 
 use super::iopoll::choose_mode;
-use super::ring::deferred_ring;
+use super::ring::{deferred_ring, main_ring};
 use super::{
     sys, CompletionMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
     URING_TRANSFER_BYTES_MAX,
@@ -63,6 +63,8 @@ pub enum UringOpenError {
         mode: &'static str,
         detail: String,
     },
+    #[error("{path}: sqpoll=on: the kernel refused a ring with a submission thread ({detail}); leave out sqpoll_cpu, or use sqpoll=off")]
+    SqpollRefused { path: String, detail: String },
     #[error("{path}: {what}: {source}")]
     Os {
         path: String,
@@ -76,9 +78,9 @@ impl From<UringOpenError> for io::Error {
         let kind = match &e {
             UringOpenError::NotFound { .. } => io::ErrorKind::NotFound,
             UringOpenError::PermissionDenied { .. } => io::ErrorKind::PermissionDenied,
-            UringOpenError::Unavailable { .. } | UringOpenError::IopollUnsupported { .. } => {
-                io::ErrorKind::Unsupported
-            }
+            UringOpenError::Unavailable { .. }
+            | UringOpenError::IopollUnsupported { .. }
+            | UringOpenError::SqpollRefused { .. } => io::ErrorKind::Unsupported,
             UringOpenError::Os { source, .. } => source.kind(),
             _ => io::ErrorKind::InvalidInput,
         };
@@ -181,7 +183,21 @@ impl UringController {
         };
         drop(probe);
         let (mode, mode_note) = choose_mode(cfg, &file, lba_bytes, size_bytes)?;
+        if let Some(sq) = cfg.sqpoll() {
+            // Every queue pair's ring is made as this one: refused here, with the reason,
+            // rather than on the first queue pair.
+            main_ring(mode, false, Some(sq), 2).map_err(|e| UringOpenError::SqpollRefused {
+                path: path.clone(),
+                detail: sqpoll_refusal(&e, sq.cpu),
+            })?;
+        }
         let (defer_taskrun, taskrun_note) = match (mode, cfg.taskrun) {
+            (CompletionMode::Interrupt, _) if cfg.sqpoll => (
+                false,
+                "completions posted by the submission thread (sqpoll=on: the kernel takes no \
+                 DEFER_TASKRUN beside SQPOLL, so taskrun= does not apply)"
+                    .to_string(),
+            ),
             (CompletionMode::Interrupt, TaskRun::Defer) => match deferred_ring(2) {
                 Ok(_) => (
                     true,
@@ -214,6 +230,19 @@ impl UringController {
             defer_taskrun,
             taskrun_note,
         })
+    }
+}
+
+/// Why the kernel would not create a ring with a submission thread, in words.
+fn sqpoll_refusal(e: &io::Error, cpu: Option<u32>) -> String {
+    match (e.raw_os_error(), cpu) {
+        (Some(libc::EINVAL), Some(cpu)) => format!(
+            "{e}: CPU {cpu} is offline, does not exist, or is outside this process's cpuset"
+        ),
+        (Some(libc::EPERM), _) => {
+            format!("{e}: before Linux 5.11 a submission thread needs CAP_SYS_NICE (or root)")
+        }
+        _ => e.to_string(),
     }
 }
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, IoUring};
 
 use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
-use super::ring::{deferred_ring, enter, transient};
-use super::{sys, CompletionMode};
+use super::ring::{enter, entered, main_ring, transient, unentered, wait_for_room};
+use super::{CompletionMode, SqPoll};
 use crate::qpair::{
     Command, Completion, QueuePair, QueuePairError, RecoveryError, Segment, SubmitError,
     QUEUE_DEPTH_MAX, SEGMENTS_MAX,
@@ -83,6 +83,9 @@ pub struct UringQueuePair {
     event_fd: Option<EventFd>,
     /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
     pub(super) defer_taskrun: bool,
+    /// The main ring has a submission thread (`sqpoll=on`): pushed entries are taken without
+    /// an enter while it is awake, and completions are posted by it, never by our enters.
+    sqpoll: bool,
     /// The pinned pool's region, registered as fixed buffer 0: (start address, length).
     fixed_region: Option<(usize, usize)>,
     /// Reads and writes that went through the fixed buffer.
@@ -118,6 +121,7 @@ impl UringQueuePair {
         ns: NamespaceInfo,
         mode: CompletionMode,
         defer_taskrun: bool,
+        sqpoll: Option<SqPoll>,
         depth: usize,
         side_ring: bool,
     ) -> Result<UringQueuePair, QueuePairError> {
@@ -128,15 +132,7 @@ impl UringQueuePair {
             });
         }
         let entries = depth.next_power_of_two() as u32;
-        let ring = match mode {
-            CompletionMode::Interrupt if defer_taskrun => deferred_ring(entries)?,
-            CompletionMode::Interrupt => IoUring::builder()
-                .setup_single_issuer()
-                .build(entries)
-                .or_else(|_| IoUring::new(entries))?,
-            CompletionMode::Poll => IoUring::builder().setup_iopoll().build(entries)?,
-            CompletionMode::HybridPoll => sys::hybrid_iopoll_ring(entries)?,
-        };
+        let ring = main_ring(mode, defer_taskrun, sqpoll, entries)?;
         ring.submitter().register_files(&[file.as_raw_fd()])?;
         let direct = opened_direct(&file);
         // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
@@ -209,6 +205,7 @@ impl UringQueuePair {
             polled_refusals: 0,
             event_fd,
             defer_taskrun,
+            sqpoll: sqpoll.is_some(),
             fixed_region,
             fixed_ios: 0,
             cancels_in_kernel: 0,
@@ -255,6 +252,10 @@ impl UringQueuePair {
     unsafe fn push(&mut self, entry: &squeue::Entry, side: bool) -> bool {
         if self.ring_of(side).submission().is_full() {
             self.flush();
+            // A submission thread empties the queue on its own time, once awake.
+            if self.sqpoll && !side && self.ring.submission().is_full() {
+                wait_for_room(&mut self.ring);
+            }
         }
         // SAFETY: the caller's guarantee.
         if unsafe { self.ring_of(side).submission().push(entry) }.is_err() {
@@ -275,9 +276,12 @@ impl UringQueuePair {
     /// In polled modes the kernel finds completions only when asked; with deferred task work,
     /// it posts them only when asked. Either way one `io_uring_enter` with GETEVENTS, and in
     /// interrupt mode only when the ring flags work pending (a shared-memory load; no
-    /// syscall while the device is still busy).
+    /// syscall while the device is still busy). A ring with a submission thread needs
+    /// neither: the thread polls the device and posts completions itself.
     fn poll_kernel(&mut self) {
-        let asked = if self.mode == CompletionMode::Interrupt {
+        let asked = if self.sqpoll {
+            false
+        } else if self.mode == CompletionMode::Interrupt {
             self.defer_taskrun && self.ring.submission().taskrun()
         } else {
             self.main_in_kernel() > self.unsubmitted
@@ -286,7 +290,7 @@ impl UringQueuePair {
             // It submits whatever is pending too.
             match self.ring.submit_and_wait(0) {
                 Ok(n) => {
-                    self.unsubmitted -= n.min(self.unsubmitted);
+                    entered(&self.ring, &mut self.unsubmitted, n);
                     // Nothing is held back any more: what a callback pushes next is new.
                     self.held = false;
                 }

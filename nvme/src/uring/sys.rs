@@ -10,8 +10,14 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use io_uring::IoUring;
 
+use super::SqPoll;
+
 /// `IORING_SETUP_IOPOLL`: completions are found by polling the device, not by interrupt.
 const SETUP_IOPOLL: u32 = 1 << 0;
+/// `IORING_SETUP_SQPOLL`: a kernel thread takes submissions from the ring.
+const SETUP_SQPOLL: u32 = 1 << 1;
+/// `IORING_SETUP_SQ_AFF`: that thread is pinned to `sq_thread_cpu`.
+const SETUP_SQ_AFF: u32 = 1 << 2;
 /// `IORING_SETUP_HYBRID_IOPOLL`: the kernel sleeps before it polls (needs IOPOLL).
 const SETUP_HYBRID_IOPOLL: u32 = 1 << 17;
 
@@ -66,12 +72,20 @@ const _: () = assert!(std::mem::size_of::<Params>() == std::mem::size_of::<io_ur
 
 /// Creates a ring whose completions the kernel finds by hybrid polling: it sleeps for about
 /// half of the device's observed runtime, then polls. Fails with `EINVAL` on kernels older
-/// than 6.13.
-pub fn hybrid_iopoll_ring(entries: u32) -> io::Result<IoUring> {
+/// than 6.13. With `sqpoll`, a submission thread takes its entries (and polls the device).
+pub fn hybrid_iopoll_ring(entries: u32, sqpoll: Option<SqPoll>) -> io::Result<IoUring> {
     let mut params = Params {
         flags: SETUP_IOPOLL | SETUP_HYBRID_IOPOLL,
         ..Params::default()
     };
+    if let Some(sq) = sqpoll {
+        params.flags |= SETUP_SQPOLL;
+        params.sq_thread_idle = sq.idle_ms;
+        if let Some(cpu) = sq.cpu {
+            params.flags |= SETUP_SQ_AFF;
+            params.sq_thread_cpu = cpu;
+        }
+    }
     // SAFETY: io_uring_setup reads and fills `params`, a valid, exclusively borrowed
     // `struct io_uring_params` (layout checked above) for the duration of the call.
     let ret = unsafe {

@@ -80,6 +80,7 @@ fn the_side_ring_carries_every_command_but_reads_and_writes() {
         ctrl.ns,
         ctrl.mode,
         ctrl.defer_taskrun,
+        None,
         8,
         true,
     )
@@ -258,6 +259,7 @@ fn a_polled_read_the_disk_refuses_is_counted_as_a_polled_refusal() {
         ctrl.ns,
         CompletionMode::Poll,
         false,
+        None,
         8,
         true,
     )

@@ -27,7 +27,7 @@ use std::os::fd::AsRawFd;
 
 use io_uring::{opcode, types};
 
-use super::{transient, UringQueuePair};
+use super::{entered, transient, unentered, UringQueuePair};
 use crate::qpair::QueuePair;
 use crate::sys::EventFd;
 use crate::uring::CompletionMode;
@@ -98,8 +98,12 @@ impl UringQueuePair {
     /// `process_completions`' submission: entries pending for the first time are held for
     /// the reactor's wait while the ring may be waited in; otherwise, or on the next call,
     /// they are entered.
+    ///
+    /// A ring with a submission thread holds nothing back: its thread takes the entries
+    /// without an enter while awake, so holding would save nothing and, while it sleeps,
+    /// would leave it asleep for a turn.
     pub(super) fn flush_unless_held(&mut self) {
-        if self.unsubmitted > 0 && !self.held && self.can_wait_in_ring() {
+        if self.unsubmitted > 0 && !self.held && !self.sqpoll && self.can_wait_in_ring() {
             self.held = true;
             return;
         }
@@ -117,6 +121,29 @@ impl UringQueuePair {
     #[cfg(test)]
     pub(crate) fn completions_posted(&mut self) -> bool {
         !self.ring.completion().is_empty()
+    }
+
+    /// Whether the main ring's submission thread has gone to sleep and waits for an enter
+    /// to wake it (tests).
+    #[cfg(test)]
+    pub(crate) fn submission_thread_asleep(&mut self) -> bool {
+        self.sqpoll && self.ring.submission().need_wakeup()
+    }
+
+    /// The thread id of the main ring's submission thread, as the ring's fdinfo gives it
+    /// (tests).
+    #[cfg(test)]
+    pub(crate) fn submission_thread_tid(&self) -> Option<u32> {
+        let fdinfo =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.ring.as_raw_fd())).ok()?;
+        let tid = fdinfo.lines().find_map(|l| l.strip_prefix("SqThread:"))?;
+        tid.trim().parse().ok()
+    }
+
+    /// Whether the main ring was made with a submission thread (tests).
+    #[cfg(test)]
+    pub(crate) fn has_submission_thread(&self) -> bool {
+        self.ring.params().is_setup_sqpoll()
     }
 
     /// Entries pushed and not yet entered (tests).
@@ -184,9 +211,9 @@ impl UringQueuePair {
         // An enter that submitted returns the count it submitted, not the wait's outcome
         // (a timeout included): the ring says what ended the wait.
         match result {
-            Ok(n) => self.unsubmitted -= n.min(self.unsubmitted),
+            Ok(n) => entered(&self.ring, &mut self.unsubmitted, n),
             Err(e) if e.raw_os_error() == Some(libc::ETIME) || transient(&e) => {
-                self.unsubmitted = self.ring.submission().len();
+                self.unsubmitted = unentered(&mut self.ring);
             }
             Err(e) => panic!("io_uring_enter (wait) failed on a valid ring: {e}"),
         }
