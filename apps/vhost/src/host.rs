@@ -9,6 +9,8 @@
 //! memory is ever read or written. A small range that crosses from one region into the next
 //! adjacent one (vm-memory's accessors allow that) is copied a byte at a time, each byte
 //! translated on its own; the rings themselves must each lie inside one region ([`Span`]).
+//! A pass over a ring's requests reads through a [`RingView`]: the descriptor table
+//! resolved once per map, and the region of its last address remembered for the next.
 //!
 //! The guest writes its memory while we read it, from another process and another CPU, so
 //! nothing here ever makes a Rust reference into guest memory: plain data moves by volatile
@@ -18,12 +20,13 @@
 //! Acquire, the used index stored with Release after the used elements), with the fences
 //! virtio requires left to the ring code (`split.rs`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::walk::GuestView;
+use crate::walk::{words, GuestView, DESCRIPTOR_BYTES};
 
 /// One mapped region of the guest's memory.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +34,14 @@ struct Region {
     gpa: u64,
     len: u64,
     host: *mut u8,
+}
+
+impl Region {
+    /// Whether guest address `gpa` lies in the region.
+    #[inline]
+    fn holds(&self, gpa: u64) -> bool {
+        gpa >= self.gpa && gpa - self.gpa < self.len
+    }
 }
 
 /// The guest's memory as host pointers; see the module's documentation.
@@ -72,18 +83,26 @@ impl HostMemory {
         &self.guest
     }
 
-    /// The region holding guest address `gpa`.
+    /// The region holding guest address `gpa`: the one at index `hint` if it holds it (a
+    /// pass over a ring finds most of its addresses in the region of the last one), else
+    /// the first that does, whose index then goes to `hint`. A hint is only ever an index
+    /// into this table, checked before use: a wrong one costs a search, never a wrong answer.
     #[inline]
-    fn region_of(&self, gpa: u64) -> Option<&Region> {
-        self.regions
-            .iter()
-            .find(|r| gpa >= r.gpa && gpa - r.gpa < r.len)
+    fn region_of(&self, gpa: u64, hint: &Cell<usize>) -> Option<&Region> {
+        if let Some(r) = self.regions.get(hint.get()) {
+            if r.holds(gpa) {
+                return Some(r);
+            }
+        }
+        let i = self.regions.iter().position(|r| r.holds(gpa))?;
+        hint.set(i);
+        Some(&self.regions[i])
     }
 
     /// The host address of the `len` bytes at `gpa`, if they lie wholly inside one region.
     #[inline]
-    fn host(&self, gpa: u64, len: u64) -> Option<*mut u8> {
-        let r = self.region_of(gpa)?;
+    fn host(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> Option<*mut u8> {
+        let r = self.region_of(gpa, hint)?;
         let offset = gpa - r.gpa;
         // `offset < r.len`, so neither side overflows.
         (len <= r.len - offset).then(|| r.host.wrapping_add(offset as usize))
@@ -92,12 +111,23 @@ impl HostMemory {
     /// Whether the `len` bytes at `gpa` lie inside guest memory, in one region or in
     /// adjacent ones. An empty range is inside if its address is.
     pub fn holds(&self, gpa: u64, len: u64) -> bool {
+        self.holds_near(gpa, len, &Cell::new(0))
+    }
+
+    #[inline]
+    fn holds_near(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> bool {
+        self.host(gpa, len, hint).is_some() || self.holds_across(gpa, len, hint)
+    }
+
+    /// Whether the `len` bytes at `gpa` lie inside adjacent regions (or one).
+    #[cold]
+    fn holds_across(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> bool {
         let mut at = gpa;
         let mut left = len;
         // Each step moves to the region after the last one, so there are at most as many
         // steps as regions.
         for _ in 0..self.regions.len() {
-            let Some(r) = self.region_of(at) else {
+            let Some(r) = self.region_of(at, hint) else {
                 return false;
             };
             let room = r.len - (at - r.gpa);
@@ -111,9 +141,12 @@ impl HostMemory {
     }
 
     /// The `N` bytes at `gpa`, if they lie inside guest memory.
-    #[inline]
     pub fn read<const N: usize>(&self, gpa: u64) -> Option<[u8; N]> {
-        if let Some(p) = self.host(gpa, N as u64) {
+        self.read_near(gpa, &Cell::new(0))
+    }
+
+    fn read_near<const N: usize>(&self, gpa: u64, hint: &Cell<usize>) -> Option<[u8; N]> {
+        if let Some(p) = self.host(gpa, N as u64, hint) {
             // SAFETY: `p..p + N` lies inside one mapped region (`host`), kept mapped by
             // `self.guest` while `self` lives.
             return Some(unsafe { load(p) });
@@ -121,29 +154,55 @@ impl HostMemory {
         // Across adjacent regions (or not inside at all): byte by byte.
         let mut out = [0u8; N];
         for (i, b) in out.iter_mut().enumerate() {
-            let p = self.host(gpa.checked_add(i as u64)?, 1)?;
+            let p = self.host(gpa.checked_add(i as u64)?, 1, hint)?;
             // SAFETY: `p` is one byte inside a mapped region (`host`).
             *b = unsafe { p.read_volatile() };
         }
         Some(out)
     }
 
+    /// The 16 bytes at `gpa` as two little-endian words ([`GuestView::read16`]): two
+    /// loads where they lie inside one region 8-byte aligned, as descriptors, headers and
+    /// ranges do; byte by byte otherwise.
+    #[inline]
+    fn read16_near(&self, gpa: u64, hint: &Cell<usize>) -> Option<[u64; 2]> {
+        if let Some(p) = self.host(gpa, 16, hint) {
+            if (p as usize).is_multiple_of(8) {
+                // SAFETY: `p..p + 16` lies inside one mapped region (`host`), aligned.
+                return Some(unsafe { load_words(p) });
+            }
+        }
+        self.read_near::<16>(gpa, hint).map(words)
+    }
+
     /// Writes `bytes` at `gpa`; returns false, having written nothing, if they do not lie
     /// inside guest memory.
+    #[inline]
     pub fn write(&self, gpa: u64, bytes: &[u8]) -> bool {
-        if let Some(p) = self.host(gpa, bytes.len() as u64) {
+        self.write_near(gpa, bytes, &Cell::new(0))
+    }
+
+    #[inline]
+    fn write_near(&self, gpa: u64, bytes: &[u8], hint: &Cell<usize>) -> bool {
+        if let Some(p) = self.host(gpa, bytes.len() as u64, hint) {
             for (i, b) in bytes.iter().enumerate() {
                 // SAFETY: `p..p + bytes.len()` lies inside one mapped region (`host`).
                 unsafe { p.add(i).write_volatile(*b) };
             }
             return true;
         }
-        if !self.holds(gpa, bytes.len() as u64) {
+        self.write_across(gpa, bytes, hint)
+    }
+
+    /// Writes `bytes` across adjacent regions, a byte at a time.
+    #[cold]
+    fn write_across(&self, gpa: u64, bytes: &[u8], hint: &Cell<usize>) -> bool {
+        if !self.holds_across(gpa, bytes.len() as u64, hint) {
             return false;
         }
         for (i, b) in bytes.iter().enumerate() {
-            // `holds` saw every byte inside guest memory.
-            let Some(p) = self.host(gpa + i as u64, 1) else {
+            // `holds_across` saw every byte inside guest memory.
+            let Some(p) = self.host(gpa + i as u64, 1, hint) else {
                 debug_assert!(false, "a byte `holds` saw inside is outside");
                 return false;
             };
@@ -158,7 +217,7 @@ impl HostMemory {
     /// (guest regions are page-aligned in both address spaces, so that is the guest
     /// address's alignment as well).
     pub fn span(self: &Arc<Self>, gpa: u64, len: u64, align: usize) -> Option<Span> {
-        let p = self.host(gpa, len)?;
+        let p = self.host(gpa, len, &Cell::new(0))?;
         (p as usize).is_multiple_of(align).then(|| Span {
             ptr: p,
             len: len as usize,
@@ -168,14 +227,96 @@ impl HostMemory {
 }
 
 impl GuestView for HostMemory {
-    fn read16(&self, addr: u64) -> Option<[u8; 16]> {
-        self.read(addr)
+    #[inline]
+    fn read16(&self, addr: u64) -> Option<[u64; 2]> {
+        self.read16_near(addr, &Cell::new(0))
     }
 
+    #[inline]
     fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
         // Every region is mapped for reading and writing.
-        HostMemory::holds(self, addr, len)
+        self.holds_near(addr, len, &Cell::new(0))
     }
+}
+
+/// The guest's memory for one pass over a ring's requests: the ring's descriptor table
+/// resolved once per memory map (a descriptor is a bound check and two loads), and the
+/// region of the last address remembered for the next (headers, status bytes, data
+/// buffers). Made afresh for each pass from the memory map the ring reads and written
+/// nowhere else, so what it remembers never outlives the map it was learnt from.
+pub struct RingView<'a> {
+    memory: &'a HostMemory,
+    /// The descriptor table's guest address and, if it was resolved in `memory`, its host
+    /// address and entries (null and 0 if not: it is read through `memory` like any other
+    /// table).
+    table_gpa: u64,
+    table: *const u8,
+    table_entries: u16,
+    hint: Cell<usize>,
+}
+
+impl<'a> RingView<'a> {
+    /// A view of `memory` for a ring whose descriptor table is at `table_gpa`, resolved
+    /// (`table`, a span of whole descriptors) when the ring was mapped. A span resolved in
+    /// another memory map (one the ring has since left) is not used.
+    pub fn new(memory: &'a Arc<HostMemory>, table_gpa: u64, table: Option<&Span>) -> Self {
+        let resolved = table.filter(|t| {
+            Arc::ptr_eq(&t._memory, memory) && (t.ptr as usize).is_multiple_of(8)
+        });
+        let (ptr, entries) = resolved.map_or((std::ptr::null(), 0), |t| {
+            let entries = (t.len as u64 / DESCRIPTOR_BYTES).min(u64::from(u16::MAX));
+            (t.ptr.cast_const(), entries as u16)
+        });
+        RingView {
+            memory,
+            table_gpa,
+            table: ptr,
+            table_entries: entries,
+            hint: Cell::new(0),
+        }
+    }
+
+    /// Writes `bytes` at `gpa` ([`HostMemory::write`]).
+    #[inline]
+    pub fn write(&self, gpa: u64, bytes: &[u8]) -> bool {
+        self.memory.write_near(gpa, bytes, &self.hint)
+    }
+}
+
+impl GuestView for RingView<'_> {
+    #[inline]
+    fn read16(&self, addr: u64) -> Option<[u64; 2]> {
+        self.memory.read16_near(addr, &self.hint)
+    }
+
+    #[inline]
+    fn descriptor(&self, table: u64, index: u16) -> Option<[u64; 2]> {
+        if table == self.table_gpa && index < self.table_entries {
+            // SAFETY: `table_entries` descriptors at `self.table` lie inside a region of
+            // `self.memory` (the span was resolved in it, `new`), 8-byte aligned, and
+            // `self.memory` is borrowed for the view's life.
+            let p = unsafe { self.table.add(usize::from(index) * DESCRIPTOR_BYTES as usize) };
+            // SAFETY: as above.
+            return Some(unsafe { load_words(p) });
+        }
+        self.read16(table.checked_add(u64::from(index) * DESCRIPTOR_BYTES)?)
+    }
+
+    #[inline]
+    fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
+        self.memory.holds_near(addr, len, &self.hint)
+    }
+}
+
+/// The 16 bytes at `p` as two little-endian words, by two volatile loads.
+///
+/// # Safety
+/// `p..p + 16` lies inside a live mapping, and `p` is 8-byte aligned.
+#[inline]
+unsafe fn load_words(p: *const u8) -> [u64; 2] {
+    let p = p.cast::<u64>();
+    // SAFETY: both words lie inside `p..p + 16`, aligned (the caller's promise).
+    unsafe { [u64::from_le(p.read_volatile()), u64::from_le(p.add(1).read_volatile())] }
 }
 
 /// `N` bytes at `p`, by volatile loads: whole aligned words where it can.
@@ -260,7 +401,7 @@ impl Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{guest, HIGH_END, HIGH_START, LOW_END};
+    use crate::testkit::{guest, HIGH_END, HIGH_START, LOW_END, TABLE};
     use vm_memory::{Bytes, GuestAddress};
 
     fn memory() -> Arc<HostMemory> {
@@ -341,5 +482,92 @@ mod tests {
             "a ring lies inside one region"
         );
         assert!(!m.holds(0x1ff8, 16), "past the last region");
+    }
+
+    /// A descriptor table of `n` entries at `TABLE` in `m`, entry `i` holding address
+    /// `tag + i`, and the table resolved as a ring resolves it.
+    fn table_in(m: &Arc<HostMemory>, n: u16, tag: u64) -> Span {
+        for i in 0..n {
+            crate::testkit::put_desc(m.guest(), TABLE, i, tag + u64::from(i), 16, 0, 0);
+        }
+        m.span(TABLE, 16 * u64::from(n), 16).unwrap()
+    }
+
+    #[test]
+    fn a_ring_view_reads_its_resolved_table_and_nothing_past_it() {
+        let m = memory();
+        let span = table_in(&m, 4, 0xa0);
+        // A descriptor past the resolved entries, which the view must read by address.
+        crate::testkit::put_desc(m.guest(), TABLE, 4, 0xb4, 16, 0, 0);
+        let view = RingView::new(&m, TABLE, Some(&span));
+        for i in 0..5u16 {
+            assert_eq!(
+                view.descriptor(TABLE, i),
+                m.read16(TABLE + 16 * u64::from(i)),
+                "entry {i}"
+            );
+        }
+        assert_eq!(view.descriptor(TABLE, 1).unwrap()[0], 0xa1);
+        assert_eq!(view.descriptor(TABLE, 4).unwrap()[0], 0xb4);
+        // Another table (an indirect one) is read by address, inside memory or not.
+        assert_eq!(view.descriptor(TABLE + 16, 0), m.read16(TABLE + 16));
+        assert_eq!(view.descriptor(LOW_END - 16, 1), None);
+        assert_eq!(view.descriptor(u64::MAX - 15, 1), None);
+    }
+
+    #[test]
+    fn a_table_resolved_in_an_earlier_memory_map_is_not_used() {
+        // The map the ring resolved its table in, and the one the front end sent since: the
+        // same guest address, other bytes.
+        let old = memory();
+        let old_span = table_in(&old, 4, 0xa0);
+        let new = memory();
+        table_in(&new, 4, 0xc0);
+        let view = RingView::new(&new, TABLE, Some(&old_span));
+        assert_eq!(view.descriptor(TABLE, 2).unwrap()[0], 0xc2, "read in the new map");
+        // A new map without the table's region: nothing is read from the old one.
+        let small = Arc::new(HostMemory::new(Arc::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(HIGH_START), 0x1000)]).unwrap(),
+        )));
+        let view = RingView::new(&small, TABLE, Some(&old_span));
+        assert_eq!(view.descriptor(TABLE, 0), None);
+    }
+
+    #[test]
+    fn a_ring_view_remembers_a_region_but_never_answers_from_it_wrongly() {
+        let m = memory();
+        let g = m.guest().clone();
+        let high: [u8; 16] = std::array::from_fn(|i| 0x10 + i as u8);
+        let low: [u8; 16] = std::array::from_fn(|i| 0x40 + i as u8);
+        g.write_slice(&high, GuestAddress(HIGH_START + 0x40)).unwrap();
+        g.write_slice(&low, GuestAddress(0x40)).unwrap();
+        let view = RingView::new(&m, TABLE, None);
+        // Alternate between the regions, the hole, past the end, and an address that is
+        // inside the remembered region's length from the wrong side.
+        for _ in 0..2 {
+            assert_eq!(view.read16(HIGH_START + 0x40), Some(words(high)));
+            assert_eq!(view.read16(HIGH_START - 0x40), None, "the hole");
+            assert!(!view.holds(HIGH_END - 8, 16, false), "past the last region");
+            assert!(view.holds(HIGH_END - 16, 16, true));
+            assert_eq!(view.read16(0x40), Some(words(low)));
+            assert_eq!(view.read16(LOW_END - 8), None, "runs into the hole");
+            assert!(view.write(LOW_END - 1, &[7]));
+            assert!(!view.write(LOW_END, &[7]), "the hole");
+            assert!(view.write(HIGH_START, &[9]));
+        }
+        assert_eq!(g.read_obj::<u8>(GuestAddress(LOW_END - 1)).unwrap(), 7);
+        assert_eq!(g.read_obj::<u8>(GuestAddress(HIGH_START)).unwrap(), 9);
+    }
+
+    #[test]
+    fn an_unaligned_read_is_the_same_words() {
+        let m = memory();
+        let g = m.guest().clone();
+        let bytes: [u8; 16] = std::array::from_fn(|i| 0x80 + i as u8);
+        g.write_slice(&bytes, GuestAddress(0x203)).unwrap();
+        assert_eq!(m.read16(0x203), Some(words(bytes)));
+        assert_eq!(m.read16(0x203), g.read16(0x203), "as vm-memory reads them");
+        let view = RingView::new(&m, 0x203, None);
+        assert_eq!(view.descriptor(0x203, 0), Some(words(bytes)));
     }
 }

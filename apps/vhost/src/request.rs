@@ -186,11 +186,11 @@ fn parse_body<M: GuestView + ?Sized>(
     if status_len != 1 {
         return Err(RequestError::StatusSize { len: status_len });
     }
-    let bytes = mem
+    // Type (32 bits), reserved (32), sector (64), little-endian.
+    let [first, sector] = mem
         .read16(header.addr)
         .ok_or(RequestError::HeaderOutsideMemory)?;
-    let kind = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-    let sector = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let kind = first as u32;
     let data = 1..chain.len() - 1;
     for (i, b) in chain[data.clone()].iter().enumerate() {
         if b.len == 0 {
@@ -352,12 +352,12 @@ fn read_range<M: GuestView + ?Sized>(
     if range.len != RANGE_BYTES || range.writable {
         return Err(RequestError::RangeLayout { bytes });
     }
-    let raw = mem
+    // Sector (64 bits), sectors (32), flags (32), little-endian.
+    let [sector, rest] = mem
         .read16(range.addr)
         .ok_or(RequestError::BufferOutsideMemory { index: 0 })?;
-    let sector = u64::from_le_bytes(raw[0..8].try_into().expect("8 bytes"));
-    let sectors = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes"));
-    let flags = u32::from_le_bytes(raw[12..16].try_into().expect("4 bytes"));
+    let sectors = rest as u32;
+    let flags = (rest >> 32) as u32;
     if sectors == 0 || sectors > geometry.range_sectors_max {
         return Err(RequestError::RangeSize {
             sectors,

@@ -32,7 +32,7 @@ use hypoll_reactor::{IoOp, IoRequest, Poller, Reactor, ReactorHandle, RegionSlic
 use vm_memory::GuestAddress;
 
 use crate::blk::{S_IOERR, S_OK};
-use crate::host::HostMemory;
+use crate::host::{HostMemory, RingView};
 use crate::inflight::InflightQueue;
 use crate::memory::{ConnShared, Space};
 use crate::request::{parse, Op, ParseError, Request};
@@ -382,6 +382,7 @@ impl<S: VhostState> Vring<S> {
         let Some(mem) = self.memory.clone() else {
             return 0;
         };
+        let view = RingView::new(&mem, self.queue.desc_table(), self.queue.desc_span());
         if self.notify {
             // Requests are flowing: no kicks while the reactor polls.
             if self.queue.disable_notification() {
@@ -401,11 +402,11 @@ impl<S: VhostState> Vring<S> {
             };
             taken += 1;
             let desc = GuestAddress(self.queue.desc_table());
-            if let Err(e) = walk_chain(mem.as_ref(), desc, self.limits, head, &mut self.chain) {
+            if let Err(e) = walk_chain(&view, desc, self.limits, head, &mut self.chain) {
                 self.break_ring(&e.to_string());
                 break;
             }
-            match parse(mem.as_ref(), &self.chain, &self.export.geometry) {
+            match parse(&view, &self.chain, &self.export.geometry) {
                 Ok(req) => {
                     self.free.pop();
                     self.slots[usize::from(slot)] = Slot {
