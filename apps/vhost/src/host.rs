@@ -162,14 +162,29 @@ impl HostMemory {
     }
 
     /// The 16 bytes at `gpa` as two little-endian words ([`GuestView::read16`]): two
-    /// loads where they lie inside one region 8-byte aligned, as descriptors, headers and
-    /// ranges do; byte by byte otherwise.
+    /// aligned loads where they lie inside one region 8-byte aligned, as descriptors do;
+    /// three where they are not aligned (a driver may put a request header anywhere) and
+    /// the aligned words around them lie inside the region; byte by byte otherwise.
     #[inline]
     fn read16_near(&self, gpa: u64, hint: &Cell<usize>) -> Option<[u64; 2]> {
-        if let Some(p) = self.host(gpa, 16, hint) {
-            if (p as usize).is_multiple_of(8) {
-                // SAFETY: `p..p + 16` lies inside one mapped region (`host`), aligned.
-                return Some(unsafe { load_words(p) });
+        if let Some(r) = self.region_of(gpa, hint) {
+            let offset = gpa - r.gpa;
+            // `offset < r.len`: no overflow. The aligned words holding the 16 bytes, as
+            // offsets into the region: `first..end`.
+            let misaligned = (r.host as u64).wrapping_add(offset) % 8;
+            let first = offset - misaligned;
+            let end = first + if misaligned == 0 { 16 } else { 24 };
+            if offset >= misaligned && end <= r.len {
+                let p = r.host.wrapping_add(first as usize);
+                // SAFETY: `p..p + 16` (or `p..p + 24`) lies inside the region, which
+                // `self.guest` keeps mapped, and `p` is 8-byte aligned.
+                return Some(unsafe {
+                    if misaligned == 0 {
+                        load_words(p)
+                    } else {
+                        load_words_shifted(p, misaligned as u32 * 8)
+                    }
+                });
             }
         }
         self.read_near::<16>(gpa, hint).map(words)
@@ -306,6 +321,31 @@ impl GuestView for RingView<'_> {
     fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
         self.memory.holds_near(addr, len, &self.hint)
     }
+}
+
+/// The 16 bytes `shift_bits / 8` bytes past `p` as two little-endian words, by three
+/// volatile loads of the aligned words around them.
+///
+/// # Safety
+/// `p..p + 24` lies inside a live mapping, `p` is 8-byte aligned, and `shift_bits` is 8 to
+/// 56.
+#[inline]
+unsafe fn load_words_shifted(p: *const u8, shift_bits: u32) -> [u64; 2] {
+    debug_assert!((8..64).contains(&shift_bits));
+    let p = p.cast::<u64>();
+    // SAFETY: the three words lie inside `p..p + 24`, aligned (the caller's promise).
+    let [a, b, c] = unsafe {
+        [
+            u64::from_le(p.read_volatile()),
+            u64::from_le(p.add(1).read_volatile()),
+            u64::from_le(p.add(2).read_volatile()),
+        ]
+    };
+    // Little-endian: a later byte is a higher bit.
+    [
+        a >> shift_bits | b << (64 - shift_bits),
+        b >> shift_bits | c << (64 - shift_bits),
+    ]
 }
 
 /// The 16 bytes at `p` as two little-endian words, by two volatile loads.
@@ -560,14 +600,23 @@ mod tests {
     }
 
     #[test]
-    fn an_unaligned_read_is_the_same_words() {
+    fn an_unaligned_read_is_the_same_words_and_stays_inside_its_region() {
         let m = memory();
         let g = m.guest().clone();
-        let bytes: [u8; 16] = std::array::from_fn(|i| 0x80 + i as u8);
-        g.write_slice(&bytes, GuestAddress(0x203)).unwrap();
-        assert_eq!(m.read16(0x203), Some(words(bytes)));
-        assert_eq!(m.read16(0x203), g.read16(0x203), "as vm-memory reads them");
+        let bytes: [u8; 40] = std::array::from_fn(|i| 0x80 + i as u8);
+        g.write_slice(&bytes, GuestAddress(0x200)).unwrap();
+        for at in 0x200..0x218 {
+            assert_eq!(m.read16(at), g.read16(at), "at {at:#x}, as vm-memory reads it");
+        }
         let view = RingView::new(&m, 0x203, None);
-        assert_eq!(view.descriptor(0x203, 0), Some(words(bytes)));
+        assert_eq!(view.descriptor(0x203, 0), g.read16(0x203));
+        // The last 16 bytes of a region whose end is not a word's: the aligned words around
+        // them would run past it, so they are read some other way, and right.
+        let g = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1003)]).unwrap();
+        let tail: [u8; 16] = std::array::from_fn(|i| 0x30 + i as u8);
+        g.write_slice(&tail, GuestAddress(0xff3)).unwrap();
+        let m = Arc::new(HostMemory::new(Arc::new(g.clone())));
+        assert_eq!(m.read16(0xff3), Some(words(tail)));
+        assert_eq!(m.read16(0xff4), None, "past the end");
     }
 }
