@@ -14,6 +14,9 @@ pub(super) struct Reservoir<const N: usize> {
     len: usize,
     pos: usize,
     since_refresh: u32,
+    /// Samples to add before the next refresh (at least 1): what `add` would otherwise
+    /// work out from the counts on every sample, worked out once per refresh.
+    refresh_in: u32,
     sorted: [u64; N],
     /// `prefix[i]` = sum of `sorted[..=i]`.
     prefix: [u64; N],
@@ -34,6 +37,7 @@ impl<const N: usize> Reservoir<N> {
             len: 0,
             pos: 0,
             since_refresh: 0,
+            refresh_in: 1,
             sorted: [0; N],
             prefix: [0; N],
             sorted_len: 0,
@@ -61,12 +65,9 @@ impl<const N: usize> Reservoir<N> {
         self.added += 1;
         // Saturating: a reservoir sorted only on demand may go billions of samples unsorted.
         self.since_refresh = self.since_refresh.saturating_add(1);
-        // While filling, refresh each time the sample count doubles (and when it fills up).
-        let filling = self.sorted_len < N
-            && (self.len >= 2 * self.sorted_len
-                || self.len == N
-                || self.sorted_len < N.min(ADAPTIVE_SAMPLES_MIN));
-        if filling || self.since_refresh >= self.refresh_every {
+        self.refresh_in -= 1;
+        debug_assert_eq!(self.refresh_in == 0, self.refresh_due());
+        if self.refresh_in == 0 {
             self.refresh();
         }
         self.assert_invariants();
@@ -77,6 +78,33 @@ impl<const N: usize> Reservoir<N> {
         debug_assert!(self.sorted_len == N || 2 * self.sorted_len > self.len);
     }
 
+    /// Whether the sorted view is due to be rebuilt: every `refresh_every` samples, and while
+    /// filling each time the sample count doubles (and when it fills up).
+    fn refresh_due(&self) -> bool {
+        let filling = self.sorted_len < N
+            && (self.len >= 2 * self.sorted_len
+                || self.len == N
+                || self.sorted_len < N.min(ADAPTIVE_SAMPLES_MIN));
+        filling || self.since_refresh >= self.refresh_every
+    }
+
+    /// Samples from now (the view just rebuilt or cleared) until [`Self::refresh_due`]: the
+    /// first that fills a small view, doubles a larger one or fills the ring, or the
+    /// `refresh_every`-th, whichever comes first.
+    fn samples_to_refresh(&self) -> u32 {
+        debug_assert_eq!((self.sorted_len, self.since_refresh), (self.len, 0));
+        let n = self.len;
+        let filling = if n < N.min(ADAPTIVE_SAMPLES_MIN) {
+            1
+        } else if n < N {
+            n.min(N - n)
+        } else {
+            usize::MAX
+        };
+        let every = self.refresh_every.max(1);
+        u32::try_from(filling).map_or(every, |f| f.min(every))
+    }
+
     /// Forgets the samples (the counts of samples added and of refreshes go on).
     pub(super) fn clear(&mut self) {
         self.assert_invariants();
@@ -84,6 +112,7 @@ impl<const N: usize> Reservoir<N> {
         self.pos = 0;
         self.since_refresh = 0;
         self.sorted_len = 0;
+        self.refresh_in = self.samples_to_refresh();
         self.assert_invariants();
     }
 
@@ -92,14 +121,15 @@ impl<const N: usize> Reservoir<N> {
         self.since_refresh = 0;
         self.refreshes += 1;
         let n = self.len;
-        self.sorted[..n].copy_from_slice(&self.ring[..n]);
-        self.sorted[..n].sort_unstable();
+        // The prefix sums are written below: until then they are the sort's scratch space.
+        sort_into(&self.ring[..n], &mut self.sorted[..n], &mut self.prefix[..n]);
         let mut sum = 0u64;
         for i in 0..n {
             sum = sum.saturating_add(self.sorted[i]);
             self.prefix[i] = sum;
         }
         self.sorted_len = n;
+        self.refresh_in = self.samples_to_refresh();
         self.assert_invariants();
         debug_assert_eq!(self.sorted_len, self.len);
         debug_assert!(self.samples().is_sorted());
@@ -151,5 +181,168 @@ impl<const N: usize> Reservoir<N> {
         debug_assert!((0.0..=1.0).contains(&q), "quantile {q}");
         let xs = self.samples();
         (!xs.is_empty()).then(|| xs[((xs.len() - 1) as f64 * q + 0.5) as usize])
+    }
+}
+
+/// Fewest samples sorted by bytes ([`sort_into`]): below it the counting costs more than the
+/// comparisons it saves.
+const RADIX_SAMPLES_MIN: usize = 64;
+/// Most bytes sorted by: past it comparisons cost less.
+const RADIX_DIGITS_MAX: usize = 3;
+
+/// `src` sorted ascending into `dst` (of its length), with `scratch` (as long) to work in.
+/// Latencies, overshoots and gaps between requests differ from one another in their low two
+/// or three bytes only, so a sort by bytes, least significant first, skipping the bytes
+/// every sample shares, does in two or three passes over the samples what a comparison
+/// sort does in eight; with more bytes to sort by, or few samples, the library's sort.
+fn sort_into(src: &[u64], dst: &mut [u64], scratch: &mut [u64]) {
+    debug_assert!(src.len() == dst.len() && src.len() == scratch.len());
+    let (any, all) = src
+        .iter()
+        .fold((0u64, u64::MAX), |(any, all), &x| (any | x, all & x));
+    // The bit offsets of the bytes some samples differ in, lowest first.
+    let mut shifts = [0u32; RADIX_DIGITS_MAX];
+    let mut digits = 0;
+    for shift in (0..64).step_by(8) {
+        if (any ^ all) >> shift & 0xff != 0 {
+            if digits == RADIX_DIGITS_MAX {
+                digits = usize::MAX;
+                break;
+            }
+            shifts[digits] = shift;
+            digits += 1;
+        }
+    }
+    if digits > RADIX_DIGITS_MAX || src.len() < RADIX_SAMPLES_MIN {
+        dst.copy_from_slice(src);
+        dst.sort_unstable();
+        return;
+    }
+    if digits == 0 {
+        // All alike.
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut counts = [[0u32; 256]; RADIX_DIGITS_MAX];
+    for &x in src {
+        for (count, &shift) in counts.iter_mut().zip(&shifts[..digits]) {
+            count[(x >> shift & 0xff) as usize] += 1;
+        }
+    }
+    // Each pass is stable, so after the last the samples are in order of all the bytes
+    // sorted by, and alike in the others. The passes alternate between `dst` and `scratch`
+    // so that the last one writes `dst`.
+    for (pass, (count, &shift)) in counts.iter_mut().zip(&shifts[..digits]).enumerate() {
+        let into_dst = (digits - 1 - pass) % 2 == 0;
+        match (pass, into_dst) {
+            (0, true) => scatter(src, dst, shift, count),
+            (0, false) => scatter(src, scratch, shift, count),
+            (_, true) => scatter(scratch, dst, shift, count),
+            (_, false) => scatter(dst, scratch, shift, count),
+        }
+    }
+    debug_assert!(dst.is_sorted());
+}
+
+/// One pass of [`sort_into`]: `from` into `to` in order of the byte at `shift`, stable;
+/// `count` holds how many of `from` have each value of that byte.
+fn scatter(from: &[u64], to: &mut [u64], shift: u32, count: &mut [u32; 256]) {
+    // From counts to where each byte value's run starts.
+    let mut at = 0u32;
+    for c in count.iter_mut() {
+        let n = *c;
+        *c = at;
+        at += n;
+    }
+    debug_assert_eq!(at as usize, from.len());
+    for &x in from {
+        let slot = &mut count[(x >> shift & 0xff) as usize];
+        to[*slot as usize] = x;
+        *slot += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift): the tests need spread, not quality.
+    fn values(seed: u64, n: usize, mask: u64, base: u64) -> Vec<u64> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                base.wrapping_add(x & mask)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sorting_by_bytes_sorts_as_the_library_does() {
+        // Bytes alike in all samples, two or three that differ (sorted by bytes), more
+        // (sorted by comparison), all alike, few samples; values past 32 bits and at the
+        // top of the range.
+        let cases: Vec<Vec<u64>> = vec![
+            values(1, 256, 0xffff, 20_000),
+            values(2, 256, 0xff_ffff, 1 << 40),
+            values(3, 256, 0xff00_ff00, 0),
+            values(4, 256, u64::MAX, 0),
+            values(5, 256, 0x0f, u64::MAX - 0x10),
+            vec![77; 256],
+            values(6, 63, 0xffff, 0),
+            values(7, 64, 0xffff, 0),
+            values(8, 128, 0xf00f, 5),
+            (0..256u64).rev().collect(),
+            (0..256u64).map(|i| (i % 3) << 56).collect(),
+        ];
+        for (i, src) in cases.iter().enumerate() {
+            let mut want = src.clone();
+            want.sort_unstable();
+            let mut dst = vec![0; src.len()];
+            let mut scratch = vec![0; src.len()];
+            sort_into(src, &mut dst, &mut scratch);
+            assert_eq!(dst, want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn a_refresh_comes_when_the_counts_say_it_is_due() {
+        // `add` counts down to the next refresh; `refresh_due` is the rule it stands for,
+        // checked on every sample (debug builds), over filling, turning over, clearing and
+        // refreshes from outside.
+        for every in [1u32, 16, 64, 256, u32::MAX] {
+            let mut r = Reservoir::<256>::empty(every);
+            let mut refreshes = Vec::new();
+            for (i, x) in values(9, 2000, 0xffff, 0).into_iter().enumerate() {
+                let before = r.refreshes();
+                r.add(x);
+                if r.refreshes() != before {
+                    refreshes.push(i);
+                }
+                if i == 700 {
+                    r.clear();
+                }
+                if i == 900 {
+                    r.refresh();
+                }
+            }
+            // Filling: the 1st to 16th samples, then at 32, 64, 128 and 256.
+            let filling: Vec<usize> = (0..16).chain([31, 63, 127, 255]).collect();
+            let every_n = every as usize;
+            let expect_fill: Vec<usize> = filling
+                .iter()
+                .copied()
+                .filter(|&i| i < every_n || every == 1)
+                .collect();
+            for i in expect_fill {
+                assert!(refreshes.contains(&i), "every {every}: sample {i}");
+            }
+            if every == 256 {
+                assert!(refreshes.contains(&(255 + 256)), "turned over once");
+                assert!(refreshes.contains(&701), "the first sample after a clear");
+            }
+        }
     }
 }
