@@ -275,9 +275,8 @@ impl<'a> RingView<'a> {
     /// (`table`, a span of whole descriptors) when the ring was mapped. A span resolved in
     /// another memory map (one the ring has since left) is not used.
     pub fn new(memory: &'a Arc<HostMemory>, table_gpa: u64, table: Option<&Span>) -> Self {
-        let resolved = table.filter(|t| {
-            Arc::ptr_eq(&t._memory, memory) && (t.ptr as usize).is_multiple_of(8)
-        });
+        let resolved =
+            table.filter(|t| Arc::ptr_eq(&t._memory, memory) && (t.ptr as usize).is_multiple_of(8));
         let (ptr, entries) = resolved.map_or((std::ptr::null(), 0), |t| {
             let entries = (t.len as u64 / DESCRIPTOR_BYTES).min(u64::from(u16::MAX));
             (t.ptr.cast_const(), entries as u16)
@@ -310,7 +309,10 @@ impl GuestView for RingView<'_> {
             // SAFETY: `table_entries` descriptors at `self.table` lie inside a region of
             // `self.memory` (the span was resolved in it, `new`), 8-byte aligned, and
             // `self.memory` is borrowed for the view's life.
-            let p = unsafe { self.table.add(usize::from(index) * DESCRIPTOR_BYTES as usize) };
+            let p = unsafe {
+                self.table
+                    .add(usize::from(index) * DESCRIPTOR_BYTES as usize)
+            };
             // SAFETY: as above.
             return Some(unsafe { load_words(p) });
         }
@@ -356,7 +358,12 @@ unsafe fn load_words_shifted(p: *const u8, shift_bits: u32) -> [u64; 2] {
 unsafe fn load_words(p: *const u8) -> [u64; 2] {
     let p = p.cast::<u64>();
     // SAFETY: both words lie inside `p..p + 16`, aligned (the caller's promise).
-    unsafe { [u64::from_le(p.read_volatile()), u64::from_le(p.add(1).read_volatile())] }
+    unsafe {
+        [
+            u64::from_le(p.read_volatile()),
+            u64::from_le(p.add(1).read_volatile()),
+        ]
+    }
 }
 
 /// `N` bytes at `p`, by volatile loads: whole aligned words where it can.
@@ -564,7 +571,11 @@ mod tests {
         let new = memory();
         table_in(&new, 4, 0xc0);
         let view = RingView::new(&new, TABLE, Some(&old_span));
-        assert_eq!(view.descriptor(TABLE, 2).unwrap()[0], 0xc2, "read in the new map");
+        assert_eq!(
+            view.descriptor(TABLE, 2).unwrap()[0],
+            0xc2,
+            "read in the new map"
+        );
         // A new map without the table's region: nothing is read from the old one.
         let small = Arc::new(HostMemory::new(Arc::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(HIGH_START), 0x1000)]).unwrap(),
@@ -579,7 +590,8 @@ mod tests {
         let g = m.guest().clone();
         let high: [u8; 16] = std::array::from_fn(|i| 0x10 + i as u8);
         let low: [u8; 16] = std::array::from_fn(|i| 0x40 + i as u8);
-        g.write_slice(&high, GuestAddress(HIGH_START + 0x40)).unwrap();
+        g.write_slice(&high, GuestAddress(HIGH_START + 0x40))
+            .unwrap();
         g.write_slice(&low, GuestAddress(0x40)).unwrap();
         let view = RingView::new(&m, TABLE, None);
         // Alternate between the regions, the hole, past the end, and an address that is
@@ -606,7 +618,11 @@ mod tests {
         let bytes: [u8; 40] = std::array::from_fn(|i| 0x80 + i as u8);
         g.write_slice(&bytes, GuestAddress(0x200)).unwrap();
         for at in 0x200..0x218 {
-            assert_eq!(m.read16(at), g.read16(at), "at {at:#x}, as vm-memory reads it");
+            assert_eq!(
+                m.read16(at),
+                g.read16(at),
+                "at {at:#x}, as vm-memory reads it"
+            );
         }
         let view = RingView::new(&m, 0x203, None);
         assert_eq!(view.descriptor(0x203, 0), g.read16(0x203));

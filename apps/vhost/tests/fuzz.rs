@@ -159,7 +159,10 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     // As a ring reads: its table resolved once, one view (and the region it remembers) for
     // every chain the ring offers.
     let table = host.span(TABLE, 16 * u64::from(s.queue_size), 16);
-    prop_assert!(table.is_some(), "a table of up to 256 entries lies in the first region");
+    prop_assert!(
+        table.is_some(),
+        "a table of up to 256 entries lies in the first region"
+    );
     let view = RingView::new(&host, TABLE, table.as_ref());
     let mut chain_view: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
     let mut chain: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
@@ -194,7 +197,11 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
         prop_assert!(!chain.is_empty());
         let parsed = parse(host.as_ref(), &chain, &g);
         prop_assert_eq!(&parsed, &parse(&mem, &chain, &g), "and parse alike");
-        prop_assert_eq!(&parsed, &parse(&view, &chain, &g), "through the ring's view too");
+        prop_assert_eq!(
+            &parsed,
+            &parse(&view, &chain, &g),
+            "through the ring's view too"
+        );
         match parsed {
             Ok(req) => check_request(&req, &chain, &g)?,
             Err(ParseError::Refused { status, error }) => {

@@ -56,6 +56,7 @@ impl<const N: usize> Reservoir<N> {
         debug_assert!(self.len as u64 <= self.added);
     }
 
+    #[inline]
     pub(super) fn add(&mut self, x: u64) {
         self.assert_invariants();
         let added = self.added;
@@ -116,13 +117,16 @@ impl<const N: usize> Reservoir<N> {
         self.assert_invariants();
     }
 
+    /// Rebuilds the sorted view (out of line: `add` is on every completion's path, this
+    /// once in many).
+    #[inline(never)]
     pub(super) fn refresh(&mut self) {
         self.assert_invariants();
         self.since_refresh = 0;
         self.refreshes += 1;
         let n = self.len;
-        // The prefix sums are written below: until then they are the sort's scratch space.
-        sort_into(&self.ring[..n], &mut self.sorted[..n], &mut self.prefix[..n]);
+        self.sorted[..n].copy_from_slice(&self.ring[..n]);
+        self.sorted[..n].sort_unstable();
         let mut sum = 0u64;
         for i in 0..n {
             sum = sum.saturating_add(self.sorted[i]);
@@ -184,84 +188,6 @@ impl<const N: usize> Reservoir<N> {
     }
 }
 
-/// Fewest samples sorted by bytes ([`sort_into`]): below it the counting costs more than the
-/// comparisons it saves.
-const RADIX_SAMPLES_MIN: usize = 64;
-/// Most bytes sorted by: past it comparisons cost less.
-const RADIX_DIGITS_MAX: usize = 3;
-
-/// `src` sorted ascending into `dst` (of its length), with `scratch` (as long) to work in.
-/// Latencies, overshoots and gaps between requests differ from one another in their low two
-/// or three bytes only, so a sort by bytes, least significant first, skipping the bytes
-/// every sample shares, does in two or three passes over the samples what a comparison
-/// sort does in eight; with more bytes to sort by, or few samples, the library's sort.
-fn sort_into(src: &[u64], dst: &mut [u64], scratch: &mut [u64]) {
-    debug_assert!(src.len() == dst.len() && src.len() == scratch.len());
-    let (any, all) = src
-        .iter()
-        .fold((0u64, u64::MAX), |(any, all), &x| (any | x, all & x));
-    // The bit offsets of the bytes some samples differ in, lowest first.
-    let mut shifts = [0u32; RADIX_DIGITS_MAX];
-    let mut digits = 0;
-    for shift in (0..64).step_by(8) {
-        if (any ^ all) >> shift & 0xff != 0 {
-            if digits == RADIX_DIGITS_MAX {
-                digits = usize::MAX;
-                break;
-            }
-            shifts[digits] = shift;
-            digits += 1;
-        }
-    }
-    if digits > RADIX_DIGITS_MAX || src.len() < RADIX_SAMPLES_MIN {
-        dst.copy_from_slice(src);
-        dst.sort_unstable();
-        return;
-    }
-    if digits == 0 {
-        // All alike.
-        dst.copy_from_slice(src);
-        return;
-    }
-    let mut counts = [[0u32; 256]; RADIX_DIGITS_MAX];
-    for &x in src {
-        for (count, &shift) in counts.iter_mut().zip(&shifts[..digits]) {
-            count[(x >> shift & 0xff) as usize] += 1;
-        }
-    }
-    // Each pass is stable, so after the last the samples are in order of all the bytes
-    // sorted by, and alike in the others. The passes alternate between `dst` and `scratch`
-    // so that the last one writes `dst`.
-    for (pass, (count, &shift)) in counts.iter_mut().zip(&shifts[..digits]).enumerate() {
-        let into_dst = (digits - 1 - pass) % 2 == 0;
-        match (pass, into_dst) {
-            (0, true) => scatter(src, dst, shift, count),
-            (0, false) => scatter(src, scratch, shift, count),
-            (_, true) => scatter(scratch, dst, shift, count),
-            (_, false) => scatter(dst, scratch, shift, count),
-        }
-    }
-    debug_assert!(dst.is_sorted());
-}
-
-/// One pass of [`sort_into`]: `from` into `to` in order of the byte at `shift`, stable;
-/// `count` holds how many of `from` have each value of that byte.
-fn scatter(from: &[u64], to: &mut [u64], shift: u32, count: &mut [u32; 256]) {
-    // From counts to where each byte value's run starts.
-    let mut at = 0u32;
-    for c in count.iter_mut() {
-        let n = *c;
-        *c = at;
-        at += n;
-    }
-    debug_assert_eq!(at as usize, from.len());
-    for &x in from {
-        let slot = &mut count[(x >> shift & 0xff) as usize];
-        to[*slot as usize] = x;
-        *slot += 1;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,34 +203,6 @@ mod tests {
                 base.wrapping_add(x & mask)
             })
             .collect()
-    }
-
-    #[test]
-    fn sorting_by_bytes_sorts_as_the_library_does() {
-        // Bytes alike in all samples, two or three that differ (sorted by bytes), more
-        // (sorted by comparison), all alike, few samples; values past 32 bits and at the
-        // top of the range.
-        let cases: Vec<Vec<u64>> = vec![
-            values(1, 256, 0xffff, 20_000),
-            values(2, 256, 0xff_ffff, 1 << 40),
-            values(3, 256, 0xff00_ff00, 0),
-            values(4, 256, u64::MAX, 0),
-            values(5, 256, 0x0f, u64::MAX - 0x10),
-            vec![77; 256],
-            values(6, 63, 0xffff, 0),
-            values(7, 64, 0xffff, 0),
-            values(8, 128, 0xf00f, 5),
-            (0..256u64).rev().collect(),
-            (0..256u64).map(|i| (i % 3) << 56).collect(),
-        ];
-        for (i, src) in cases.iter().enumerate() {
-            let mut want = src.clone();
-            want.sort_unstable();
-            let mut dst = vec![0; src.len()];
-            let mut scratch = vec![0; src.len()];
-            sort_into(src, &mut dst, &mut scratch);
-            assert_eq!(dst, want, "case {i}");
-        }
     }
 
     #[test]
