@@ -151,6 +151,7 @@ pub fn parse<M: GuestView + ?Sized>(
 
 /// Where the status byte is: the last byte of the last buffer, which must be writable and
 /// in guest memory, or nothing in the chain can be answered.
+#[inline]
 fn status_of<M: GuestView + ?Sized>(mem: &M, chain: &[Buffer]) -> Result<GuestAddress, ChainError> {
     let last = chain.last().ok_or(ChainError::NoStatus)?;
     if !last.writable || last.len == 0 {
@@ -275,6 +276,7 @@ fn parse_body<M: GuestView + ?Sized>(
 
 /// The bytes a read's or write's data buffers carry, each of the right direction and
 /// within the segment limits.
+#[inline]
 fn data_bytes(data: &[Buffer], geometry: &Geometry, writable: bool) -> Result<u64, RequestError> {
     if data.is_empty() {
         return Err(RequestError::NoData);
@@ -308,6 +310,7 @@ fn data_bytes(data: &[Buffer], geometry: &Geometry, writable: bool) -> Result<u6
 }
 
 /// `bytes` at `sector`, as whole device blocks inside the capacity. Returns the sectors.
+#[inline]
 fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, RequestError> {
     let block_sectors = geometry.block_sectors();
     let not_whole = RequestError::NotWholeBlocks {
@@ -315,8 +318,8 @@ fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, Requ
         bytes,
         block_bytes: geometry.block_bytes,
     };
-    if !bytes.is_multiple_of(u64::from(geometry.block_bytes))
-        || !sector.is_multiple_of(block_sectors)
+    if !Geometry::is_multiple(bytes, u64::from(geometry.block_bytes))
+        || !Geometry::is_multiple(sector, block_sectors)
     {
         return Err(not_whole);
     }

@@ -289,9 +289,8 @@ impl<S: VhostState> Vring<S> {
     /// request waits), true if it was submitted or answered.
     fn submit(&mut self, r: &mut Reactor<S>, space: &Space, slot: u16, req: &Request) -> bool {
         let g = &self.export.geometry;
-        let block = g.block_sectors();
-        let slba = req.sector / block;
-        let nlb = (req.sectors / block) as u32;
+        let slba = g.blocks(req.sector);
+        let nlb = g.blocks(req.sectors) as u32;
         let user = user(self.inbox, slot);
         let dev = self.export.device;
         let submitted = match req.op {

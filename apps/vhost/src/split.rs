@@ -158,7 +158,8 @@ impl SplitRing {
     #[inline]
     pub fn pop(&mut self) -> Option<u16> {
         let areas = self.areas.as_ref()?;
-        let slot = u64::from(self.next_avail.0 % self.size);
+        // The size is a power of two (virtio's rule, checked when the front end set it).
+        let slot = u64::from(self.next_avail.0 & (self.size - 1));
         let offset = RING_HEADER_BYTES + AVAIL_ENTRY_BYTES * slot;
         // Ordered after the avail index by its Acquire load.
         let head = areas.avail.load_u16(offset as usize, Ordering::Relaxed)?;
@@ -176,7 +177,7 @@ impl SplitRing {
         let Some(areas) = self.areas.as_ref() else {
             return false;
         };
-        let slot = u64::from(self.next_used.0 % self.size);
+        let slot = u64::from(self.next_used.0 & (self.size - 1));
         let offset = (RING_HEADER_BYTES + USED_ELEM_BYTES * slot) as usize;
         let wrote =
             areas.used.write_u32(offset, u32::from(head)) && areas.used.write_u32(offset + 4, len);
