@@ -9,6 +9,8 @@
 //! memory is ever read or written. A small range that crosses from one region into the next
 //! adjacent one (vm-memory's accessors allow that) is copied a byte at a time, each byte
 //! translated on its own; the rings themselves must each lie inside one region ([`Span`]).
+//! A pass over a ring's requests reads through a [`RingView`]: the descriptor table
+//! resolved once per map, and the region of its last address remembered for the next.
 //!
 //! The guest writes its memory while we read it, from another process and another CPU, so
 //! nothing here ever makes a Rust reference into guest memory: plain data moves by volatile
@@ -18,12 +20,13 @@
 //! Acquire, the used index stored with Release after the used elements), with the fences
 //! virtio requires left to the ring code (`split.rs`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::walk::GuestView;
+use crate::walk::{words, GuestView, DESCRIPTOR_BYTES};
 
 /// One mapped region of the guest's memory.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +34,14 @@ struct Region {
     gpa: u64,
     len: u64,
     host: *mut u8,
+}
+
+impl Region {
+    /// Whether guest address `gpa` lies in the region.
+    #[inline]
+    fn holds(&self, gpa: u64) -> bool {
+        gpa >= self.gpa && gpa - self.gpa < self.len
+    }
 }
 
 /// The guest's memory as host pointers; see the module's documentation.
@@ -72,18 +83,26 @@ impl HostMemory {
         &self.guest
     }
 
-    /// The region holding guest address `gpa`.
+    /// The region holding guest address `gpa`: the one at index `hint` if it holds it (a
+    /// pass over a ring finds most of its addresses in the region of the last one), else
+    /// the first that does, whose index then goes to `hint`. A hint is only ever an index
+    /// into this table, checked before use: a wrong one costs a search, never a wrong answer.
     #[inline]
-    fn region_of(&self, gpa: u64) -> Option<&Region> {
-        self.regions
-            .iter()
-            .find(|r| gpa >= r.gpa && gpa - r.gpa < r.len)
+    fn region_of(&self, gpa: u64, hint: &Cell<usize>) -> Option<&Region> {
+        if let Some(r) = self.regions.get(hint.get()) {
+            if r.holds(gpa) {
+                return Some(r);
+            }
+        }
+        let i = self.regions.iter().position(|r| r.holds(gpa))?;
+        hint.set(i);
+        Some(&self.regions[i])
     }
 
     /// The host address of the `len` bytes at `gpa`, if they lie wholly inside one region.
     #[inline]
-    fn host(&self, gpa: u64, len: u64) -> Option<*mut u8> {
-        let r = self.region_of(gpa)?;
+    fn host(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> Option<*mut u8> {
+        let r = self.region_of(gpa, hint)?;
         let offset = gpa - r.gpa;
         // `offset < r.len`, so neither side overflows.
         (len <= r.len - offset).then(|| r.host.wrapping_add(offset as usize))
@@ -92,12 +111,23 @@ impl HostMemory {
     /// Whether the `len` bytes at `gpa` lie inside guest memory, in one region or in
     /// adjacent ones. An empty range is inside if its address is.
     pub fn holds(&self, gpa: u64, len: u64) -> bool {
+        self.holds_near(gpa, len, &Cell::new(0))
+    }
+
+    #[inline]
+    fn holds_near(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> bool {
+        self.host(gpa, len, hint).is_some() || self.holds_across(gpa, len, hint)
+    }
+
+    /// Whether the `len` bytes at `gpa` lie inside adjacent regions (or one).
+    #[cold]
+    fn holds_across(&self, gpa: u64, len: u64, hint: &Cell<usize>) -> bool {
         let mut at = gpa;
         let mut left = len;
         // Each step moves to the region after the last one, so there are at most as many
         // steps as regions.
         for _ in 0..self.regions.len() {
-            let Some(r) = self.region_of(at) else {
+            let Some(r) = self.region_of(at, hint) else {
                 return false;
             };
             let room = r.len - (at - r.gpa);
@@ -111,9 +141,12 @@ impl HostMemory {
     }
 
     /// The `N` bytes at `gpa`, if they lie inside guest memory.
-    #[inline]
     pub fn read<const N: usize>(&self, gpa: u64) -> Option<[u8; N]> {
-        if let Some(p) = self.host(gpa, N as u64) {
+        self.read_near(gpa, &Cell::new(0))
+    }
+
+    fn read_near<const N: usize>(&self, gpa: u64, hint: &Cell<usize>) -> Option<[u8; N]> {
+        if let Some(p) = self.host(gpa, N as u64, hint) {
             // SAFETY: `p..p + N` lies inside one mapped region (`host`), kept mapped by
             // `self.guest` while `self` lives.
             return Some(unsafe { load(p) });
@@ -121,29 +154,70 @@ impl HostMemory {
         // Across adjacent regions (or not inside at all): byte by byte.
         let mut out = [0u8; N];
         for (i, b) in out.iter_mut().enumerate() {
-            let p = self.host(gpa.checked_add(i as u64)?, 1)?;
+            let p = self.host(gpa.checked_add(i as u64)?, 1, hint)?;
             // SAFETY: `p` is one byte inside a mapped region (`host`).
             *b = unsafe { p.read_volatile() };
         }
         Some(out)
     }
 
+    /// The 16 bytes at `gpa` as two little-endian words ([`GuestView::read16`]): two
+    /// aligned loads where they lie inside one region 8-byte aligned, as descriptors do;
+    /// three where they are not aligned (a driver may put a request header anywhere) and
+    /// the aligned words around them lie inside the region; byte by byte otherwise.
+    #[inline]
+    fn read16_near(&self, gpa: u64, hint: &Cell<usize>) -> Option<[u64; 2]> {
+        if let Some(r) = self.region_of(gpa, hint) {
+            let offset = gpa - r.gpa;
+            // `offset < r.len`: no overflow. The aligned words holding the 16 bytes, as
+            // offsets into the region: `first..end`.
+            let misaligned = (r.host as u64).wrapping_add(offset) % 8;
+            let first = offset - misaligned;
+            let end = first + if misaligned == 0 { 16 } else { 24 };
+            if offset >= misaligned && end <= r.len {
+                let p = r.host.wrapping_add(first as usize);
+                // SAFETY: `p..p + 16` (or `p..p + 24`) lies inside the region, which
+                // `self.guest` keeps mapped, and `p` is 8-byte aligned.
+                return Some(unsafe {
+                    if misaligned == 0 {
+                        load_words(p)
+                    } else {
+                        load_words_shifted(p, misaligned as u32 * 8)
+                    }
+                });
+            }
+        }
+        self.read_near::<16>(gpa, hint).map(words)
+    }
+
     /// Writes `bytes` at `gpa`; returns false, having written nothing, if they do not lie
     /// inside guest memory.
+    #[inline]
     pub fn write(&self, gpa: u64, bytes: &[u8]) -> bool {
-        if let Some(p) = self.host(gpa, bytes.len() as u64) {
+        self.write_near(gpa, bytes, &Cell::new(0))
+    }
+
+    #[inline]
+    fn write_near(&self, gpa: u64, bytes: &[u8], hint: &Cell<usize>) -> bool {
+        if let Some(p) = self.host(gpa, bytes.len() as u64, hint) {
             for (i, b) in bytes.iter().enumerate() {
                 // SAFETY: `p..p + bytes.len()` lies inside one mapped region (`host`).
                 unsafe { p.add(i).write_volatile(*b) };
             }
             return true;
         }
-        if !self.holds(gpa, bytes.len() as u64) {
+        self.write_across(gpa, bytes, hint)
+    }
+
+    /// Writes `bytes` across adjacent regions, a byte at a time.
+    #[cold]
+    fn write_across(&self, gpa: u64, bytes: &[u8], hint: &Cell<usize>) -> bool {
+        if !self.holds_across(gpa, bytes.len() as u64, hint) {
             return false;
         }
         for (i, b) in bytes.iter().enumerate() {
-            // `holds` saw every byte inside guest memory.
-            let Some(p) = self.host(gpa + i as u64, 1) else {
+            // `holds_across` saw every byte inside guest memory.
+            let Some(p) = self.host(gpa + i as u64, 1, hint) else {
                 debug_assert!(false, "a byte `holds` saw inside is outside");
                 return false;
             };
@@ -158,7 +232,7 @@ impl HostMemory {
     /// (guest regions are page-aligned in both address spaces, so that is the guest
     /// address's alignment as well).
     pub fn span(self: &Arc<Self>, gpa: u64, len: u64, align: usize) -> Option<Span> {
-        let p = self.host(gpa, len)?;
+        let p = self.host(gpa, len, &Cell::new(0))?;
         (p as usize).is_multiple_of(align).then(|| Span {
             ptr: p,
             len: len as usize,
@@ -168,13 +242,127 @@ impl HostMemory {
 }
 
 impl GuestView for HostMemory {
-    fn read16(&self, addr: u64) -> Option<[u8; 16]> {
-        self.read(addr)
+    #[inline]
+    fn read16(&self, addr: u64) -> Option<[u64; 2]> {
+        self.read16_near(addr, &Cell::new(0))
     }
 
+    #[inline]
     fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
         // Every region is mapped for reading and writing.
-        HostMemory::holds(self, addr, len)
+        self.holds_near(addr, len, &Cell::new(0))
+    }
+}
+
+/// The guest's memory for one pass over a ring's requests: the ring's descriptor table
+/// resolved once per memory map (a descriptor is a bound check and two loads), and the
+/// region of the last address remembered for the next (headers, status bytes, data
+/// buffers). Made afresh for each pass from the memory map the ring reads and written
+/// nowhere else, so what it remembers never outlives the map it was learnt from.
+pub struct RingView<'a> {
+    memory: &'a HostMemory,
+    /// The descriptor table's guest address and, if it was resolved in `memory`, its host
+    /// address and entries (null and 0 if not: it is read through `memory` like any other
+    /// table).
+    table_gpa: u64,
+    table: *const u8,
+    table_entries: u16,
+    hint: Cell<usize>,
+}
+
+impl<'a> RingView<'a> {
+    /// A view of `memory` for a ring whose descriptor table is at `table_gpa`, resolved
+    /// (`table`, a span of whole descriptors) when the ring was mapped. A span resolved in
+    /// another memory map (one the ring has since left) is not used.
+    pub fn new(memory: &'a Arc<HostMemory>, table_gpa: u64, table: Option<&Span>) -> Self {
+        let resolved =
+            table.filter(|t| Arc::ptr_eq(&t._memory, memory) && (t.ptr as usize).is_multiple_of(8));
+        let (ptr, entries) = resolved.map_or((std::ptr::null(), 0), |t| {
+            let entries = (t.len as u64 / DESCRIPTOR_BYTES).min(u64::from(u16::MAX));
+            (t.ptr.cast_const(), entries as u16)
+        });
+        RingView {
+            memory,
+            table_gpa,
+            table: ptr,
+            table_entries: entries,
+            hint: Cell::new(0),
+        }
+    }
+
+    /// Writes `bytes` at `gpa` ([`HostMemory::write`]).
+    #[inline]
+    pub fn write(&self, gpa: u64, bytes: &[u8]) -> bool {
+        self.memory.write_near(gpa, bytes, &self.hint)
+    }
+}
+
+impl GuestView for RingView<'_> {
+    #[inline]
+    fn read16(&self, addr: u64) -> Option<[u64; 2]> {
+        self.memory.read16_near(addr, &self.hint)
+    }
+
+    #[inline]
+    fn descriptor(&self, table: u64, index: u16) -> Option<[u64; 2]> {
+        if table == self.table_gpa && index < self.table_entries {
+            // SAFETY: `table_entries` descriptors at `self.table` lie inside a region of
+            // `self.memory` (the span was resolved in it, `new`), 8-byte aligned, and
+            // `self.memory` is borrowed for the view's life.
+            let p = unsafe {
+                self.table
+                    .add(usize::from(index) * DESCRIPTOR_BYTES as usize)
+            };
+            // SAFETY: as above.
+            return Some(unsafe { load_words(p) });
+        }
+        self.read16(table.checked_add(u64::from(index) * DESCRIPTOR_BYTES)?)
+    }
+
+    #[inline]
+    fn holds(&self, addr: u64, len: u64, _write: bool) -> bool {
+        self.memory.holds_near(addr, len, &self.hint)
+    }
+}
+
+/// The 16 bytes `shift_bits / 8` bytes past `p` as two little-endian words, by three
+/// volatile loads of the aligned words around them.
+///
+/// # Safety
+/// `p..p + 24` lies inside a live mapping, `p` is 8-byte aligned, and `shift_bits` is 8 to
+/// 56.
+#[inline]
+unsafe fn load_words_shifted(p: *const u8, shift_bits: u32) -> [u64; 2] {
+    debug_assert!((8..64).contains(&shift_bits));
+    let p = p.cast::<u64>();
+    // SAFETY: the three words lie inside `p..p + 24`, aligned (the caller's promise).
+    let [a, b, c] = unsafe {
+        [
+            u64::from_le(p.read_volatile()),
+            u64::from_le(p.add(1).read_volatile()),
+            u64::from_le(p.add(2).read_volatile()),
+        ]
+    };
+    // Little-endian: a later byte is a higher bit.
+    [
+        a >> shift_bits | b << (64 - shift_bits),
+        b >> shift_bits | c << (64 - shift_bits),
+    ]
+}
+
+/// The 16 bytes at `p` as two little-endian words, by two volatile loads.
+///
+/// # Safety
+/// `p..p + 16` lies inside a live mapping, and `p` is 8-byte aligned.
+#[inline]
+unsafe fn load_words(p: *const u8) -> [u64; 2] {
+    let p = p.cast::<u64>();
+    // SAFETY: both words lie inside `p..p + 16`, aligned (the caller's promise).
+    unsafe {
+        [
+            u64::from_le(p.read_volatile()),
+            u64::from_le(p.add(1).read_volatile()),
+        ]
     }
 }
 
@@ -258,88 +446,4 @@ impl Span {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit::{guest, HIGH_END, HIGH_START, LOW_END};
-    use vm_memory::{Bytes, GuestAddress};
-
-    fn memory() -> Arc<HostMemory> {
-        Arc::new(HostMemory::new(Arc::new(guest())))
-    }
-
-    #[test]
-    fn a_range_is_translated_only_wholly_inside_one_region() {
-        let m = memory();
-        assert!(m.holds(0, LOW_END));
-        assert!(m.holds(LOW_END - 16, 16));
-        assert!(
-            !m.holds(LOW_END - 15, 16),
-            "straddles the end of the first region"
-        );
-        assert!(!m.holds(HIGH_START - 1, 2), "starts in the hole");
-        assert!(m.holds(HIGH_END - 1, 1));
-        assert!(!m.holds(HIGH_END - 1, 2), "runs past the last region");
-        assert!(!m.holds(HIGH_END, 1), "past the last region");
-        assert!(!m.holds(u64::MAX, 1));
-        assert!(m.read::<16>(LOW_END - 15).is_none());
-        assert!(m.read::<16>(HIGH_END - 8).is_none());
-        assert!(m.read::<16>(u64::MAX - 7).is_none());
-        assert!(!m.write(LOW_END - 1, &[1, 2]));
-        assert!(!m.write(HIGH_END, &[1]));
-        assert!(m.span(LOW_END - 8, 16, 2).is_none());
-        assert!(m.span(HIGH_END - 8, 16, 2).is_none());
-        assert!(m.span(HIGH_START + 1, 4, 2).is_none(), "misaligned");
-        // Nothing next to the refused ranges was written.
-        let g = m.guest();
-        assert_eq!(g.read_obj::<u8>(GuestAddress(LOW_END - 1)).unwrap(), 0);
-        assert_eq!(g.read_obj::<u8>(GuestAddress(HIGH_END - 1)).unwrap(), 0);
-    }
-
-    #[test]
-    fn reads_and_writes_land_where_vm_memory_sees_them() {
-        let m = memory();
-        let g = m.guest().clone();
-        let bytes: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
-        assert!(m.write(HIGH_START + 3, &bytes));
-        let mut back = [0u8; 16];
-        g.read_slice(&mut back, GuestAddress(HIGH_START + 3))
-            .unwrap();
-        assert_eq!(back, bytes);
-        assert_eq!(m.read::<16>(HIGH_START + 3), Some(bytes), "unaligned");
-        g.write_slice(&bytes, GuestAddress(0x40)).unwrap();
-        assert_eq!(m.read::<16>(0x40), Some(bytes), "aligned");
-        let span = m.span(0x40, 16, 4).unwrap();
-        assert_eq!(span.load_u16(2, Ordering::Acquire), Some(0x0403));
-        assert_eq!(span.load_u16(1, Ordering::Acquire), None, "misaligned");
-        assert_eq!(span.load_u16(15, Ordering::Acquire), None, "past the end");
-        assert!(span.store_u16(14, 0xbeef, Ordering::Release));
-        assert!(span.write_u32(8, 0x1234_5678));
-        assert!(!span.write_u32(16, 0), "past the end");
-        assert_eq!(g.read_obj::<u16>(GuestAddress(0x4e)).unwrap(), 0xbeef);
-        assert_eq!(g.read_obj::<u32>(GuestAddress(0x48)).unwrap(), 0x1234_5678);
-        assert_eq!(
-            g.read_obj::<u8>(GuestAddress(0x50)).unwrap(),
-            0,
-            "nothing past it"
-        );
-    }
-
-    #[test]
-    fn a_small_range_across_adjacent_regions_is_copied_byte_by_byte() {
-        let g = GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), 0x1000),
-            (GuestAddress(0x1000), 0x1000),
-        ])
-        .unwrap();
-        let m = Arc::new(HostMemory::new(Arc::new(g)));
-        let bytes: [u8; 16] = std::array::from_fn(|i| 0xa0 + i as u8);
-        assert!(m.holds(0xff8, 16));
-        assert!(m.write(0xff8, &bytes));
-        assert_eq!(m.read::<16>(0xff8), Some(bytes));
-        assert!(
-            m.span(0xff8, 16, 2).is_none(),
-            "a ring lies inside one region"
-        );
-        assert!(!m.holds(0x1ff8, 16), "past the last region");
-    }
-}
+mod tests;

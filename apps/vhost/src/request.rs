@@ -151,6 +151,7 @@ pub fn parse<M: GuestView + ?Sized>(
 
 /// Where the status byte is: the last byte of the last buffer, which must be writable and
 /// in guest memory, or nothing in the chain can be answered.
+#[inline]
 fn status_of<M: GuestView + ?Sized>(mem: &M, chain: &[Buffer]) -> Result<GuestAddress, ChainError> {
     let last = chain.last().ok_or(ChainError::NoStatus)?;
     if !last.writable || last.len == 0 {
@@ -186,11 +187,11 @@ fn parse_body<M: GuestView + ?Sized>(
     if status_len != 1 {
         return Err(RequestError::StatusSize { len: status_len });
     }
-    let bytes = mem
+    // Type (32 bits), reserved (32), sector (64), little-endian.
+    let [first, sector] = mem
         .read16(header.addr)
         .ok_or(RequestError::HeaderOutsideMemory)?;
-    let kind = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-    let sector = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let kind = first as u32;
     let data = 1..chain.len() - 1;
     for (i, b) in chain[data.clone()].iter().enumerate() {
         if b.len == 0 {
@@ -275,6 +276,7 @@ fn parse_body<M: GuestView + ?Sized>(
 
 /// The bytes a read's or write's data buffers carry, each of the right direction and
 /// within the segment limits.
+#[inline]
 fn data_bytes(data: &[Buffer], geometry: &Geometry, writable: bool) -> Result<u64, RequestError> {
     if data.is_empty() {
         return Err(RequestError::NoData);
@@ -308,6 +310,7 @@ fn data_bytes(data: &[Buffer], geometry: &Geometry, writable: bool) -> Result<u6
 }
 
 /// `bytes` at `sector`, as whole device blocks inside the capacity. Returns the sectors.
+#[inline]
 fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, RequestError> {
     let block_sectors = geometry.block_sectors();
     let not_whole = RequestError::NotWholeBlocks {
@@ -315,8 +318,8 @@ fn check_range(sector: u64, bytes: u64, geometry: &Geometry) -> Result<u64, Requ
         bytes,
         block_bytes: geometry.block_bytes,
     };
-    if !bytes.is_multiple_of(u64::from(geometry.block_bytes))
-        || !sector.is_multiple_of(block_sectors)
+    if !Geometry::is_multiple(bytes, u64::from(geometry.block_bytes))
+        || !Geometry::is_multiple(sector, block_sectors)
     {
         return Err(not_whole);
     }
@@ -352,12 +355,12 @@ fn read_range<M: GuestView + ?Sized>(
     if range.len != RANGE_BYTES || range.writable {
         return Err(RequestError::RangeLayout { bytes });
     }
-    let raw = mem
+    // Sector (64 bits), sectors (32), flags (32), little-endian.
+    let [sector, rest] = mem
         .read16(range.addr)
         .ok_or(RequestError::BufferOutsideMemory { index: 0 })?;
-    let sector = u64::from_le_bytes(raw[0..8].try_into().expect("8 bytes"));
-    let sectors = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes"));
-    let flags = u32::from_le_bytes(raw[12..16].try_into().expect("4 bytes"));
+    let sectors = rest as u32;
+    let flags = (rest >> 32) as u32;
     if sectors == 0 || sectors > geometry.range_sectors_max {
         return Err(RequestError::RangeSize {
             sectors,

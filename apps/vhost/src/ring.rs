@@ -38,7 +38,7 @@ use hypoll_reactor::{IoOp, IoRequest, Poller, Reactor, ReactorHandle, RegionSlic
 use vm_memory::GuestAddress;
 
 use crate::blk::{S_IOERR, S_OK};
-use crate::host::HostMemory;
+use crate::host::{HostMemory, RingView};
 use crate::inflight::InflightQueue;
 use crate::memory::{ConnShared, Space};
 use crate::request::{parse, Op, ParseError, Request};
@@ -322,9 +322,8 @@ impl<S: VhostState> Vring<S> {
     /// request waits), true if it was submitted or answered.
     fn submit(&mut self, r: &mut Reactor<S>, space: &Space, slot: u16, req: &Request) -> bool {
         let g = &self.export.geometry;
-        let block = g.block_sectors();
-        let slba = req.sector / block;
-        let nlb = (req.sectors / block) as u32;
+        let slba = g.blocks(req.sector);
+        let nlb = g.blocks(req.sectors) as u32;
         let user = user(self.inbox, slot);
         let dev = self.export.device;
         let submitted = match req.op {
@@ -418,6 +417,7 @@ impl<S: VhostState> Vring<S> {
         let Some(mem) = self.memory.clone() else {
             return 0;
         };
+        let view = RingView::new(&mem, self.queue.desc_table(), self.queue.desc_span());
         if self.notify {
             // Requests are flowing: no kicks while the reactor polls.
             if self.queue.disable_notification() {
@@ -437,11 +437,11 @@ impl<S: VhostState> Vring<S> {
             };
             taken += 1;
             let desc = GuestAddress(self.queue.desc_table());
-            if let Err(e) = walk_chain(mem.as_ref(), desc, self.limits, head, &mut self.chain) {
+            if let Err(e) = walk_chain(&view, desc, self.limits, head, &mut self.chain) {
                 self.break_ring(&e.to_string());
                 break;
             }
-            match parse(mem.as_ref(), &self.chain, &self.export.geometry) {
+            match parse(&view, &self.chain, &self.export.geometry) {
                 Ok(req) => {
                     self.free.pop();
                     self.slots[usize::from(slot)] = Slot {

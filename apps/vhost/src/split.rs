@@ -9,8 +9,10 @@
 //!   signal), and the write of `avail_event` (notifications on) from the read of the avail
 //!   index that follows it: the store-then-load pairs that a guest's own fence pairs with.
 //!
-//! The descriptor table is not here: the walker reads it by guest address, since a chain
-//! may leave it for an indirect table anywhere in guest memory.
+//! The descriptor table is resolved here too, where it lies inside one region, for the
+//! walker to read through ([`crate::host::RingView`]); a chain may still leave it for an
+//! indirect table anywhere in guest memory, read by guest address, and a table that is
+//! not resolved (across two regions, or misaligned) is read that way as well.
 
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
@@ -19,13 +21,15 @@ use std::sync::Arc;
 use virtio_bindings::virtio_ring::VRING_USED_F_NO_NOTIFY;
 
 use crate::host::{HostMemory, Span};
+use crate::walk::DESCRIPTOR_BYTES;
 
 /// Bytes of the avail and used rings' headers (flags, index).
 const RING_HEADER_BYTES: u64 = 4;
 /// Bytes of an avail ring entry and a used ring element.
 const AVAIL_ENTRY_BYTES: u64 = 2;
 const USED_ELEM_BYTES: u64 = 8;
-/// The alignment virtio requires of the avail and used rings.
+/// The alignment virtio requires of the descriptor table, the avail and used rings.
+const DESC_ALIGN: usize = 16;
 const AVAIL_ALIGN: usize = 2;
 const USED_ALIGN: usize = 4;
 
@@ -43,6 +47,9 @@ pub enum SplitError {
 struct Areas {
     avail: Span,
     used: Span,
+    /// The descriptor table, where it lies inside one region, 16-byte aligned (virtio's
+    /// alignment for it).
+    desc: Option<Span>,
 }
 
 /// The device's side of a split virtqueue's avail and used rings.
@@ -93,13 +100,19 @@ impl SplitRing {
         let used = memory
             .span(self.used, used_bytes, USED_ALIGN)
             .ok_or(SplitError::Used(self.used))?;
-        self.areas = Some(Areas { avail, used });
+        let desc = memory.span(self.desc, DESCRIPTOR_BYTES * size, DESC_ALIGN);
+        self.areas = Some(Areas { avail, used, desc });
         Ok(())
     }
 
     /// The guest address of the descriptor table.
     pub fn desc_table(&self) -> u64 {
         self.desc
+    }
+
+    /// The descriptor table as resolved in the current memory map, where it could be.
+    pub fn desc_span(&self) -> Option<&Span> {
+        self.areas.as_ref()?.desc.as_ref()
     }
 
     pub fn next_avail(&self) -> u16 {
@@ -145,7 +158,8 @@ impl SplitRing {
     #[inline]
     pub fn pop(&mut self) -> Option<u16> {
         let areas = self.areas.as_ref()?;
-        let slot = u64::from(self.next_avail.0 % self.size);
+        // The size is a power of two (virtio's rule, checked when the front end set it).
+        let slot = u64::from(self.next_avail.0 & (self.size - 1));
         let offset = RING_HEADER_BYTES + AVAIL_ENTRY_BYTES * slot;
         // Ordered after the avail index by its Acquire load.
         let head = areas.avail.load_u16(offset as usize, Ordering::Relaxed)?;
@@ -163,7 +177,7 @@ impl SplitRing {
         let Some(areas) = self.areas.as_ref() else {
             return false;
         };
-        let slot = u64::from(self.next_used.0 % self.size);
+        let slot = u64::from(self.next_used.0 & (self.size - 1));
         let offset = (RING_HEADER_BYTES + USED_ELEM_BYTES * slot) as usize;
         let wrote =
             areas.used.write_u32(offset, u32::from(head)) && areas.used.write_u32(offset + 4, len);
@@ -235,5 +249,50 @@ impl SplitRing {
         areas
             .used
             .store_u16(0, VRING_USED_F_NO_NOTIFY as u16, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::RingView;
+    use crate::testkit::{guest, put_desc, TABLE};
+    use crate::walk::GuestView;
+
+    /// Guest memory with descriptor 0 of the table at `TABLE` pointing at `addr`.
+    fn memory(addr: u64) -> Arc<HostMemory> {
+        let g = guest();
+        put_desc(&g, TABLE, 0, addr, 16, 0, 0);
+        Arc::new(HostMemory::new(Arc::new(g)))
+    }
+
+    #[test]
+    fn the_table_is_resolved_again_in_each_memory_map() {
+        let mut ring = SplitRing::new(8, TABLE, 0x800, 0xa00, 0, true);
+        let first = memory(0x1111);
+        ring.map(Some(&first)).unwrap();
+        let view = RingView::new(&first, ring.desc_table(), ring.desc_span());
+        assert_eq!(view.descriptor(TABLE, 0).unwrap()[0], 0x1111);
+        // The front end sends another map: the ring's view reads the new one only.
+        let second = memory(0x2222);
+        ring.map(Some(&second)).unwrap();
+        let view = RingView::new(&second, ring.desc_table(), ring.desc_span());
+        assert_eq!(view.descriptor(TABLE, 0).unwrap()[0], 0x2222);
+        ring.map(None).unwrap();
+        assert!(ring.desc_span().is_none());
+    }
+
+    #[test]
+    fn a_table_that_cannot_be_resolved_is_read_by_address() {
+        // Misaligned: virtio asks 16 bytes, the walker reads it all the same (as it did
+        // before the table was resolved), through the memory map.
+        let g = guest();
+        put_desc(&g, TABLE + 8, 1, 0x3333, 16, 0, 0);
+        let m = Arc::new(HostMemory::new(Arc::new(g)));
+        let mut ring = SplitRing::new(8, TABLE + 8, 0x800, 0xa00, 0, true);
+        ring.map(Some(&m)).unwrap();
+        assert!(ring.desc_span().is_none());
+        let view = RingView::new(&m, ring.desc_table(), ring.desc_span());
+        assert_eq!(view.descriptor(TABLE + 8, 1).unwrap()[0], 0x3333);
     }
 }

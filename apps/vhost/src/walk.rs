@@ -15,24 +15,33 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 use virtio_queue::desc::split::Descriptor;
 
 /// Bytes of one descriptor in a table.
-const DESCRIPTOR_BYTES: u64 = 16;
+pub const DESCRIPTOR_BYTES: u64 = 16;
 
 /// What the walker and the parser need of guest memory: the back end's own table of host
-/// pointers (`host.rs`), or any of vm-memory's (the tests compare the two).
+/// pointers (`host.rs`, and its [`crate::host::RingView`] for one pass over a ring), or any of
+/// vm-memory's (the tests compare them).
 pub trait GuestView {
-    /// The 16 bytes at guest address `addr` (a descriptor, a request header, a range), if
-    /// they lie inside guest memory.
-    fn read16(&self, addr: u64) -> Option<[u8; 16]>;
+    /// The 16 bytes at guest address `addr` (a descriptor, a request header, a range) as two
+    /// little-endian 64-bit words, if they lie inside guest memory.
+    fn read16(&self, addr: u64) -> Option<[u64; 2]>;
+
+    /// Descriptor `index` of the table at guest address `table`, as [`GuestView::read16`]
+    /// reads it. A view that resolved a table once reads it from there.
+    #[inline]
+    fn descriptor(&self, table: u64, index: u16) -> Option<[u64; 2]> {
+        self.read16(table.checked_add(u64::from(index) * DESCRIPTOR_BYTES)?)
+    }
+
     /// Whether the `len` bytes at `addr` lie inside guest memory, for the device to write
     /// (`write`) or read.
     fn holds(&self, addr: u64, len: u64, write: bool) -> bool;
 }
 
 impl<M: GuestMemory + ?Sized> GuestView for M {
-    fn read16(&self, addr: u64) -> Option<[u8; 16]> {
+    fn read16(&self, addr: u64) -> Option<[u64; 2]> {
         let mut bytes = [0u8; 16];
         self.read_slice(&mut bytes, GuestAddress(addr)).ok()?;
-        Some(bytes)
+        Some(words(bytes))
     }
 
     fn holds(&self, addr: u64, len: u64, write: bool) -> bool {
@@ -43,6 +52,13 @@ impl<M: GuestMemory + ?Sized> GuestView for M {
         };
         usize::try_from(len).is_ok_and(|len| self.check_range(GuestAddress(addr), len, access))
     }
+}
+
+/// 16 bytes of guest memory as [`GuestView::read16`] hands them on: two little-endian words.
+#[inline]
+pub fn words(bytes: [u8; 16]) -> [u64; 2] {
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    [word(0), word(8)]
 }
 
 /// One buffer of a chain: `len` bytes at guest address `addr`, written by the device
@@ -160,27 +176,25 @@ pub fn walk_chain<M: GuestView + ?Sized>(
 }
 
 /// Descriptor `index` of the table at `table`, read through guest memory.
+#[inline]
 fn read_descriptor<M: GuestView + ?Sized>(
     mem: &M,
     table: GuestAddress,
     index: u16,
 ) -> Result<Descriptor, ChainError> {
-    let outside = || ChainError::DescriptorOutsideMemory {
-        index,
-        addr: table
-            .raw_value()
-            .wrapping_add(u64::from(index) * DESCRIPTOR_BYTES),
+    let Some([addr, rest]) = mem.descriptor(table.raw_value(), index) else {
+        return Err(ChainError::DescriptorOutsideMemory {
+            index,
+            addr: table
+                .raw_value()
+                .wrapping_add(u64::from(index) * DESCRIPTOR_BYTES),
+        });
     };
-    let addr = table
-        .checked_add(u64::from(index) * DESCRIPTOR_BYTES)
-        .ok_or_else(outside)?;
-    let b = mem.read16(addr.raw_value()).ok_or_else(outside)?;
-    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-    let half = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    // The second word: length (32 bits), flags (16), next (16), little-endian.
     Ok(Descriptor::new(
-        word(0),
-        u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-        half(12),
-        half(14),
+        addr,
+        rest as u32,
+        (rest >> 32) as u16,
+        (rest >> 48) as u16,
     ))
 }

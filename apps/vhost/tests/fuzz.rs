@@ -6,7 +6,9 @@
 //! memory (checked against the regions directly, not through vm-memory), goes the way the
 //! request needs, and keeps every limit; a refusal's status byte lies in guest memory. The
 //! walk goes through the back end's host pointers (`HostMemory`, as the rings use it) and
-//! through vm-memory's checked accessors, and the two must come to the same answer.
+//! through vm-memory's checked accessors, and the two must come to the same answer; so must
+//! the walk through a ring's view (`RingView`: the table resolved once, the last region
+//! remembered from one chain to the next).
 //!
 //! The suite runs `HYPOLL_FUZZ_CASES` cases per property (default 2000). A long run:
 //!
@@ -21,7 +23,7 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use hypoll_vhost::host::HostMemory;
+use hypoll_vhost::host::{HostMemory, RingView};
 use hypoll_vhost::testkit::*;
 use hypoll_vhost::{parse, walk_chain, Buffer, ChainLimits, Geometry, Op, ParseError};
 use proptest::prelude::*;
@@ -153,7 +155,16 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
         indirect: s.indirect,
     };
     let g = geometry(s.read_only);
-    let host = HostMemory::new(Arc::new(mem.clone()));
+    let host = Arc::new(HostMemory::new(Arc::new(mem.clone())));
+    // As a ring reads: its table resolved once, one view (and the region it remembers) for
+    // every chain the ring offers.
+    let table = host.span(TABLE, 16 * u64::from(s.queue_size), 16);
+    prop_assert!(
+        table.is_some(),
+        "a table of up to 256 entries lies in the first region"
+    );
+    let view = RingView::new(&host, TABLE, table.as_ref());
+    let mut chain_view: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
     let mut chain: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
     let mut chain_vm: Vec<Buffer> = Vec::with_capacity(usize::from(s.queue_size));
     // An avail index more than a queue ahead is the ring's own malformation.
@@ -164,10 +175,13 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
     let heads: Vec<u16> = heads.map(|c| c.head_index()).collect();
     prop_assert!(heads.len() <= usize::from(s.queue_size));
     for head in heads {
-        let walked = walk_chain(&host, GuestAddress(TABLE), limits, head, &mut chain);
+        let walked = walk_chain(host.as_ref(), GuestAddress(TABLE), limits, head, &mut chain);
         let walked_vm = walk_chain(&mem, GuestAddress(TABLE), limits, head, &mut chain_vm);
+        let walked_view = walk_chain(&view, GuestAddress(TABLE), limits, head, &mut chain_view);
         prop_assert_eq!(walked, walked_vm, "host pointers and vm-memory walk alike");
+        prop_assert_eq!(walked_view, walked_vm, "and the ring's view");
         prop_assert_eq!(&chain, &chain_vm);
+        prop_assert_eq!(&chain_view, &chain_vm);
         prop_assert!(
             chain.len() <= usize::from(s.queue_size),
             "the walk is bounded"
@@ -181,8 +195,13 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
             continue;
         }
         prop_assert!(!chain.is_empty());
-        let parsed = parse(&host, &chain, &g);
+        let parsed = parse(host.as_ref(), &chain, &g);
         prop_assert_eq!(&parsed, &parse(&mem, &chain, &g), "and parse alike");
+        prop_assert_eq!(
+            &parsed,
+            &parse(&view, &chain, &g),
+            "through the ring's view too"
+        );
         match parsed {
             Ok(req) => check_request(&req, &chain, &g)?,
             Err(ParseError::Refused { status, error }) => {
