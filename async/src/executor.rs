@@ -67,6 +67,9 @@ pub(crate) struct Core<S: 'static> {
     tasks: RefCell<Slab<Owned>>,
     tasks_max: usize,
     pub(crate) io: RefCell<IoCells>,
+    /// Why the last I/O a future submitted was refused, from the submission to the future
+    /// (so that the usual answer, accepted, is one register wide).
+    pub(crate) refusal: Cell<Option<hypoll_reactor::RejectReason>>,
     pub(crate) timers: RefCell<TimerCells>,
     /// What [`ExecutorCounters`] reports, each in a cell of its own: a count on the I/O
     /// path is one add, not a copy of the whole set.
@@ -90,6 +93,7 @@ impl<S: 'static> Core<S> {
             tasks: RefCell::new(Slab::new()),
             tasks_max: config.tasks_max,
             io: RefCell::new(IoCells::default()),
+            refusal: Cell::new(None),
             timers: RefCell::new(TimerCells::default()),
             spawned: Cell::new(0),
             polls: Cell::new(0),

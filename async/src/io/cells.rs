@@ -201,6 +201,36 @@ impl IoCells {
         drop(buf);
     }
 
+    /// Whether cell `key`'s I/O completed (its future may `take` it).
+    #[inline(always)]
+    pub(super) fn is_done(&self, key: usize) -> bool {
+        self.cells[key].state == State::Done
+    }
+
+    /// `ready` made of the result and buffer of cell `key`'s completed I/O (see
+    /// `is_done`); the cell is free again.
+    #[inline(always)]
+    pub(super) fn take<R>(
+        &mut self,
+        key: usize,
+        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
+    ) -> R {
+        let cell = &mut self.cells[key];
+        debug_assert_eq!(cell.state, State::Done);
+        let result = cell.result;
+        // Taken in place: the payload stays `Buf(None)`, as a free cell's is.
+        let Payload::Buf(buf) = &mut cell.payload else {
+            unreachable!("a done cell holds no waiter")
+        };
+        let buf = buf.take();
+        self.free(key);
+        // Spelled out for the usual case, so that it carries no failure to unpack.
+        if result.is_ok() {
+            return ready(Ok(()), buf);
+        }
+        ready(result, buf)
+    }
+
     /// `ready` made of the result and buffer of cell `key`'s I/O if it completed (the cell
     /// is free again); pending otherwise.
     #[inline(always)]
