@@ -7,6 +7,7 @@ use std::task::{Context, Poll, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
 
+use super::IoOutput;
 use crate::executor::Core;
 use crate::task::LocalRef;
 
@@ -207,14 +208,10 @@ impl IoCells {
         self.cells[key].state == State::Done
     }
 
-    /// `ready` made of the result and buffer of cell `key`'s completed I/O (see
-    /// `is_done`); the cell is free again.
+    /// The output of cell `key`'s completed I/O (see `is_done`), made of its result and
+    /// buffer; the cell is free again.
     #[inline(always)]
-    pub(super) fn take<R>(
-        &mut self,
-        key: usize,
-        ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
-    ) -> R {
+    pub(super) fn take<T: IoOutput>(&mut self, key: usize) -> T {
         let cell = &mut self.cells[key];
         debug_assert_eq!(cell.state, State::Done);
         let result = cell.result;
@@ -224,11 +221,11 @@ impl IoCells {
         };
         let buf = buf.take();
         self.free(key);
-        // Spelled out for the usual case, so that it carries no failure to unpack.
+        // The usual case on its own, so that it builds no result to unpack again.
         if result.is_ok() {
-            return ready(Ok(()), buf);
+            return T::from_ok(buf);
         }
-        ready(result, buf)
+        T::from_done(result, buf)
     }
 
     /// `ready` made of the result and buffer of cell `key`'s I/O if it completed (the cell

@@ -45,7 +45,7 @@ impl<S: 'static> Core<S> {
             self.pass_room(done.device);
         }
         match waiter? {
-            Waiter::Task(task) if alone && self.may_poll_alone(&task) => return Some(task),
+            Waiter::Task(task) if alone && self.may_poll_alone() => return Some(task),
             Waiter::Task(task) => task.wake(),
             Waiter::Waker(waker) => waker.wake(),
         }
@@ -405,7 +405,7 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
                     return Poll::Pending;
                 }
                 this.submission.stage = Stage::Finished;
-                return Poll::Ready(io.take(key, T::from_done));
+                return Poll::Ready(io.take(key));
             }
             Stage::Start => {
                 let mut io = core.io.borrow_mut();
