@@ -37,6 +37,16 @@ enum Origin {
     Pool,
 }
 
+// No padding: the fields fill the buffer's three words (see `Origin`).
+const _: () = assert!(
+    std::mem::size_of::<IoBuf>()
+        == std::mem::size_of::<NonNull<u8>>()
+            + std::mem::size_of::<usize>()
+            + std::mem::size_of::<Origin>()
+);
+// And the enums a buffer travels in take their tag from `Origin`'s spare values.
+const _: () = assert!(std::mem::size_of::<Option<IoBuf>>() == std::mem::size_of::<IoBuf>());
+
 // SAFETY: IoBuf owns its allocation exclusively, like a Box<[u8]>.
 unsafe impl Send for IoBuf {}
 // SAFETY: shared access only hands out &[u8].

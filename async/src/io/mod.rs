@@ -436,12 +436,18 @@ impl<S: HasExecutor, T: IoOutput> IoFuture<'_, S, T> {
     #[cold]
     #[inline(never)]
     fn refused_at_start(&mut self, cx: &Context<'_>, key: usize) -> Poll<T> {
-        let reason = self.submission.core.refusal.take().expect("a refusal says why");
+        let reason = self
+            .submission
+            .core
+            .refusal
+            .take()
+            .expect("a refusal says why");
         match self.submission.refused(cx, key, reason) {
             NotInFlight::InLine => Poll::Pending,
-            NotInFlight::Refused(reason) => {
-                Poll::Ready(T::from_parts(Err(IoError::Refused(reason)), self.buf.take()))
-            }
+            NotInFlight::Refused(reason) => Poll::Ready(T::from_parts(
+                Err(IoError::Refused(reason)),
+                self.buf.take(),
+            )),
         }
     }
 
