@@ -17,6 +17,7 @@ pub use crate::pool::{pinned_region, POOL_CHUNK_BYTES_MAX};
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
 
 /// An owned byte buffer aligned to [`IO_BUF_ALIGN_BYTES`].
+#[repr(C)]
 pub struct IoBuf {
     ptr: NonNull<u8>,
     len_bytes: usize,
