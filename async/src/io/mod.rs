@@ -36,13 +36,20 @@ impl<S: 'static> Core<S> {
     /// Wakes the future's task, or returns it to be polled at once when it is woken
     /// `alone` or awaits no other I/O, and may be (see `may_poll_alone`).
     #[inline(always)]
-    fn complete_io(&self, done: IoDone, alone: bool) -> Option<LocalRef> {
+    fn complete_io(
+        &self,
+        key: usize,
+        result: Result<(), IoFailure>,
+        buf: Option<IoBuf>,
+        device: DeviceId,
+        alone: bool,
+    ) -> Option<LocalRef> {
         let mut io = self.io.borrow_mut();
-        let waiter = io.complete(done.user as usize, done.result, done.buf);
+        let waiter = io.complete(key, result, buf);
         let room_waiting = io.room_waiting;
         drop(io);
         if room_waiting > 0 {
-            self.pass_room(done.device);
+            self.pass_room(device);
         }
         match waiter? {
             Waiter::Task(task) if (alone || task.is_only()) && self.may_poll_alone() => {
@@ -100,8 +107,18 @@ impl<S: 'static> Core<S> {
 /// awaits several I/Os, which the batch may complete together) run together once the
 /// batch has run its callbacks (one executor run for the batch, one poll for the task).
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
+    // Taken apart at once: moved whole, the completion is copied in wider pieces than the
+    // reactor wrote it in, which the CPU cannot forward from its stores.
+    let IoDone {
+        device,
+        result,
+        buf,
+        user,
+        ..
+    } = done;
+    let alone = reactor.completions_left() == 0;
     let core = &*state.executor().local.core;
-    if let Some(task) = core.complete_io(done, reactor.completions_left() == 0) {
+    if let Some(task) = core.complete_io(user as usize, result, buf, device, alone) {
         // Polled alone, the task ran with nothing queued before it; what it woke (or
         // spawned) is queued, and waits for the executor's next run as below.
         let core = state.executor().local.core.clone();
