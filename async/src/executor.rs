@@ -67,6 +67,9 @@ pub(crate) struct Core<S: 'static> {
     tasks: RefCell<Slab<Owned>>,
     tasks_max: usize,
     pub(crate) io: RefCell<IoCells>,
+    /// Why the last I/O a future submitted was refused, from the submission to the future
+    /// (so that the usual answer, accepted, is one register wide).
+    pub(crate) refusal: Cell<Option<hypoll_reactor::RejectReason>>,
     pub(crate) timers: RefCell<TimerCells>,
     /// What [`ExecutorCounters`] reports, each in a cell of its own: a count on the I/O
     /// path is one add, not a copy of the whole set.
@@ -90,6 +93,7 @@ impl<S: 'static> Core<S> {
             tasks: RefCell::new(Slab::new()),
             tasks_max: config.tasks_max,
             io: RefCell::new(IoCells::default()),
+            refusal: Cell::new(None),
             timers: RefCell::new(TimerCells::default()),
             spawned: Cell::new(0),
             polls: Cell::new(0),
@@ -206,11 +210,13 @@ impl<S: 'static> Core<S> {
         polled
     }
 
-    /// Whether `task`, woken alone, may be polled at once (by `poll_alone`): no other
-    /// task waits to run or is being polled, and it is not queued already.
+    /// Whether a task woken alone may be polled at once (by `poll_alone`): no other task
+    /// waits to run or is being polled. (Nor is it queued already: a queued task is in the
+    /// run queue, which is empty. A run asked of the reactor for this batch may be
+    /// pending with nothing left to run, which is no reason to wait.)
     #[inline(always)]
-    pub(crate) fn may_poll_alone(&self, task: &LocalRef) -> bool {
-        self.queue.len() == 0 && !self.run_asked.get() && !self.running.get() && !task.is_queued()
+    pub(crate) fn may_poll_alone(&self) -> bool {
+        self.queue.len() == 0 && !self.running.get()
     }
 
     /// Polls `task` at once, lending it the reactor and its state: for a task whose I/O
@@ -218,6 +224,7 @@ impl<S: 'static> Core<S> {
     /// queue. Inlined: it is the body of every I/O completion at queue depth 1.
     #[inline(always)]
     pub(crate) fn poll_alone(&self, reactor: &mut Reactor<S>, state: &mut S, task: LocalRef) {
+        debug_assert!(self.may_poll_alone() && !task.is_queued());
         let ending = Running::start(&self.running);
         let polled = self
             .lend

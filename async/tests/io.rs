@@ -4,13 +4,15 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::{serial, start, App};
-use hypoll_async::{IoError, Local, SpawnExt};
+use hypoll_async::{run_now, IoError, Local, SpawnExt};
 use hypoll_reactor::{Device, DeviceId, DeviceOptions, IoBuf, IoFailure, RejectReason};
 
 const DEV: DeviceId = DeviceId::FIRST;
@@ -131,6 +133,73 @@ fn a_refused_io_fails_at_once_with_its_reason_and_its_buffer_back() {
     );
     assert_eq!(buf_len, Some(4096));
     assert_eq!(unknown, IoError::Refused(RejectReason::UnknownDevice));
+    assert!(set.shutdown().panics.is_empty());
+}
+
+/// A task whose only I/O in flight completes is polled in that completion's callback, as a
+/// callback would run: before the callbacks of the completions after it in the same batch
+/// (here a callback I/O submitted just after the task's read). A task awaiting two I/Os
+/// that one batch completes is polled once for both, after the batch.
+#[test]
+fn a_task_awaiting_one_io_runs_in_its_completion_and_one_awaiting_two_after_the_batch() {
+    let _serial = serial();
+    let device = Device::open("null").unwrap();
+    let set = start(1, Some((device, DeviceOptions::new(8))));
+    let (tx, rx) = std::sync::mpsc::channel();
+    set.handles()[0]
+        .send(move |r, app| {
+            let nlb = 4096 / r.lba_bytes(DEV).unwrap();
+            let resumed = Rc::new(Cell::new(false));
+            let io = app.executor.local();
+            let flag = resumed.clone();
+            let one = async move {
+                io.read(DEV, 0, nlb, IoBuf::zeroed(4096)).await.unwrap();
+                flag.set(true);
+            };
+            drop(app.executor.spawn_local(one).unwrap());
+            // The task submits its read now; the callback's read goes in after it, and
+            // the next turn reaps both in one batch.
+            assert_eq!(run_now(r, app), 1);
+            let seen = resumed.clone();
+            r.read(DEV, 8, nlb, IoBuf::zeroed(4096), move |_, _, done| {
+                assert!(done.result.is_ok());
+                tx.send(seen.get()).unwrap();
+            })
+            .unwrap();
+        })
+        .unwrap();
+    let resumed_first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        resumed_first,
+        "the task ran after the batch's next callback"
+    );
+
+    let task = set.handles()[0]
+        .spawn(|io| async move {
+            let nlb = blocks_4k(&io);
+            // Polls counted before this one, and at the end (this poll not counted yet).
+            let before = io.counters().polls;
+            let mut a = io.read(DEV, 0, nlb, IoBuf::zeroed(4096));
+            let mut b = io.read(DEV, u64::from(nlb), nlb, IoBuf::zeroed(4096));
+            let (mut done_a, mut done_b) = (false, false);
+            std::future::poll_fn(|cx| {
+                done_a = done_a || Pin::new(&mut a).poll(cx).is_ready();
+                done_b = done_b || Pin::new(&mut b).poll(cx).is_ready();
+                if done_a && done_b {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            io.counters().polls - before
+        })
+        .unwrap();
+    assert_eq!(
+        task.wait(),
+        Ok(1),
+        "polled once more, after both completions"
+    );
     assert!(set.shutdown().panics.is_empty());
 }
 

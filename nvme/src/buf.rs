@@ -17,12 +17,36 @@ pub use crate::pool::{pinned_region, POOL_CHUNK_BYTES_MAX};
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
 
 /// An owned byte buffer aligned to [`IO_BUF_ALIGN_BYTES`].
+#[repr(C)]
 pub struct IoBuf {
     ptr: NonNull<u8>,
     len_bytes: usize,
-    /// Taken from the pinned pool, and given back to it on drop.
-    pooled: bool,
+    /// Taken from the pinned pool (and given back to it on drop), or from the heap.
+    origin: Origin,
 }
+
+/// Where a buffer's memory came from. A word wide, not a `bool`: a buffer is then three
+/// whole words with no padding, and the enums it travels in (`Option<IoBuf>`, a read's
+/// `Result`) keep their tag in the third word's spare values. Every move of such a value
+/// copies whole words, so a load of one never spans several narrower stores, which the
+/// CPU cannot forward: an I/O path moves its buffer several times in quick succession,
+/// and a byte-wide flag made those moves stall.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+enum Origin {
+    Heap,
+    Pool,
+}
+
+// No padding: the fields fill the buffer's three words (see `Origin`).
+const _: () = assert!(
+    std::mem::size_of::<IoBuf>()
+        == std::mem::size_of::<NonNull<u8>>()
+            + std::mem::size_of::<usize>()
+            + std::mem::size_of::<Origin>()
+);
+// And the enums a buffer travels in take their tag from `Origin`'s spare values.
+const _: () = assert!(std::mem::size_of::<Option<IoBuf>>() == std::mem::size_of::<IoBuf>());
 
 // SAFETY: IoBuf owns its allocation exclusively, like a Box<[u8]>.
 unsafe impl Send for IoBuf {}
@@ -38,7 +62,7 @@ impl IoBuf {
             return IoBuf {
                 ptr,
                 len_bytes,
-                pooled: false,
+                origin: Origin::Heap,
             };
         }
         let layout = Self::layout(len_bytes);
@@ -50,7 +74,7 @@ impl IoBuf {
         IoBuf {
             ptr,
             len_bytes,
-            pooled: false,
+            origin: Origin::Heap,
         }
     }
 
@@ -62,7 +86,7 @@ impl IoBuf {
             Some(ptr) => IoBuf {
                 ptr,
                 len_bytes,
-                pooled: true,
+                origin: Origin::Pool,
             },
             None => IoBuf::zeroed(len_bytes),
         }
@@ -70,7 +94,7 @@ impl IoBuf {
 
     /// Whether this buffer lives in the pinned pool.
     pub fn is_pinned(&self) -> bool {
-        self.pooled
+        self.origin == Origin::Pool
     }
 
     /// A buffer holding a copy of `data`.
@@ -104,7 +128,7 @@ impl DerefMut for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if self.pooled {
+        if self.origin == Origin::Pool {
             crate::pool::give_back(self.ptr, self.len_bytes);
         } else if self.len_bytes != 0 {
             // SAFETY: allocated in `zeroed` with exactly this layout.

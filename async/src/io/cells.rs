@@ -7,6 +7,7 @@ use std::task::{Context, Poll, Waker};
 
 use hypoll_reactor::{DeviceId, IoBuf, IoFailure};
 
+use super::IoOutput;
 use crate::executor::Core;
 use crate::task::LocalRef;
 
@@ -45,8 +46,12 @@ enum State {
     Free,
     /// In flight; `waiter` awaits it.
     Waiting,
-    /// Completed, with `result` and `buf`; the future takes them on its next poll.
+    /// Completed successfully, with `buf`; the future takes it on its next poll.
     Done,
+    /// Completed and failed, with `result` and `buf`. Apart from `Done` so that a success
+    /// writes and reads no result: written as bytes and read back as a wider word soon
+    /// after, it would cost the CPU a store it cannot forward.
+    Failed,
     /// Its future was dropped: the completion drops the buffer and frees the cell.
     Orphaned,
 }
@@ -66,7 +71,7 @@ const EMPTY: Payload = Payload::Buf(None);
 /// (every I/O touches its cell twice, on completion and on its future's poll).
 struct Cell {
     state: State,
-    /// Done: the I/O's result.
+    /// Failed: the I/O's result (the error).
     result: Result<(), IoFailure>,
     /// Free: the next free cell, or `NONE`.
     next: u32,
@@ -178,7 +183,10 @@ impl IoCells {
         let cell = &mut self.cells[key];
         if cell.state == State::Waiting {
             cell.state = State::Done;
-            cell.result = result;
+            if result.is_err() {
+                cell.state = State::Failed;
+                cell.result = result;
+            }
             return match std::mem::replace(&mut cell.payload, Payload::Buf(buf)) {
                 Payload::Waiter(waiter) => Some(waiter),
                 Payload::Buf(_) => unreachable!("a waiting cell holds its waiter"),
@@ -201,6 +209,44 @@ impl IoCells {
         drop(buf);
     }
 
+    /// Whether cell `key`'s I/O completed (its future may `take` it).
+    #[inline(always)]
+    pub(super) fn is_done(&self, key: usize) -> bool {
+        matches!(self.cells[key].state, State::Done | State::Failed)
+    }
+
+    /// The output of cell `key`'s completed I/O (see `is_done`), made of its result and
+    /// buffer; the cell is free again.
+    #[inline(always)]
+    pub(super) fn take<T: IoOutput>(&mut self, key: usize) -> T {
+        let cell = &mut self.cells[key];
+        if cell.state == State::Failed {
+            return self.take_failed(key);
+        }
+        debug_assert_eq!(cell.state, State::Done);
+        // Taken in place: the payload stays `Buf(None)`, as a free cell's is.
+        let Payload::Buf(buf) = &mut cell.payload else {
+            unreachable!("a done cell holds no waiter")
+        };
+        let buf = buf.take();
+        self.free(key);
+        T::from_ok(buf)
+    }
+
+    /// `take` for an I/O that failed: the one that reads the result.
+    #[cold]
+    #[inline(never)]
+    fn take_failed<T: IoOutput>(&mut self, key: usize) -> T {
+        let cell = &mut self.cells[key];
+        let result = cell.result;
+        let Payload::Buf(buf) = &mut cell.payload else {
+            unreachable!("a done cell holds no waiter")
+        };
+        let buf = buf.take();
+        self.free(key);
+        T::from_done(result, buf)
+    }
+
     /// `ready` made of the result and buffer of cell `key`'s I/O if it completed (the cell
     /// is free again); pending otherwise.
     #[inline(always)]
@@ -210,10 +256,11 @@ impl IoCells {
         ready: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
     ) -> Poll<R> {
         let cell = &mut self.cells[key];
-        if cell.state != State::Done {
-            return Poll::Pending;
-        }
-        let result = cell.result;
+        let result = match cell.state {
+            State::Done => Ok(()),
+            State::Failed => cell.result,
+            _ => return Poll::Pending,
+        };
         // Taken in place: the payload stays `Buf(None)`, as a free cell's is.
         let Payload::Buf(buf) = &mut cell.payload else {
             unreachable!("a done cell holds no waiter")
@@ -246,7 +293,7 @@ impl IoCells {
         let cell = &mut self.cells[key];
         let payload = std::mem::replace(&mut cell.payload, EMPTY);
         match cell.state {
-            State::Done => {
+            State::Done | State::Failed => {
                 self.free(key);
                 match payload {
                     Payload::Buf(buf) => Some(buf),

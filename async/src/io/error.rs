@@ -93,6 +93,13 @@ pub trait IoOutput: Sized {
         Self::from_parts(result.map_err(IoError::Failed), buf)
     }
 
+    /// From a completion that succeeded: `from_done` with its result known (the usual
+    /// path, made without a result to look at).
+    #[inline]
+    fn from_ok(buf: Option<IoBuf>) -> Self {
+        Self::from_done(Ok(()), buf)
+    }
+
     /// The other way: the result and the buffer apart, for code that handles every
     /// outcome alike (answers an error, then puts the buffer back in its pool).
     fn into_parts(self) -> (Result<(), IoError>, Option<IoBuf>);
@@ -119,11 +126,17 @@ impl IoOutput for Result<IoBuf, BufError> {
     #[inline(always)]
     fn from_done(result: Result<(), IoFailure>, buf: Option<IoBuf>) -> Self {
         if result.is_ok() {
-            if let Some(buf) = buf {
-                return Ok(buf);
-            }
+            return Self::from_ok(buf);
         }
         failed(result, buf)
+    }
+
+    #[inline(always)]
+    fn from_ok(buf: Option<IoBuf>) -> Self {
+        match buf {
+            Some(buf) => Ok(buf),
+            None => failed(Ok(()), None),
+        }
     }
 }
 

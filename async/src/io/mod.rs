@@ -34,18 +34,27 @@ impl<S: 'static> Core<S> {
     /// An I/O of a future completed: its result goes to the cell (or, orphaned, is
     /// dropped), and the first future waiting for room on its device gets its turn.
     /// Wakes the future's task, or returns it to be polled at once when it is woken
-    /// `alone` and may be (see `may_poll_alone`).
+    /// `alone` or awaits no other I/O, and may be (see `may_poll_alone`).
     #[inline(always)]
-    fn complete_io(&self, done: IoDone, alone: bool) -> Option<LocalRef> {
+    fn complete_io(
+        &self,
+        key: usize,
+        result: Result<(), IoFailure>,
+        buf: Option<IoBuf>,
+        device: DeviceId,
+        alone: bool,
+    ) -> Option<LocalRef> {
         let mut io = self.io.borrow_mut();
-        let waiter = io.complete(done.user as usize, done.result, done.buf);
+        let waiter = io.complete(key, result, buf);
         let room_waiting = io.room_waiting;
         drop(io);
         if room_waiting > 0 {
-            self.pass_room(done.device);
+            self.pass_room(device);
         }
         match waiter? {
-            Waiter::Task(task) if alone && self.may_poll_alone(&task) => return Some(task),
+            Waiter::Task(task) if (alone || task.is_only()) && self.may_poll_alone() => {
+                return Some(task)
+            }
             Waiter::Task(task) => task.wake(),
             Waiter::Waker(waker) => waker.wake(),
         }
@@ -90,14 +99,26 @@ impl<S: 'static> Core<S> {
 }
 
 /// Every future's I/O completion: stores it for the future and wakes its task, in the
-/// turn that reaped the completion. The tasks a batch of completions wakes run together
-/// once the batch has run its callbacks (one executor run for the batch); a task woken
-/// alone (by the batch's only completion, or outside a batch) is polled at once instead,
-/// as a callback would run, unless a task is being polled: it costs no trip through the
-/// run queue.
+/// turn that reaped the completion. A task with no other I/O of its own in flight, or
+/// woken alone (by the batch's only completion, or outside a batch), is polled at once,
+/// as a callback would run, unless a task is being polled or waits in the run queue: it
+/// costs no trip through the run queue, and its memory is touched once while it is
+/// still in the cache from the completion. The tasks a batch wakes otherwise (one that
+/// awaits several I/Os, which the batch may complete together) run together once the
+/// batch has run its callbacks (one executor run for the batch, one poll for the task).
 fn io_done<S: HasExecutor>(reactor: &mut Reactor<S>, state: &mut S, done: IoDone) {
+    // Taken apart at once: moved whole, the completion is copied in wider pieces than the
+    // reactor wrote it in, which the CPU cannot forward from its stores.
+    let IoDone {
+        device,
+        result,
+        buf,
+        user,
+        ..
+    } = done;
+    let alone = reactor.completions_left() == 0;
     let core = &*state.executor().local.core;
-    if let Some(task) = core.complete_io(done, reactor.completions_left() == 0) {
+    if let Some(task) = core.complete_io(user as usize, result, buf, device, alone) {
         // Polled alone, the task ran with nothing queued before it; what it woke (or
         // spawned) is queued, and waits for the executor's next run as below.
         let core = state.executor().local.core.clone();
@@ -182,15 +203,28 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         }
     }
 
+    /// The request, with its `user` set to cell `key` and its operation `op`.
+    #[inline(always)]
+    fn request(&self, op: IoOp, key: usize) -> IoRequest {
+        IoRequest {
+            op,
+            slba: self.slba,
+            nlb: self.nlb,
+            fua: self.flags & FUA != 0,
+            deallocate: self.flags & DEALLOCATE != 0,
+            user: key as u64,
+        }
+    }
+
     /// Advances the I/O; ready with its completion's result and buffer, or with its
-    /// refusal. `submit` hands the I/O to the reactor, given the request with its `user`
-    /// set to the future's cell, and says why it was refused.
+    /// refusal. `submit` hands the I/O to the reactor with cell `key` for its completion
+    /// (see `request`), and says why it was refused.
     #[inline(always)]
     fn poll<B, R>(
         &mut self,
         cx: &mut Context<'_>,
         own: &mut B,
-        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+        submit: impl FnOnce(&mut B, &Self, usize) -> Result<(), RejectReason>,
         done: impl FnOnce(Result<(), IoFailure>, Option<IoBuf>) -> R,
         refused: impl FnOnce(&mut B, RejectReason) -> R,
     ) -> Poll<R> {
@@ -239,21 +273,15 @@ impl<'a, S: HasExecutor> Submission<'a, S> {
         cx: &Context<'_>,
         key: usize,
         own: &mut B,
-        submit: impl FnOnce(&mut B, &mut Reactor<S>, IoRequest) -> Result<(), RejectReason>,
+        submit: impl FnOnce(&mut B, &Self, usize) -> Result<(), RejectReason>,
     ) -> Result<(), NotInFlight> {
-        let core = self.core;
-        let req = IoRequest::new(self.op, self.slba, self.nlb)
-            .with_fua(self.flags & FUA != 0)
-            .with_deallocate(self.flags & DEALLOCATE != 0)
-            .with_user(key as u64);
-        match core.lend.with(|reactor, _| submit(own, reactor, req)) {
-            Some(Ok(())) => {
-                count(&core.ios, 1);
+        match submit(own, self, key) {
+            Ok(()) => {
+                count(&self.core.ios, 1);
                 self.stage = Stage::InFlight { key: key as u32 };
                 Ok(())
             }
-            Some(Err(reason)) => Err(self.refused(cx, key, reason)),
-            None => not_lent(),
+            Err(reason) => Err(self.refused(cx, key, reason)),
         }
     }
 
@@ -381,12 +409,77 @@ impl<'a, S: HasExecutor, T: IoOutput> IoFuture<'a, S, T> {
 impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
     type Output = T;
 
+    /// The two usual polls, spelled out so that the result goes from the cell to the
+    /// output in one move and the request to the reactor in registers: in flight (done
+    /// or not yet), and the first poll with nobody in line for room. The rest goes
+    /// through `Submission::poll`.
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        let device = this.submission.device;
-        let submit = |buf: &mut Option<IoBuf>, reactor: &mut Reactor<S>, req| {
-            submit_buffered(reactor, device, req, buf)
+        let core = this.submission.core;
+        match this.submission.stage {
+            Stage::InFlight { key } => {
+                let key = key as usize;
+                let mut io = core.io.borrow_mut();
+                if !io.is_done(key) {
+                    io.rearm(key, core, cx);
+                    return Poll::Pending;
+                }
+                this.submission.stage = Stage::Finished;
+                return Poll::Ready(io.take(key));
+            }
+            Stage::Start => {
+                let mut io = core.io.borrow_mut();
+                if io.room_waiting == 0 {
+                    let key = io.insert(Waiter::new(core, cx));
+                    drop(io);
+                    let sub = &mut this.submission;
+                    if submit_buffered(sub, key, &mut this.buf) {
+                        count(&core.ios, 1);
+                        sub.stage = Stage::InFlight { key: key as u32 };
+                        return Poll::Pending;
+                    }
+                    return this.refused_at_start(cx, key);
+                }
+            }
+            _ => {}
+        }
+        this.poll_slow(cx)
+    }
+}
+
+impl<S: HasExecutor, T: IoOutput> IoFuture<'_, S, T> {
+    /// The first submission was refused (`submit_buffered` said why in the core).
+    #[cold]
+    #[inline(never)]
+    fn refused_at_start(&mut self, cx: &Context<'_>, key: usize) -> Poll<T> {
+        let reason = self
+            .submission
+            .core
+            .refusal
+            .take()
+            .expect("a refusal says why");
+        match self.submission.refused(cx, key, reason) {
+            NotInFlight::InLine => Poll::Pending,
+            NotInFlight::Refused(reason) => Poll::Ready(T::from_parts(
+                Err(IoError::Refused(reason)),
+                self.buf.take(),
+            )),
+        }
+    }
+
+    /// Every other case: waiting for room on a full queue pair, or starting behind others
+    /// who do.
+    #[cold]
+    #[inline(never)]
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self;
+        let submit = |buf: &mut Option<IoBuf>, sub: &Submission<'_, S>, key: usize| {
+            if submit_buffered(sub, key, buf) {
+                Ok(())
+            } else {
+                Err(sub.core.refusal.take().expect("a refusal says why"))
+            }
         };
         // A refused I/O's buffer is back here (put back by `submit`).
         let refused = |buf: &mut Option<IoBuf>, reason| {
@@ -397,39 +490,39 @@ impl<S: HasExecutor, T: IoOutput> Future for IoFuture<'_, S, T> {
     }
 }
 
-/// Hands an I/O with its buffer (if any) to the reactor; a refusal puts the buffer back.
-/// Not inlined: the reactor's submission is large, and as a call of its own it takes its
-/// arguments directly rather than through the captures of a closure.
+/// Hands an I/O with its buffer (if any) to the reactor, with cell `key` for its
+/// completion; true if accepted. A refusal puts the buffer back and leaves its reason in
+/// the core (`Core::refusal`): the usual answer is one register wide. Not inlined: the
+/// reactor's submission is large, and as a call of its own it takes its arguments in
+/// registers.
 #[inline(never)]
 fn submit_buffered<S: HasExecutor>(
-    reactor: &mut Reactor<S>,
-    device: DeviceId,
-    req: IoRequest,
+    sub: &Submission<'_, S>,
+    key: usize,
     buf: &mut Option<IoBuf>,
-) -> Result<(), RejectReason> {
-    // The two operations with a buffer spelled out: with the operation known at compile
-    // time, the reactor builds the command and picks the latency bucket without a branch.
-    let submitted = match req.op {
-        IoOp::Read => {
-            let req = IoRequest {
-                op: IoOp::Read,
-                ..req
-            };
-            reactor.submit(device, req, buf.take(), io_done::<S>)
+) -> bool {
+    let core = sub.core;
+    let req = |op| sub.request(op, key);
+    let device = sub.device;
+    let submitted = core.lend.with(|reactor, _| {
+        // The two operations with a buffer spelled out: with the operation known at
+        // compile time, the reactor builds the command and picks the latency bucket
+        // without a branch.
+        match sub.op {
+            IoOp::Read => reactor.submit(device, req(IoOp::Read), buf.take(), io_done::<S>),
+            IoOp::Write => reactor.submit(device, req(IoOp::Write), buf.take(), io_done::<S>),
+            op => reactor.submit(device, req(op), buf.take(), io_done::<S>),
         }
-        IoOp::Write => {
-            let req = IoRequest {
-                op: IoOp::Write,
-                ..req
-            };
-            reactor.submit(device, req, buf.take(), io_done::<S>)
+    });
+    match submitted {
+        Some(Ok(())) => true,
+        Some(Err(rejected)) => {
+            *buf = rejected.buf;
+            core.refusal.set(Some(rejected.reason));
+            false
         }
-        _ => reactor.submit(device, req, buf.take(), io_done::<S>),
-    };
-    submitted.map_err(|rejected| {
-        *buf = rejected.buf;
-        rejected.reason
-    })
+        None => not_lent(),
+    }
 }
 
 /// A vectored read or write into registered memory (see [`Local::readv`]). Resolves to
@@ -457,10 +550,16 @@ impl<S: HasExecutor, V: AsRef<[hypoll_reactor::RegionSlice]> + Unpin> Future
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let device = this.submission.device;
-        let submit = |segments: &mut V, reactor: &mut Reactor<S>, req| {
-            reactor
-                .submit_vectored(device, req, segments.as_ref(), io_done::<S>)
-                .map_err(|rejected| rejected.reason)
+        let submit = |segments: &mut V, sub: &Submission<'_, S>, key| {
+            let req = sub.request(sub.op, key);
+            sub.core
+                .lend
+                .with(|reactor, _| {
+                    reactor
+                        .submit_vectored(device, req, segments.as_ref(), io_done::<S>)
+                        .map_err(|rejected| rejected.reason)
+                })
+                .unwrap_or_else(|| not_lent())
         };
         this.submission.poll(
             cx,

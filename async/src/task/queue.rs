@@ -112,8 +112,9 @@ impl RunQueue {
         let owner = unsafe { &h.as_ref().owner };
         let next = owner.next.take();
         self.head.set(next);
-        if next.is_none() {
-            self.tail.set(None);
+        match next {
+            Some(next) => prefetch_task(next),
+            None => self.tail.set(None),
         }
         owner.queued.set(false);
         self.len.set(self.len.get() - 1);
@@ -182,4 +183,27 @@ impl RunQueue {
     pub(super) fn wake_fd(&self) -> BorrowedFd<'_> {
         self.eventfd.as_fd()
     }
+}
+
+/// Asks the CPU to start loading the first cache lines of task `h`, which runs after the
+/// one just popped: with many tasks in flight their memory exceeds the L1 cache, and the
+/// loads then overlap the poll of the task before it instead of stalling its own.
+#[inline(always)]
+fn prefetch_task(h: NonNull<Header>) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = h.as_ptr().cast::<i8>();
+        // SAFETY: the instruction needs SSE, which this build enables (the `cfg` above);
+        // a prefetch reads nothing into the program and never faults, so any address
+        // will do: lines past a small task's end cost a load, nothing else
+        // (`wrapping_add` keeps the arithmetic defined).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = h;
 }

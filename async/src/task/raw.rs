@@ -520,6 +520,14 @@ impl LocalRef {
         }
     }
 
+    /// Whether this is the only `LocalRef` to its task: for a completion's, whether the
+    /// task awaits no other I/O of its own (each holds one).
+    #[inline]
+    pub(crate) fn is_only(&self) -> bool {
+        // SAFETY: `self` keeps it alive; on the owner thread.
+        unsafe { header(self.h) }.owner.local_refs.get() == 1
+    }
+
     /// Whether the task waits in the run queue already (it will be polled from there).
     #[inline]
     pub(crate) fn is_queued(&self) -> bool {
