@@ -8,7 +8,7 @@
 //!
 //! A message that replaces or removes guest memory while rings run (SET_MEM_TABLE,
 //! REM_MEM_REG) is handled only once every running ring has answered all it took under
-//! the old map ([`Control::quiesce`]; the connection waits out of the reactor's way,
+//! the old map (`Control::quiesce`; the connection waits out of the reactor's way,
 //! `conn.rs`): its answer tells the front end that no request uses the old memory any
 //! more, as the kernel's vhost ioctl returning does.
 
