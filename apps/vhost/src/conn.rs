@@ -14,7 +14,8 @@
 //! then handled, its answer sent, and the hold lifted. Sockets are blocking with a timeout
 //! on each read and write: a message is read only once its header is there, and a front
 //! end that stalls mid-message or does not read its answers costs the reactor at most the
-//! timeout, then its connection.
+//! timeout, then its connection. (The wait for the rings is not bounded by it: it lasts
+//! as long as the device takes to answer what the rings took, off the reactor's path.)
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -201,10 +201,12 @@ impl<S: VhostState> Control<S> {
     /// Holds the rings before a message that replaces or removes guest memory: each running
     /// ring takes no new chain and, once all it took is answered, tells this connection.
     /// Returns whether some ring has not yet (the connection waits for it before it reads
-    /// the message). No running ring, or a stopping server: nothing to wait for.
+    /// the message). No running ring: nothing to wait for. On a stopping server the rings
+    /// are stopping already (each answers what it took, then tells this connection): the
+    /// message waits until every one has stopped, not only the first.
     pub(crate) fn quiesce(&mut self) -> bool {
         if self.draining {
-            return false;
+            return self.rings.iter().any(RingSetup::runs);
         }
         if self.conn.hold() == 0 {
             if !self.rings.iter().any(|r| r.runs()) {

@@ -170,11 +170,12 @@ impl HostMemory {
         if let Some(r) = self.region_of(gpa, hint) {
             let offset = gpa - r.gpa;
             // `offset < r.len`: no overflow. The aligned words holding the 16 bytes, as
-            // offsets into the region: `first..end`.
+            // offsets into the region: `first..first + span_bytes` (no `first` where the
+            // word before the bytes would begin before the region).
             let misaligned = (r.host as u64).wrapping_add(offset) % 8;
-            let first = offset - misaligned;
-            let end = first + if misaligned == 0 { 16 } else { 24 };
-            if offset >= misaligned && end <= r.len {
+            let span_bytes = if misaligned == 0 { 16 } else { 24 };
+            let first = offset.checked_sub(misaligned);
+            if let Some(first) = first.filter(|first| first + span_bytes <= r.len) {
                 let p = r.host.wrapping_add(first as usize);
                 // SAFETY: `p..p + 16` (or `p..p + 24`) lies inside the region, which
                 // `self.guest` keeps mapped, and `p` is 8-byte aligned.

@@ -18,7 +18,9 @@ use hypoll_reactor::{CoreList, Device};
 use hypoll_vhost::inflight::{queue_region_bytes, InflightArea, InflightQueue};
 use hypoll_vhost::testkit::{put_chain, put_header};
 use hypoll_vhost::{VhostConfig, VhostExport, VhostServer};
-use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
+use vhost::vhost_user::message::{
+    VhostUserHeaderFlag, VhostUserInflight, VhostUserProtocolFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_blk as vb;
@@ -178,7 +180,11 @@ fn connect_with(
     let features = f.get_features().unwrap();
     f.set_features(features).unwrap();
     let protocol = f.get_protocol_features().unwrap();
-    let mut ack = VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ;
+    // REPLY_ACK, as QEMU negotiates it: a message sent with NEED_REPLY returns once the
+    // back end has handled it.
+    let mut ack = VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK;
     assert!(protocol.contains(ack | VhostUserProtocolFeatures::INFLIGHT_SHMFD));
     if inflight.is_some() {
         ack |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
@@ -503,4 +509,70 @@ fn the_graceful_stop_answers_a_request_in_flight_before_the_reactors_stop() {
     assert_eq!(guest.status(0), 0, "with its real status");
     assert!(call.read().unwrap() >= 1, "and the guest was signalled");
     drop(f);
+}
+
+/// Where the second ring's tables lie in the guest's memory (the guest posts nothing there).
+const RING1: u64 = 0xc_0000;
+
+/// A stop that comes while a memory table waits for the rings answers the table only once
+/// every ring has stopped, the one with a request in flight included, not as soon as the
+/// first (an idle ring on the other reactor) has: until then the old memory is in use.
+#[test]
+fn a_memory_table_waiting_when_the_stop_comes_is_answered_once_every_ring_has_stopped() {
+    let InFlight {
+        _dir,
+        server,
+        guest,
+        kick: _kick,
+        call,
+        mut f,
+    } = write_in_flight(0x7c);
+    // Ring 1, idle, on the other reactor.
+    let (kick1, call1) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+    f.set_vring_num(1, SIZE).unwrap();
+    f.set_vring_addr(
+        1,
+        &VringConfigData {
+            queue_max_size: SIZE,
+            queue_size: SIZE,
+            flags: 0,
+            desc_table_addr: USER + RING1,
+            used_ring_addr: USER + RING1 + USED - DESC,
+            avail_ring_addr: USER + RING1 + AVAIL - DESC,
+            log_addr: None,
+        },
+    )
+    .unwrap();
+    f.set_vring_base(1, 0).unwrap();
+    f.set_vring_call(1, &call1).unwrap();
+    f.set_vring_kick(1, &kick1).unwrap();
+    f.set_vring_enable(1, true).unwrap();
+
+    let table = [VhostUserMemoryRegionInfo {
+        guest_phys_addr: GPA,
+        memory_size: MEM_BYTES,
+        userspace_addr: USER,
+        mmap_offset: 0,
+        mmap_handle: guest.file.as_raw_fd(),
+    }];
+    let mem = guest.mem.clone();
+    // The table's acknowledgement, and what the guest's used index was when it came.
+    f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    let front = std::thread::spawn(move || {
+        f.set_mem_table(&table).unwrap();
+        let used: u16 = mem.read_obj(GuestAddress(GPA + USED + 2)).unwrap();
+        (f, used)
+    });
+    // The table is read and waits for ring 0's write; then the stop.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.used_idx(), 0, "the write is still in flight");
+    let report = server.shutdown();
+    assert!(report.panics.is_empty());
+    let (_f, used_at_ack) = front.join().unwrap();
+    assert_eq!(
+        used_at_ack, 1,
+        "the table was answered before the write was"
+    );
+    assert_eq!(guest.status(0), 0);
+    assert!(call.read().unwrap() >= 1);
 }
