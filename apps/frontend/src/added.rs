@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hypoll_reactor::ReactorHandle;
 
@@ -19,10 +19,7 @@ use crate::listen::{accept_loop, ListenAddr, Listener};
 use crate::metrics::Metrics;
 use crate::protocol::{HasShard, Protocol};
 use crate::service::{bind, ShardBuilder, StartError};
-use crate::{ServiceConfig, DRAIN_TIMEOUT};
-
-/// How often a stop looks whether every connection has closed.
-const DRAIN_CHECK_PERIOD: Duration = Duration::from_millis(5);
+use crate::{ServiceConfig, DRAIN_CHECK_PERIOD, DRAIN_TIMEOUT};
 
 /// Protocol `Q`'s socket, bound, and what its shards are built from.
 pub struct AddedProtocol<Q: Protocol> {

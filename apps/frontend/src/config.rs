@@ -48,6 +48,8 @@ pub const UNIX_MODE_DEFAULT: u32 = 0o600;
 pub const UNIX_MODE_MAX: u32 = 0o777;
 /// How long a graceful stop waits for connections to finish what they have in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a graceful stop looks whether what it waits for has finished.
+pub const DRAIN_CHECK_PERIOD: Duration = Duration::from_millis(5);
 /// How long a graceful stop waits for the final flush of each export.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 

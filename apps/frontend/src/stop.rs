@@ -4,16 +4,13 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hypoll_reactor::{DeviceId, IoDone, ReactorSet};
 
 use crate::protocol::{HasShard, Protocol};
 use crate::service::Service;
-use crate::{DRAIN_TIMEOUT, FLUSH_TIMEOUT};
-
-/// How often a stop looks whether every connection has closed.
-const DRAIN_CHECK_PERIOD: Duration = Duration::from_millis(5);
+use crate::{DRAIN_CHECK_PERIOD, DRAIN_TIMEOUT, FLUSH_TIMEOUT};
 
 /// What a graceful stop did.
 #[derive(Debug, Default)]

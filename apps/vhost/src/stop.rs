@@ -6,6 +6,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use hypoll_frontend::DRAIN_CHECK_PERIOD;
 use hypoll_reactor::ReactorHandle;
 
 use crate::shard::VhostState;
@@ -13,8 +14,6 @@ use crate::shard::VhostState;
 /// How long [`drain`] waits for rings by default: the same bound as the other front ends'
 /// drain.
 pub const VHOST_DRAIN_TIMEOUT: Duration = hypoll_frontend::DRAIN_TIMEOUT;
-/// How often [`drain`] looks whether every ring has ended.
-const DRAIN_CHECK_PERIOD: Duration = Duration::from_millis(5);
 
 /// Drains the vhost-user back end on the reactors of `handles`: asks each reactor to serve
 /// no new front end and to stop every ring (`VhostShard::drain`), then waits up to

@@ -519,14 +519,8 @@ const RING1: u64 = 0xc_0000;
 /// first (an idle ring on the other reactor) has: until then the old memory is in use.
 #[test]
 fn a_memory_table_waiting_when_the_stop_comes_is_answered_once_every_ring_has_stopped() {
-    let InFlight {
-        _dir,
-        server,
-        guest,
-        kick: _kick,
-        call,
-        mut f,
-    } = write_in_flight(0x7c);
+    let w = write_in_flight(0x7c);
+    let (server, guest, call, mut f) = (w.server, w.guest, w.call, w.f);
     // Ring 1, idle, on the other reactor.
     let (kick1, call1) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
     f.set_vring_num(1, SIZE).unwrap();
