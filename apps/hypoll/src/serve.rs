@@ -541,44 +541,9 @@ pub fn serve_command(args: ServeArgs) -> ExitCode {
         "hypoll serve: signal {}: stopping (finishing in-flight requests, then flushing)",
         signal.unwrap_or_default()
     );
-    let (report, nvme_left, vhost_left) = running.stop(!sockets.is_empty());
+    let stopped = running.stop(!sockets.is_empty());
     drop(socket_files);
-    let mut ok = true;
-    if vhost_left > 0 {
-        eprintln!(
-            "hypoll serve: {vhost_left} vhost-user rings still had guests' requests in flight \
-             when the drain timed out"
-        );
-        ok = false;
-    }
-    if nvme_left > 0 {
-        eprintln!(
-            "hypoll serve: {nvme_left} NVMe/TCP connections did not finish in time and were cut"
-        );
-        ok = false;
-    }
-    if report.connections_left > 0 {
-        eprintln!(
-            "hypoll serve: {} connections did not finish in time and were cut",
-            report.connections_left
-        );
-        ok = false;
-    }
-    for f in &report.flush_failures {
-        eprintln!("hypoll serve: final flush: {f}");
-        ok = false;
-    }
-    for p in &report.panics {
-        eprintln!("hypoll serve: {p}");
-        ok = false;
-    }
-    if report.failed_ios > 0 {
-        eprintln!(
-            "hypoll serve: {} I/Os were failed at shutdown",
-            report.failed_ios
-        );
-        ok = false;
-    }
+    let ok = stopped.tell();
     if ok {
         eprintln!("hypoll serve: stopped cleanly");
         ExitCode::SUCCESS

@@ -76,10 +76,10 @@ impl Running {
 
     /// Stops it: the guests' rings first (each answers what it took: `hypoll_vhost::drain`,
     /// when vhost-user-blk is served), then NVMe/TCP's listener and connections, then
-    /// NBD's (or the vhost part alone). Returns the report, the NVMe/TCP connections cut and
-    /// the vhost-user rings whose drain timed out.
-    pub(crate) fn stop(self, vhost: bool) -> (StopReport, usize, usize) {
-        match self {
+    /// NBD's (or the vhost part alone). Drains that time out run one after the other: a stop
+    /// with both vhost-user-blk and NBD may take both bounds.
+    pub(crate) fn stop(self, vhost: bool) -> Stopped {
+        let (report, nvme_left, vhost_left) = match self {
             Running::Nbd(nbd) => {
                 let NbdRunning { server, nvme } = *nbd;
                 let vhost_left = match server.handles() {
@@ -95,6 +95,55 @@ impl Running {
                 let (report, vhost_left) = server.stop();
                 (report, 0, vhost_left)
             }
+        };
+        Stopped {
+            report,
+            nvme_left,
+            vhost_left,
         }
+    }
+}
+
+/// What a stop left undone: the report of NBD's (or the vhost part's) stop, the NVMe/TCP
+/// connections cut, and the vhost-user rings whose drain timed out.
+pub(crate) struct Stopped {
+    report: StopReport,
+    nvme_left: usize,
+    vhost_left: usize,
+}
+
+impl Stopped {
+    /// Says on stderr what the stop left undone; returns whether it stopped cleanly.
+    pub(crate) fn tell(&self) -> bool {
+        let r = &self.report;
+        let mut problems = Vec::new();
+        if self.vhost_left > 0 {
+            problems.push(format!(
+                "{} vhost-user rings still had guests' requests in flight when the drain \
+                 timed out",
+                self.vhost_left
+            ));
+        }
+        if self.nvme_left > 0 {
+            problems.push(format!(
+                "{} NVMe/TCP connections did not finish in time and were cut",
+                self.nvme_left
+            ));
+        }
+        if r.connections_left > 0 {
+            problems.push(format!(
+                "{} connections did not finish in time and were cut",
+                r.connections_left
+            ));
+        }
+        problems.extend(r.flush_failures.iter().map(|f| format!("final flush: {f}")));
+        problems.extend(r.panics.iter().map(ToString::to_string));
+        if r.failed_ios > 0 {
+            problems.push(format!("{} I/Os were failed at shutdown", r.failed_ios));
+        }
+        for p in &problems {
+            eprintln!("hypoll serve: {p}");
+        }
+        problems.is_empty()
     }
 }

@@ -84,6 +84,9 @@ fn load_client(port: u16, client: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Passes the victim makes over its region (see below).
+const VICTIM_PASSES: u64 = 64;
+
 #[test]
 fn sixty_four_clients_verify_their_patterns_while_one_is_killed_mid_write() {
     let region_end = LOAD_CLIENTS as u64 * LOAD_REGION_BYTES;
@@ -93,14 +96,18 @@ fn sixty_four_clients_verify_their_patterns_while_one_is_killed_mid_write() {
     let s = Serve::start_with(&["mem=emu:dram,size=48M"], &["--cores", &cores]);
     let started = Instant::now();
 
-    // A victim process: qemu-io writing 64 KiB at a time, killed while it writes.
+    // A victim process: qemu-io writing 64 KiB at a time, killed while it writes. It goes
+    // over its region many times (the same bytes each time), so that it is still writing
+    // when it is killed however fast the machine is: one pass can end within the wait.
     let mut victim_cmd = Command::new("qemu-io");
     victim_cmd.args(["-f", "raw"]);
-    for i in 0..victim_bytes / (64 << 10) {
-        victim_cmd.args([
-            "-c",
-            &format!("write -P 0xee {} 64k", victim_base + i * (64 << 10)),
-        ]);
+    for _pass in 0..VICTIM_PASSES {
+        for i in 0..victim_bytes / (64 << 10) {
+            victim_cmd.args([
+                "-c",
+                &format!("write -P 0xee {} 64k", victim_base + i * (64 << 10)),
+            ]);
+        }
     }
     let mut victim = victim_cmd
         .arg(s.uri("mem"))
