@@ -17,8 +17,8 @@ const BLOCKS: u64 = 64;
 /// Room for every I/O a test keeps in flight at once (a reactor reads every range at once).
 const QUEUE_DEPTH: usize = 256;
 /// Device string options every test runs with: the default rings, and rings whose
-/// submission thread sleeps after 1 ms without entries, so that it is asleep between a
-/// test's bursts and each burst must wake it.
+/// submission thread sleeps after the shortest idle time the option takes, so that it is
+/// asleep between a test's bursts and each burst must wake it.
 const OPTIONS: [&str; 2] = ["", ",sqpoll=on,sqpoll_idle_ms=1"];
 /// Longer than a submission thread's idle time under `OPTIONS`: it falls asleep.
 const THREAD_SLEEPS: Duration = Duration::from_millis(10);
