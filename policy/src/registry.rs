@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::adaptive::{Adaptive, ADAPTIVE_BUDGET_PCT};
+use crate::adaptive::{Adaptive, ADAPTIVE_BUDGET_PCT, ADAPTIVE_LOAD_BUDGET_PCT};
 use crate::classic::Classic;
 use crate::fixed::{Fixed, FIXED_SLEEP_US_MAX};
 use crate::hybrid::Hybrid;
@@ -44,6 +44,7 @@ impl fmt::Debug for PolicyInfo {
 
 const ADJUST: &str = "adjust";
 const BUDGET: &str = "budget";
+const LOAD_BUDGET: &str = "load_budget";
 const SLEEP: &str = "sleep";
 
 static POLICIES: [PolicyInfo; 9] = [
@@ -111,7 +112,7 @@ static POLICIES: [PolicyInfo; 9] = [
     },
     PolicyInfo {
         name: Adaptive::NAME,
-        syntax: "adaptive[:budget=<pct>,sleep=interruptible]",
+        syntax: "adaptive[:budget=<pct>,load_budget=<pct>,sleep=interruptible]",
         description: "ours: calibrates wake-up overshoot and sleep cost online, sleeps to a \
                       latency budget on the learnt distribution, batches under load, \
                       interrupts for long waits",
@@ -196,13 +197,22 @@ fn build_hybrid_min(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpe
 }
 
 fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecError> {
-    const ACCEPTED: &[&str] = &[BUDGET, SLEEP];
+    const ACCEPTED: &[&str] = &[BUDGET, LOAD_BUDGET, SLEEP];
     let budget_pct = parameter(
         Adaptive::NAME,
         BUDGET,
         ACCEPTED,
         args,
         "a latency budget in percent of the mean, above 0 and at most 100, e.g. budget=1.5",
+        |v| v.parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0),
+    )?;
+    let load_budget_pct = parameter(
+        Adaptive::NAME,
+        LOAD_BUDGET,
+        ACCEPTED,
+        args,
+        "how much later than spinning waiting on the interrupt under load may be, in percent \
+         of the mean, above 0 and at most 100, e.g. load_budget=10",
         |v| v.parse::<f64>().ok().filter(|p| *p > 0.0 && *p <= 100.0),
     )?;
     let interruptible = parameter(
@@ -217,10 +227,13 @@ fn build_adaptive(args: Option<&str>) -> Result<Box<dyn PollPolicy>, PolicySpecE
             _ => None,
         },
     )?;
-    Ok(Box::new(Adaptive::with(
-        budget_pct.unwrap_or(ADAPTIVE_BUDGET_PCT),
-        interruptible.unwrap_or(false),
-    )))
+    Ok(Box::new(
+        Adaptive::with(
+            budget_pct.unwrap_or(ADAPTIVE_BUDGET_PCT),
+            interruptible.unwrap_or(false),
+        )
+        .with_load_budget(load_budget_pct.unwrap_or(ADAPTIVE_LOAD_BUDGET_PCT)),
+    ))
 }
 
 /// Parses parameter `key` from a policy's comma-separated `key=value` arguments, whose

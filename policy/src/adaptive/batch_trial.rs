@@ -28,10 +28,14 @@
 //! or more; see docs/lab/ for the campaign.) At a fixed queue depth Little's law ties that
 //! mean to the throughput, so it is the one figure to compare.
 //!
-//! A way of waiting is refused when it was later than the other arm by more than the
-//! latency budget in at least [`WORSE_PAIRS`] of the pairs; the next is then tried at once:
+//! A way of waiting is refused when it was later than the other arm by more than its
+//! budget in at least [`WORSE_PAIRS`] of the pairs; the next is then tried at once:
 //! the interrupt (where the device has one), then [`LEVELS`] batch lengths, each half the
 //! one before, past which the reactor neither batches nor waits on the interrupt under load.
+//! A batch's budget is the latency budget; the interrupt's is the wider load budget: the
+//! arm it is compared with mostly spins, so at depth it buys its latency with a whole
+//! core, and where a wake-up per burst keeps the device nearly as busy the core is worth
+//! more than the last few per cent of throughput (docs/policies.md, step 2).
 //! A wide device that does not queue loses to batching in every pair, by far more than the
 //! budget; so does the longest batch on a queueing device while the machine's wake-ups
 //! overshoot badly, by less (docs/lab/ has the figures). Where a way is harmless, a refusal
@@ -95,6 +99,16 @@ impl LoadWait {
     }
 }
 
+/// How much later than the per-I/O plan (which under load mostly spins) each way of waiting
+/// may be, as fractions of the plan's mean latency, before a trial refuses it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Budgets {
+    /// For a batch: the latency budget.
+    pub(crate) batch_fraction: f64,
+    /// For the interrupt: the load budget.
+    pub(crate) interrupt_fraction: f64,
+}
+
 /// One arm's completions: their latencies' sum and count.
 #[derive(Clone, Copy, Debug, Default)]
 struct ArmTotal {
@@ -156,17 +170,18 @@ impl BatchTrial {
     /// How a reactor under load on a device that looks saturated waits now, at `now_ns`, if
     /// it does otherwise than by its per-I/O plan: the way found while it holds, otherwise
     /// the current arm of a trial (started, moved on or concluded here). `mean_ns` is the
-    /// device's mean latency now, `budget_fraction` the latency budget, a fraction of the
-    /// mean; `interrupts` whether the device has an interrupt to wait on.
+    /// device's mean latency now, `budgets` what each way may cost against spinning;
+    /// `interrupts` whether the device has an interrupt to wait on.
     pub(crate) fn load_wait(
         &mut self,
         now_ns: u64,
         mean_ns: u64,
-        budget_fraction: f64,
+        budgets: Budgets,
         interrupts: bool,
     ) -> Option<LoadWait> {
         self.assert_invariants();
-        let wait = self.next_wait(now_ns, mean_ns, budget_fraction, interrupts);
+        debug_assert!(budgets.batch_fraction > 0.0 && budgets.interrupt_fraction > 0.0);
+        let wait = self.next_wait(now_ns, mean_ns, budgets, interrupts);
         self.assert_invariants();
         // One of the ways tried: the interrupt, or the longest batch halved at most
         // LEVELS - 1 times.
@@ -185,7 +200,7 @@ impl BatchTrial {
         &mut self,
         now_ns: u64,
         mean_ns: u64,
-        budget_fraction: f64,
+        budgets: Budgets,
         interrupts: bool,
     ) -> Option<LoadWait> {
         let stale = now_ns > self.asked_ns.saturating_add(STALE_NS);
@@ -219,6 +234,11 @@ impl BatchTrial {
                 (self.current, self.first)
             } else {
                 (self.first, self.current)
+            };
+            let budget_fraction = if self.level == INTERRUPT_LEVEL {
+                budgets.interrupt_fraction
+            } else {
+                budgets.batch_fraction
             };
             if let (Some(tried_ns), Some(other_ns)) = (tried.mean_ns(), other.mean_ns()) {
                 self.worse += u32::from(tried_ns > other_ns * (1.0 + budget_fraction));

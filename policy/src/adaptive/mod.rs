@@ -37,7 +37,8 @@
 //!    looks the same, so a trial (`batch_trial`) alternates each way with spinning and
 //!    keeps the first that is not late past the budget: the interrupt (on a device that
 //!    has one; the wait is renewed on every decision while it holds), then a batch of 3/4,
-//!    3/8 or 3/16 of the queueing time; none if all are.
+//!    3/8 or 3/16 of the queueing time; none if all are. The interrupt is judged against
+//!    the wider load budget (25 % of the mean): the arm it is compared with spins a core.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
 //!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
@@ -95,6 +96,10 @@ pub const ADAPTIVE_RESERVOIR: usize = 256;
 pub const ADAPTIVE_SAMPLES_MIN: usize = 16;
 /// Default latency budget, percent of the bucket's mean latency.
 pub const ADAPTIVE_BUDGET_PCT: f64 = 2.5;
+/// Default load budget, percent of the mean latency under load: how much later than the
+/// per-I/O plan (which under load mostly spins a core) waiting on the interrupt may be
+/// before the batch trial refuses it. A quarter of the throughput at most, for the core.
+pub const ADAPTIVE_LOAD_BUDGET_PCT: f64 = 25.0;
 /// Wait for the interrupt when the median remaining time exceeds this many overshoots.
 pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
 /// Share of the device's queueing time slept through under load: the longest batch, which
@@ -106,6 +111,8 @@ pub const ADAPTIVE_BATCH_FRACTION: f64 = 0.75;
 pub struct Adaptive {
     name: String,
     budget_pct: f64,
+    /// The load budget (see [`ADAPTIVE_LOAD_BUDGET_PCT`]).
+    load_budget_pct: f64,
     /// Whether its budgeted sleeps may be ended by the completion's interrupt (on devices
     /// that have one): [`Decision::SleepInterruptible`] rather than [`Decision::Sleep`].
     interruptible: bool,
@@ -178,6 +185,7 @@ impl std::fmt::Debug for Adaptive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Adaptive")
             .field("budget_pct", &self.budget_pct)
+            .field("load_budget_pct", &self.load_budget_pct)
             .field("overshoot_plan_ns", &self.overshoot_plan_ns())
             .field("sleep_cpu_ns", &self.sleep_cpu_ns())
             .field("budget_scale", &self.lateness.budget_scale)
@@ -204,21 +212,10 @@ impl Adaptive {
     /// (experimental: it can overrun its budget, see docs/policies.md); otherwise timed ones
     /// that always last (the hybrid polling of Linux).
     pub fn with(budget_pct: f64, interruptible: bool) -> Adaptive {
-        let mut params = Vec::new();
-        if budget_pct != ADAPTIVE_BUDGET_PCT {
-            params.push(format!("budget={budget_pct}"));
-        }
-        if interruptible {
-            params.push("sleep=interruptible".to_string());
-        }
-        let name = if params.is_empty() {
-            Self::NAME.to_string()
-        } else {
-            format!("{}:{}", Self::NAME, params.join(","))
-        };
         Adaptive {
-            name,
+            name: Self::name_for(budget_pct, ADAPTIVE_LOAD_BUDGET_PCT, interruptible),
             budget_pct,
+            load_budget_pct: ADAPTIVE_LOAD_BUDGET_PCT,
             interruptible,
             current: CurrentIo::NONE,
             buckets: Buckets::new(),
@@ -228,6 +225,37 @@ impl Adaptive {
             lateness: Lateness::new(budget_pct),
             batch_trial: BatchTrial::default(),
             arrivals: Arrivals::new(),
+        }
+    }
+
+    /// The same policy with a load budget of `load_budget_pct` percent of the mean latency
+    /// under load (see [`ADAPTIVE_LOAD_BUDGET_PCT`]).
+    pub fn with_load_budget(mut self, load_budget_pct: f64) -> Adaptive {
+        assert!(
+            load_budget_pct > 0.0,
+            "a load budget must be above 0, not {load_budget_pct}"
+        );
+        self.load_budget_pct = load_budget_pct;
+        self.name = Self::name_for(self.budget_pct, load_budget_pct, self.interruptible);
+        self
+    }
+
+    /// The name with the parameters that differ from the defaults, in the registry's order.
+    fn name_for(budget_pct: f64, load_budget_pct: f64, interruptible: bool) -> String {
+        let mut params = Vec::new();
+        if budget_pct != ADAPTIVE_BUDGET_PCT {
+            params.push(format!("budget={budget_pct}"));
+        }
+        if load_budget_pct != ADAPTIVE_LOAD_BUDGET_PCT {
+            params.push(format!("load_budget={load_budget_pct}"));
+        }
+        if interruptible {
+            params.push("sleep=interruptible".to_string());
+        }
+        if params.is_empty() {
+            Self::NAME.to_string()
+        } else {
+            format!("{}:{}", Self::NAME, params.join(","))
         }
     }
 

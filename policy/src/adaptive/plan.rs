@@ -3,7 +3,7 @@
 //! lateness, over the learnt latencies and the overshoot's spread together, stays within
 //! the budget (the plans cached per bucket, sleep kind and load class).
 
-use super::batch_trial::LoadWait;
+use super::batch_trial::{Budgets, LoadWait};
 use super::reservoir::Reservoir;
 use super::{Adaptive, ADAPTIVE_RESERVOIR};
 use crate::policy::{Decision, PollContext};
@@ -186,14 +186,13 @@ impl Adaptive {
             return None;
         }
         let published_mean_ns = ctx.stats.bucket(bucket).mean_ns;
-        let budget_fraction = self.budget_pct / 100.0;
+        let budgets = Budgets {
+            batch_fraction: self.budget_pct / 100.0,
+            interrupt_fraction: self.load_budget_pct / 100.0,
+        };
         self.batch_trial.set_depth(ctx.outstanding);
-        self.batch_trial.load_wait(
-            ctx.now_ns,
-            published_mean_ns,
-            budget_fraction,
-            ctx.interrupts,
-        )
+        self.batch_trial
+            .load_wait(ctx.now_ns, published_mean_ns, budgets, ctx.interrupts)
     }
 
     /// Steps 2 and 3 of the module documentation for the current I/O, `elapsed_ns` in

@@ -109,6 +109,11 @@ fn builds_every_spec_and_names_it() {
             "adaptive:sleep=interruptible,budget=1.5",
             "adaptive:budget=1.5,sleep=interruptible",
         ),
+        (
+            "adaptive:sleep=interruptible,load_budget=10,budget=1.5",
+            "adaptive:budget=1.5,load_budget=10,sleep=interruptible",
+        ),
+        ("adaptive:load_budget=25", "adaptive"),
         ("  hybrid \n", "hybrid"),
     ] {
         let policy = build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
@@ -211,8 +216,15 @@ fn bad_parameters_name_the_key_and_the_accepted_ones() {
     assert!(message.contains("timed"), "{message}");
     assert_eq!(
         error("adaptive:budget=2,wake=1").1,
-        "policy `adaptive` has no parameter `wake`; accepted: budget, sleep"
+        "policy `adaptive` has no parameter `wake`; accepted: budget, load_budget, sleep"
     );
+    assert!(matches!(
+        error("adaptive:load_budget=0").0,
+        PolicySpecError::InvalidValue {
+            key: "load_budget",
+            ..
+        }
+    ));
     assert!(matches!(
         error("adaptive:sleep=timed,budget=1,sleep=timed").0,
         PolicySpecError::DuplicateParameter { key: "sleep", .. }

@@ -1,13 +1,23 @@
 use super::*;
 
 const BUDGET: f64 = 0.025;
+/// The load budget, the interrupt's.
+const LOAD_BUDGET: f64 = 0.25;
+const BUDGETS: Budgets = Budgets {
+    batch_fraction: BUDGET,
+    interrupt_fraction: LOAD_BUDGET,
+};
 /// A device fast enough for the shortest arms.
 const MEAN_NS: u64 = 50_000;
 
 impl BatchTrial {
     /// The batch length now on a device without an interrupt: the batch ladder alone.
     fn batch_fraction(&mut self, now_ns: u64, mean_ns: u64, budget: f64) -> Option<f64> {
-        let wait = self.load_wait(now_ns, mean_ns, budget, false);
+        let budgets = Budgets {
+            batch_fraction: budget,
+            interrupt_fraction: LOAD_BUDGET,
+        };
+        let wait = self.load_wait(now_ns, mean_ns, budgets, false);
         assert_ne!(wait, Some(LoadWait::Interrupt));
         wait.and_then(LoadWait::fraction)
     }
@@ -24,10 +34,22 @@ fn run_waits(
     interrupts: bool,
     latency_ns: impl Fn(Option<LoadWait>, u32) -> u64,
 ) -> (u64, Vec<Option<LoadWait>>) {
+    run_waits_within(trial, BUDGETS, start_ns, trials, interrupts, latency_ns)
+}
+
+/// [`run_waits`] with other budgets.
+fn run_waits_within(
+    trial: &mut BatchTrial,
+    budgets: Budgets,
+    start_ns: u64,
+    trials: u64,
+    interrupts: bool,
+    latency_ns: impl Fn(Option<LoadWait>, u32) -> u64,
+) -> (u64, Vec<Option<LoadWait>>) {
     let mut now_ns = start_ns;
     let mut arms = Vec::new();
     let until = trial.trials + trials;
-    let mut wait = trial.load_wait(now_ns, MEAN_NS, BUDGET, interrupts);
+    let mut wait = trial.load_wait(now_ns, MEAN_NS, budgets, interrupts);
     while trial.trials < until {
         assert!(arms.len() < 1000, "the trials should end");
         let arm = arms.len() as u32;
@@ -35,11 +57,11 @@ fn run_waits(
         for i in 0..100 {
             let submit_ns = now_ns + i * (ARM_NS_MIN / 100);
             trial.record(submit_ns, latency_ns(wait, arm));
-            let asked = trial.load_wait(submit_ns + 1, MEAN_NS, BUDGET, interrupts);
+            let asked = trial.load_wait(submit_ns + 1, MEAN_NS, budgets, interrupts);
             assert_eq!(asked, wait);
         }
         now_ns += ARM_NS_MIN;
-        wait = trial.load_wait(now_ns, MEAN_NS, BUDGET, interrupts);
+        wait = trial.load_wait(now_ns, MEAN_NS, budgets, interrupts);
     }
     (now_ns, arms)
 }
@@ -275,23 +297,48 @@ fn on_a_device_with_an_interrupt_the_interrupt_is_tried_first_and_kept_if_not_la
     // on a device of the reactor's that has none.
     let ask_ns = end_ns + HOLD_NS / 2;
     assert_eq!(
-        trial.load_wait(ask_ns, MEAN_NS, BUDGET, true),
+        trial.load_wait(ask_ns, MEAN_NS, BUDGETS, true),
         Some(LoadWait::Interrupt)
     );
-    assert_eq!(trial.load_wait(ask_ns + 1, MEAN_NS, BUDGET, false), None);
+    assert_eq!(trial.load_wait(ask_ns + 1, MEAN_NS, BUDGETS, false), None);
     assert_eq!(trial.trials, 1);
 }
 
 #[test]
-fn an_interrupt_late_past_the_budget_gives_way_to_the_batches() {
+fn an_interrupt_later_than_the_latency_budget_but_within_the_load_budget_is_kept() {
+    // 10 % late: four times the latency budget, well within the load budget. With a load
+    // budget as tight as the latency budget, the same trial refuses it.
     let mut trial = BatchTrial::default();
-    // The interrupt's wake-up makes its arms 10 % late; the batches are later still.
+    run_waits(&mut trial, 1_000, 1, true, interrupt_late(96_800));
+    assert_eq!(trial.held(), Some(LoadWait::Interrupt));
+    let tight = Budgets {
+        batch_fraction: BUDGET,
+        interrupt_fraction: BUDGET,
+    };
+    let mut trial = BatchTrial::default();
+    let (end_ns, arms) =
+        run_waits_within(&mut trial, tight, 1_000, 1, true, interrupt_late(96_800));
+    assert_eq!(arms.len(), 2 * PAIRS as usize);
+    assert_eq!(trial.arm, Some(0));
+    assert_eq!(trial.held(), None);
+    // The batches are on trial now.
+    assert_eq!(
+        trial.load_wait(end_ns + 1, MEAN_NS, tight, true),
+        Some(LoadWait::Batch(0.75))
+    );
+}
+
+#[test]
+fn an_interrupt_late_past_the_load_budget_gives_way_to_the_batches() {
+    let mut trial = BatchTrial::default();
+    // The interrupt's wake-up makes its arms 30 % late; the batches are later still, past
+    // the latency budget.
     let (_, arms) = run_waits(
         &mut trial,
         1_000,
         1 + u64::from(LEVELS),
         true,
-        interrupt_late(96_800),
+        interrupt_late(114_400),
     );
     assert_eq!(arms.len(), (2 * PAIRS * (1 + LEVELS)) as usize);
     let tried: Vec<LoadWait> = arms.iter().flatten().copied().collect();
