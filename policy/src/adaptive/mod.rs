@@ -38,7 +38,7 @@
 //!    keeps the first that is not late past the budget: the interrupt (on a device that
 //!    has one; the wait is renewed on every decision while it holds), then a batch of 3/4,
 //!    3/8 or 3/16 of the queueing time; none if all are. The interrupt is judged against
-//!    the wider load budget (25 % of the mean): the arm it is compared with spins a core.
+//!    the wider load budget (10 % of the mean): the arm it is compared with spins a core.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
 //!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
@@ -98,8 +98,8 @@ pub const ADAPTIVE_SAMPLES_MIN: usize = 16;
 pub const ADAPTIVE_BUDGET_PCT: f64 = 2.5;
 /// Default load budget, percent of the mean latency under load: how much later than the
 /// per-I/O plan (which under load mostly spins a core) waiting on the interrupt may be
-/// before the batch trial refuses it. A quarter of the throughput at most, for the core.
-pub const ADAPTIVE_LOAD_BUDGET_PCT: f64 = 25.0;
+/// before the batch trial refuses it: a tenth of the throughput at most, for most of a core.
+pub const ADAPTIVE_LOAD_BUDGET_PCT: f64 = 10.0;
 /// Wait for the interrupt when the median remaining time exceeds this many overshoots.
 pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
 /// Share of the device's queueing time slept through under load: the longest batch, which

@@ -110,10 +110,10 @@ fn builds_every_spec_and_names_it() {
             "adaptive:budget=1.5,sleep=interruptible",
         ),
         (
-            "adaptive:sleep=interruptible,load_budget=10,budget=1.5",
-            "adaptive:budget=1.5,load_budget=10,sleep=interruptible",
+            "adaptive:sleep=interruptible,load_budget=20,budget=1.5",
+            "adaptive:budget=1.5,load_budget=20,sleep=interruptible",
         ),
-        ("adaptive:load_budget=25", "adaptive"),
+        ("adaptive:load_budget=10", "adaptive"),
         ("  hybrid \n", "hybrid"),
     ] {
         let policy = build(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
