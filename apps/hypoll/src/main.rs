@@ -203,6 +203,7 @@ fn main() -> ExitCode {
     // the fault simulation causes thousands on purpose, so it shows them only if --verbose.
     let level = match &cli.command {
         Cmd::Sim(args) if !args.verbose => tracing::level_filters::LevelFilter::OFF,
+        Cmd::Serve(args) if args.verbose => tracing::level_filters::LevelFilter::INFO,
         _ => tracing::level_filters::LevelFilter::WARN,
     };
     match &cli.command {

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// refused with EPERM.
     #[arg(short = 'r', long)]
     read_only: bool,
+    /// Log what clients and front ends do (connections, disconnections, guest memory
+    /// plugged in or out) besides warnings and errors, as nbdkit's -v does.
+    #[arg(short = 'v', long)]
+    pub(crate) verbose: bool,
     /// TLS: off; on (clients may upgrade with STARTTLS); require (nothing but STARTTLS is
     /// answered before TLS).
     #[arg(long, value_name = "off|on|require", default_value = "off")]

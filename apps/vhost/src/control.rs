@@ -512,6 +512,16 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
             tracing::warn!("a front end's memory region was refused: {e}");
             return Err(Error::InvalidParam);
         }
+        // A front end adds its regions one by one when it connects, and again when the
+        // guest's memory is plugged in: an operator sees both.
+        // The message is packed: its fields are copied out, not borrowed.
+        let (gpa, size) = (region.guest_phys_addr, region.memory_size);
+        tracing::info!(
+            gpa = format_args!("{gpa:#x}"),
+            mib = size >> 20,
+            regions = self.table.len(),
+            "a front end added a memory region"
+        );
         // Published before the answer: a request the front end posts into the region
         // after it read the answer finds the region in the ring's map.
         self.table.publish(&self.conn);
@@ -525,6 +535,14 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         self.table
             .remove(region.guest_phys_addr, region.memory_size)
             .map_err(|_| Error::InvalidParam)?;
+        // The message is packed: its fields are copied out, not borrowed.
+        let (gpa, size) = (region.guest_phys_addr, region.memory_size);
+        tracing::info!(
+            gpa = format_args!("{gpa:#x}"),
+            mib = size >> 20,
+            regions = self.table.len(),
+            "a front end removed a memory region"
+        );
         self.table.publish(&self.conn);
         Ok(())
     }

@@ -196,6 +196,11 @@ impl MemoryTable {
         })
     }
 
+    /// Regions mapped.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.regions.is_empty()
     }
