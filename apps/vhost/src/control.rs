@@ -518,7 +518,7 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         let (gpa, size) = (region.guest_phys_addr, region.memory_size);
         tracing::info!(
             gpa = format_args!("{gpa:#x}"),
-            mib = size >> 20,
+            size_kib = size >> 10,
             regions = self.table.len(),
             "a front end added a memory region"
         );
@@ -539,7 +539,7 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         let (gpa, size) = (region.guest_phys_addr, region.memory_size);
         tracing::info!(
             gpa = format_args!("{gpa:#x}"),
-            mib = size >> 20,
+            size_kib = size >> 10,
             regions = self.table.len(),
             "a front end removed a memory region"
         );

@@ -33,7 +33,7 @@
 //! the interrupt (where the device has one), then [`LEVELS`] batch lengths, each half the
 //! one before, past which the reactor neither batches nor waits on the interrupt under load.
 //! A batch's budget is the latency budget; the interrupt's is the wider load budget: the
-//! arm it is compared with mostly spins, so at depth it buys its latency with a whole
+//! arm it is compared with mostly spins, so under load it buys its lead with most of a
 //! core, and where a wake-up per burst keeps the device nearly as busy the core is worth
 //! more than the last few per cent of throughput (docs/policies.md, step 2).
 //! A wide device that does not queue loses to batching in every pair, by far more than the
@@ -67,7 +67,7 @@ pub(crate) const ARM_GIVE_UP: u64 = 4;
 pub(crate) const STALE_NS: u64 = 1_000_000_000;
 /// Pairs of arms per trial.
 pub(crate) const PAIRS: u32 = 8;
-/// Pairs in which batching must be late past the budget for it to be refused.
+/// Pairs in which the way on trial must be late past its budget for it to be refused.
 pub(crate) const WORSE_PAIRS: u32 = 6;
 /// How long the batch length found holds.
 pub(crate) const HOLD_NS: u64 = 10_000_000_000;
@@ -139,7 +139,7 @@ pub(crate) struct BatchTrial {
     current: ArmTotal,
     /// The pair's first arm, once over.
     first: ArmTotal,
-    /// Pairs so far in which batching was late past the budget.
+    /// Pairs so far in which the way on trial was late past its budget.
     worse: u32,
     /// When the policy last asked (see [`STALE_NS`]), and the I/Os then outstanding (0
     /// before it is told, taken as 1), which set the length of the next arm.

@@ -38,7 +38,8 @@
 //!    keeps the first that is not late past the budget: the interrupt (on a device that
 //!    has one; the wait is renewed on every decision while it holds), then a batch of 3/4,
 //!    3/8 or 3/16 of the queueing time; none if all are. The interrupt is judged against
-//!    the wider load budget (10 % of the mean): the arm it is compared with spins a core.
+//!    the wider load budget ([`ADAPTIVE_LOAD_BUDGET_PCT`]): the arm it is compared with
+//!    mostly spins, at the price of a core.
 //! 3. **Latency budget.** Otherwise wake at the latest time `w` whose expected lateness, over
 //!    the learnt latencies and the overshoot's spread together, stays within 2.5 % of the
 //!    bucket's mean (scaled by the lateness check, shared by the outstanding I/Os), if that
@@ -97,8 +98,10 @@ pub const ADAPTIVE_SAMPLES_MIN: usize = 16;
 /// Default latency budget, percent of the bucket's mean latency.
 pub const ADAPTIVE_BUDGET_PCT: f64 = 2.5;
 /// Default load budget, percent of the mean latency under load: how much later than the
-/// per-I/O plan (which under load mostly spins a core) waiting on the interrupt may be
-/// before the batch trial refuses it: a tenth of the throughput at most, for most of a core.
+/// per-I/O plan's arms waiting on the interrupt's arms may be, in most of a batch trial's
+/// pairs, before the trial refuses it. The plan under load mostly spins, so what the
+/// interrupt gives up is bought back with most of a core; where the plan sleeps itself, the
+/// trial sees less of the loss than spinning would show.
 pub const ADAPTIVE_LOAD_BUDGET_PCT: f64 = 10.0;
 /// Wait for the interrupt when the median remaining time exceeds this many overshoots.
 pub const ADAPTIVE_INTERRUPT_RATIO: u64 = 33;
@@ -212,6 +215,10 @@ impl Adaptive {
     /// (experimental: it can overrun its budget, see docs/policies.md); otherwise timed ones
     /// that always last (the hybrid polling of Linux).
     pub fn with(budget_pct: f64, interruptible: bool) -> Adaptive {
+        assert!(
+            budget_pct > 0.0,
+            "a latency budget must be above 0, not {budget_pct}"
+        );
         Adaptive {
             name: Self::name_for(budget_pct, ADAPTIVE_LOAD_BUDGET_PCT, interruptible),
             budget_pct,
