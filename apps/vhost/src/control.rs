@@ -514,14 +514,7 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         }
         // A front end adds its regions one by one when it connects, and again when the
         // guest's memory is plugged in: an operator sees both.
-        // The message is packed: its fields are copied out, not borrowed.
-        let (gpa, size) = (region.guest_phys_addr, region.memory_size);
-        tracing::info!(
-            gpa = format_args!("{gpa:#x}"),
-            size_kib = size >> 10,
-            regions = self.table.len(),
-            "a front end added a memory region"
-        );
+        log_region("added", region, self.table.len());
         // Published before the answer: a request the front end posts into the region
         // after it read the answer finds the region in the ring's map.
         self.table.publish(&self.conn);
@@ -535,14 +528,7 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
         self.table
             .remove(region.guest_phys_addr, region.memory_size)
             .map_err(|_| Error::InvalidParam)?;
-        // The message is packed: its fields are copied out, not borrowed.
-        let (gpa, size) = (region.guest_phys_addr, region.memory_size);
-        tracing::info!(
-            gpa = format_args!("{gpa:#x}"),
-            size_kib = size >> 10,
-            regions = self.table.len(),
-            "a front end removed a memory region"
-        );
+        log_region("removed", region, self.table.len());
         self.table.publish(&self.conn);
         Ok(())
     }
@@ -567,4 +553,16 @@ impl<S: VhostState> VhostUserBackendReqHandlerMut for Control<S> {
     fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
         Err(Error::InvalidOperation("LOG_SHMFD is not offered"))
     }
+}
+
+/// Logs (at info) that a front end `did` ("added", "removed") `region`, leaving `regions`.
+fn log_region(did: &str, region: &VhostUserSingleMemoryRegion, regions: usize) {
+    // The message is packed: its fields are copied out, not borrowed.
+    let (gpa, size) = (region.guest_phys_addr, region.memory_size);
+    tracing::info!(
+        gpa = format_args!("{gpa:#x}"),
+        size_kib = size >> 10,
+        regions,
+        "a front end {did} a memory region"
+    );
 }
