@@ -274,6 +274,11 @@ fn a_trial_left_unasked_starts_again() {
     assert_eq!(trial.arm, Some(0));
 }
 
+/// The plan's arms' 88 us, later by `fraction` of it.
+fn plan_late_by(fraction: f64) -> u64 {
+    (88_000.0 * (1.0 + fraction)) as u64
+}
+
 /// 88 us, or `late_ns` in an arm that waits on the interrupt; a batch is always late.
 fn interrupt_late(late_ns: u64) -> impl Fn(Option<LoadWait>, u32) -> u64 {
     move |wait, _| match wait {
@@ -306,10 +311,11 @@ fn on_a_device_with_an_interrupt_the_interrupt_is_tried_first_and_kept_if_not_la
 
 #[test]
 fn an_interrupt_later_than_the_latency_budget_but_within_the_load_budget_is_kept() {
-    // 5 % late: twice the latency budget, within the load budget. With a load budget as
-    // tight as the latency budget, the same trial refuses it.
+    // Late by more than the latency budget, less than the load budget. With a load budget
+    // as tight as the latency budget, the same trial refuses it.
+    let late_ns = plan_late_by((BUDGET + LOAD_BUDGET) / 2.0);
     let mut trial = BatchTrial::default();
-    run_waits(&mut trial, 1_000, 1, true, interrupt_late(92_400));
+    run_waits(&mut trial, 1_000, 1, true, interrupt_late(late_ns));
     assert_eq!(trial.held(), Some(LoadWait::Interrupt));
     let tight = Budgets {
         batch_fraction: BUDGET,
@@ -317,7 +323,7 @@ fn an_interrupt_later_than_the_latency_budget_but_within_the_load_budget_is_kept
     };
     let mut trial = BatchTrial::default();
     let (end_ns, arms) =
-        run_waits_within(&mut trial, tight, 1_000, 1, true, interrupt_late(92_400));
+        run_waits_within(&mut trial, tight, 1_000, 1, true, interrupt_late(late_ns));
     assert_eq!(arms.len(), 2 * PAIRS as usize);
     assert_eq!(trial.arm, Some(0));
     assert_eq!(trial.held(), None);
@@ -331,14 +337,14 @@ fn an_interrupt_later_than_the_latency_budget_but_within_the_load_budget_is_kept
 #[test]
 fn an_interrupt_late_past_the_load_budget_gives_way_to_the_batches() {
     let mut trial = BatchTrial::default();
-    // The interrupt's wake-up makes its arms 30 % late, past the load budget; the batches
-    // are later still, past the latency budget.
+    // The interrupt's wake-up makes its arms late by well past the load budget; the batches
+    // are late past the latency budget.
     let (_, arms) = run_waits(
         &mut trial,
         1_000,
         1 + u64::from(LEVELS),
         true,
-        interrupt_late(114_400),
+        interrupt_late(plan_late_by(3.0 * LOAD_BUDGET)),
     );
     assert_eq!(arms.len(), (2 * PAIRS * (1 + LEVELS)) as usize);
     let tried: Vec<LoadWait> = arms.iter().flatten().copied().collect();
