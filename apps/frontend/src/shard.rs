@@ -204,6 +204,12 @@ impl<P: Protocol> Shard<P> {
             self.log(&peer, &format!("dropped: watching its socket: {e}"));
             return;
         }
+        // Seen under `hypoll serve --verbose` only (INFO), as nbdkit's -v shows each client.
+        tracing::info!(
+            "reactor {}: {peer}: {} client connected",
+            self.index,
+            P::NAME
+        );
         let mut conn = Conn::new(stream, peer, proto, interest, r.now_ns());
         conn.push_bytes(greeting);
         entry.insert(conn);
@@ -383,9 +389,12 @@ impl<P: Protocol> Shard<P> {
             self.metrics.closed_on_error.inc();
         }
         let note = P::close_note(&conn.proto);
+        let why = conn.closing.as_deref().unwrap_or_default();
         if conn.failed || !note.is_empty() {
-            let why = conn.closing.as_deref().unwrap_or_default();
             self.log(&conn.peer, &format!("closed: {why}{note}"));
+        } else {
+            let sep = if why.is_empty() { "" } else { ": " };
+            tracing::info!("reactor {}: {}: closed{sep}{why}", self.index, conn.peer);
         }
     }
 }

@@ -48,8 +48,9 @@ pub struct ServeArgs {
     /// refused with EPERM.
     #[arg(short = 'r', long)]
     read_only: bool,
-    /// Log what vhost-user front ends do (connecting, leaving, guest memory plugged in or
-    /// out) besides warnings and errors, as nbdkit's -v adds its own events.
+    /// Log each client connecting and leaving (NBD, NVMe/TCP, vhost-user front ends) and
+    /// the guest memory vhost-user front ends plug in or out, besides warnings and errors,
+    /// as nbdkit's -v adds its own events.
     #[arg(short = 'v', long)]
     pub(crate) verbose: bool,
     /// TLS: off; on (clients may upgrade with STARTTLS); require (nothing but STARTTLS is

@@ -34,6 +34,44 @@ fn a_wildcard_address_is_warned_about() {
     assert!(!log.contains("every interface"), "{log}");
 }
 
+/// `--verbose` logs each NBD and NVMe/TCP client as it connects and as it leaves, as
+/// nbdkit's -v does; without it a clean session logs nothing.
+#[test]
+fn verbose_logs_clients_connecting_and_leaving() {
+    let nvme = ["--nvme-tcp", "127.0.0.1:0"];
+    for verbose in [true, false] {
+        let mut extra = nvme.to_vec();
+        if verbose {
+            extra.push("-v");
+        }
+        let s = Serve::start_with(&["mem=null"], &extra);
+        let (nvme_port, _) = s.nvme.clone().expect("the NVMe/TCP line");
+        let mut c = handshake(s.port, "mem");
+        c.write_all(&client::request(CMD_DISC, 0, 0, 0, 0)).unwrap();
+        assert!(support::nbd::closed(&mut c), "NBD_CMD_DISC closes");
+        // An NVMe/TCP host that says nothing and hangs up.
+        drop(TcpStream::connect(("127.0.0.1", nvme_port)).unwrap());
+        // Until both closes are logged; without --verbose, for as long, to see none come.
+        let deadline = Instant::now() + Duration::from_secs(if verbose { 10 } else { 2 });
+        let mut log = String::new();
+        while log.matches(": closed").count() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            log.push_str(&s.stderr_text());
+        }
+        let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+        if verbose {
+            assert_eq!(lines("NBD client connected"), 1, "{log}");
+            assert_eq!(lines("NVMe/TCP client connected"), 1, "{log}");
+            assert_eq!(lines(": closed"), 2, "{log}");
+        } else {
+            assert!(
+                !log.contains("connected") && !log.contains("closed"),
+                "{log}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_unix_socket_serves_and_is_removed_on_stop() {
     let dir = tempfile::tempdir().unwrap();
