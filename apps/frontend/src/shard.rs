@@ -394,7 +394,12 @@ impl<P: Protocol> Shard<P> {
             self.log(&conn.peer, &format!("closed: {why}{note}"));
         } else {
             let sep = if why.is_empty() { "" } else { ": " };
-            tracing::info!("reactor {}: {}: closed{sep}{why}", self.index, conn.peer);
+            tracing::info!(
+                "reactor {}: {}: {} client left{sep}{why}",
+                self.index,
+                conn.peer,
+                P::NAME
+            );
         }
     }
 }

@@ -51,10 +51,32 @@ fn verbose_logs_clients_connecting_and_leaving() {
         assert!(support::nbd::closed(&mut c), "NBD_CMD_DISC closes");
         // An NVMe/TCP host that says nothing and hangs up.
         drop(TcpStream::connect(("127.0.0.1", nvme_port)).unwrap());
-        // Until both closes are logged; without --verbose, for as long, to see none come.
-        let deadline = Instant::now() + Duration::from_secs(if verbose { 10 } else { 2 });
+        // Until the server has taken both connections and closed both (its metrics say
+        // so), then what it logged by then.
+        let done = |m: &str| {
+            ["nbd", "nvmf"].iter().all(|p| {
+                let line = |name: &str| {
+                    let prefix = format!("hypoll_{p}_connections_{name}{{reactor=\"0\"}}");
+                    m.lines()
+                        .find(|l| l.starts_with(&prefix))
+                        .map(|l| metric(l, &prefix))
+                };
+                line("total") == Some(1.0) && line("open") == Some(0.0)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done(&s.metrics()) {
+            assert!(
+                Instant::now() < deadline,
+                "both connections closed within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // A line is written just after the count it follows: wait for both (or, without
+        // --verbose, a while, for none).
+        let deadline = Instant::now() + Duration::from_secs(if verbose { 5 } else { 1 });
         let mut log = String::new();
-        while log.matches(": closed").count() < 2 && Instant::now() < deadline {
+        while log.matches("client left").count() < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
             log.push_str(&s.stderr_text());
         }
@@ -62,10 +84,11 @@ fn verbose_logs_clients_connecting_and_leaving() {
         if verbose {
             assert_eq!(lines("NBD client connected"), 1, "{log}");
             assert_eq!(lines("NVMe/TCP client connected"), 1, "{log}");
-            assert_eq!(lines(": closed"), 2, "{log}");
+            assert_eq!(lines("NBD client left"), 1, "{log}");
+            assert_eq!(lines("NVMe/TCP client left"), 1, "{log}");
         } else {
             assert!(
-                !log.contains("connected") && !log.contains("closed"),
+                !log.contains("connected") && !log.contains("left") && !log.contains("closed"),
                 "{log}"
             );
         }

@@ -245,6 +245,9 @@ fn a_submission_thread_that_went_to_sleep_is_woken_by_the_next_submission() {
     assert_eq!(qp.unsubmitted(), 0, "held back although a thread takes it");
     qp.prepare_ring_wait(&wake);
     let deadline_ns = crate::sys::monotonic_ns() + TIMEOUT.as_nanos() as u64;
+    if seen.is_some() {
+        eprintln!("the read completed within the waking poll: the wait in the ring not tested");
+    }
     while seen.is_none() {
         let how = qp.wait_in_ring(&wake, Some(deadline_ns));
         assert_ne!(
