@@ -9,6 +9,8 @@ const BUDGETS: Budgets = Budgets {
 };
 /// A device fast enough for the shortest arms.
 const MEAN_NS: u64 = 50_000;
+/// What an arm of the per-I/O plan (neither batching nor waiting on the interrupt) sees.
+const PLAN_NS: u64 = 88_000;
 
 impl BatchTrial {
     /// The batch length now on a device without an interrupt: the batch ladder alone.
@@ -84,13 +86,13 @@ fn run(
     )
 }
 
-/// 88 us, or `batched_ns` in an arm that batches.
+/// The plan's latency, or `batched_ns` in an arm that batches.
 fn batch_late(batched_ns: u64) -> impl Fn(Option<f64>, u32) -> u64 {
     move |fraction, _| {
         if fraction.is_some() {
             batched_ns
         } else {
-            88_000
+            PLAN_NS
         }
     }
 }
@@ -98,7 +100,7 @@ fn batch_late(batched_ns: u64) -> impl Fn(Option<f64>, u32) -> u64 {
 #[test]
 fn arms_alternate_batch_not_not_batch() {
     let mut trial = BatchTrial::default();
-    let (_, arms) = run(&mut trial, 1_000, 1, batch_late(88_000));
+    let (_, arms) = run(&mut trial, 1_000, 1, batch_late(PLAN_NS));
     let expected: Vec<Option<f64>> = (0..2 * PAIRS)
         .map(|a| matches!(a % 4, 0 | 3).then_some(ADAPTIVE_BATCH_FRACTION))
         .collect();
@@ -147,7 +149,7 @@ fn a_shorter_batch_within_the_budget_is_kept() {
     let latency = |fraction: Option<f64>, _| match fraction {
         Some(f) if f > 0.5 => 96_800,
         Some(_) => 89_760,
-        None => 88_000,
+        None => PLAN_NS,
     };
     run(&mut trial, 1_000, 2, latency);
     assert_eq!(trial.held_fraction(), Some(0.375));
@@ -274,17 +276,18 @@ fn a_trial_left_unasked_starts_again() {
     assert_eq!(trial.arm, Some(0));
 }
 
-/// The plan's arms' 88 us, later by `fraction` of it.
+/// The plan's arms' latency, later by `fraction` of it.
 fn plan_late_by(fraction: f64) -> u64 {
-    (88_000.0 * (1.0 + fraction)) as u64
+    (PLAN_NS as f64 * (1.0 + fraction)) as u64
 }
 
-/// 88 us, or `late_ns` in an arm that waits on the interrupt; a batch is always late.
+/// The plan's latency, or `late_ns` in an arm that waits on the interrupt; a batch is
+/// always late.
 fn interrupt_late(late_ns: u64) -> impl Fn(Option<LoadWait>, u32) -> u64 {
     move |wait, _| match wait {
         Some(LoadWait::Interrupt) => late_ns,
         Some(LoadWait::Batch(_)) => 115_000,
-        None => 88_000,
+        None => PLAN_NS,
     }
 }
 
