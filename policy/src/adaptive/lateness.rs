@@ -2,8 +2,10 @@
 //! completion against its stand-in, over windows of [`LATENESS_WINDOW`] lone I/Os (queue
 //! depth one). The budget the plan spends is scaled to meet the budget; where even the
 //! smallest scale is too late, only a share of the I/Os sleep; where even the smallest share
-//! stays too late, none do for a while (see [`FLOOR_LATE_WINDOWS`]).
+//! stays too late, none do for a while (see [`FLOOR_LATE_WINDOWS`]). Its windows are also
+//! the sleep trial's, which spins through some of them (nothing to judge there).
 
+use super::sleep_trial::{SleepTrial, CLIP_MEANS};
 use crate::policy::Observation;
 
 /// The lateness check: over every this many I/Os decided for at queue depth 1, the
@@ -50,6 +52,10 @@ pub(super) struct Lateness {
     /// left in which no lone I/O's budgeted sleep is taken (see [`FLOOR_LATE_WINDOWS`]).
     pub(super) floor_late_windows: u32,
     pub(super) hold_windows: u32,
+    /// The sum of the current window's latencies as seen, each clipped, for the trial.
+    window_seen_ns: f64,
+    /// Which windows take the budgeted sleeps, from what they cost by experiment.
+    pub(super) trial: SleepTrial,
 }
 
 impl Lateness {
@@ -66,6 +72,8 @@ impl Lateness {
             window_late: 0.0,
             floor_late_windows: 0,
             hold_windows: 0,
+            window_seen_ns: 0.0,
+            trial: SleepTrial::new(),
         }
     }
 
@@ -88,12 +96,12 @@ impl Lateness {
         debug_assert!(self.hold_windows <= SLEEP_HOLD_WINDOWS);
     }
 
-    /// Whether a budgeted sleep of a lone I/O is taken: all are while the share is whole;
-    /// otherwise the share of them, spread evenly (every fourth, every other, ...), and the
-    /// rest spin.
+    /// Whether a budgeted sleep of a lone I/O is taken: none in a window the sleep trial
+    /// spins through; otherwise all while the share is whole, or the share of them, spread
+    /// evenly (every fourth, every other, ...), and the rest spin.
     pub(super) fn admits_sleep(&mut self) -> bool {
         self.assert_invariants();
-        if self.hold_windows > 0 {
+        if self.hold_windows > 0 || !self.trial.window_sleeps() {
             return false;
         }
         if self.sleep_share >= 1.0 {
@@ -123,35 +131,50 @@ impl Lateness {
         mean_ns: u64,
     ) {
         debug_assert!(mean_ns > 0);
+        let seen_ns = seen.latency_ns.min(mean_ns.saturating_mul(CLIP_MEANS));
         let (slept, late_ns) = if drawn || seen.after_interrupt {
             (true, seen.latency_ns.saturating_sub(learnt_ns))
         } else {
             (seen.slept.is_some(), 0)
         };
-        self.check(slept, late_ns as f64 / mean_ns as f64);
+        self.check(slept, late_ns as f64 / mean_ns as f64, seen_ns);
     }
 
     /// Counts one I/O decided for at queue depth 1 in the lateness check: whether it slept,
-    /// and the lateness its sleep caused as a fraction of its bucket's mean. At the end of a
+    /// the lateness its sleep caused as a fraction of its bucket's mean, and its latency as
+    /// seen, clipped (for the sleep trial, which every window's end is told). At the end of a
     /// window with enough sleeps, the budget's scale moves toward the one that meets the
     /// budget (halfway, in log terms); once the scale is at its floor, the share of I/Os that
     /// sleep moves instead (down while too late, and back up to 1 before the scale rises
     /// again). A window with few sleeps brings both back toward 1, so a scale that stopped
     /// every sleep does not stick.
-    pub(super) fn check(&mut self, slept: bool, late_fraction: f64) {
+    pub(super) fn check(&mut self, slept: bool, late_fraction: f64, seen_ns: u64) {
         self.assert_invariants();
         debug_assert!(late_fraction >= 0.0);
         self.window_ios += 1;
         self.window_slept += u32::from(slept);
         self.window_late += late_fraction;
+        self.window_seen_ns += seen_ns as f64;
         if self.window_ios < LATENESS_WINDOW {
             self.assert_invariants();
             return;
         }
+        let trial_spun = !self.trial.window_sleeps();
+        self.trial.end_window(
+            self.window_ios,
+            self.window_slept,
+            self.window_seen_ns,
+            self.target,
+        );
         if self.hold_windows > 0 {
             // No budgeted sleep was taken: nothing to judge, and the floors stay for the
             // sleeps tried again after the hold.
             self.hold_windows -= 1;
+            self.end_window();
+            return;
+        }
+        if trial_spun {
+            // The sleep trial spun through this window by design: nothing to judge either.
             self.end_window();
             return;
         }
@@ -202,6 +225,7 @@ impl Lateness {
         self.window_ios = 0;
         self.window_slept = 0;
         self.window_late = 0.0;
+        self.window_seen_ns = 0.0;
         self.assert_invariants();
     }
 }

@@ -1,6 +1,7 @@
 //! `adaptive` at queue depth 1 over many I/Os: the spin probes that keep samples exact, the
 //! lateness check and the share of I/Os that sleep, probe bursts, and long waits.
 
+use super::super::sleep_trial::{SleepTrial, TRIPLES};
 use super::*;
 
 /// Decides for `count` new I/Os at queue depth 1, one every 200 us from `first_ns`, each
@@ -67,6 +68,9 @@ fn the_budget_scales_to_the_lateness_the_sleeps_really_caused() {
     let mut p = Adaptive::default();
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
+    // As a sleep trial that found the sleeps within the budget leaves it: every window
+    // sleeps, and the check alone is at work.
+    p.lateness.trial = SleepTrial::holding(1.0);
     let wake = |p: &mut Adaptive| p.planned_wake_ns(READ_4K.index(), 1, false);
     assert_eq!(p.lateness.budget_scale, 1.0);
     // Every sleep is censored and seen at 90 us: its stand-in (80-90 us) makes it ~5 us
@@ -93,7 +97,7 @@ fn the_budget_scales_to_the_lateness_the_sleeps_really_caused() {
     assert_eq!(p.lateness.budget_scale, BUDGET_SCALE_MAX);
     // Windows without sleeps bring it back to 1.
     for _ in 0..8 * LATENESS_WINDOW {
-        p.lateness.check(false, 0.0);
+        p.lateness.check(false, 0.0, 85_000);
     }
     assert!(
         (p.lateness.budget_scale - 1.0).abs() < 0.01,
@@ -107,6 +111,9 @@ fn past_the_scale_floor_only_a_share_of_the_ios_sleep() {
     let mut p = Adaptive::default();
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
+    // As a sleep trial that found the sleeps within the budget leaves it: every window
+    // sleeps, and the check alone is at work.
+    p.lateness.trial = SleepTrial::holding(1.0);
     let window = u64::from(LATENESS_WINDOW);
     let sleeps = |ds: &[Decision]| {
         ds.iter()
@@ -154,6 +161,9 @@ fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
     let mut p = Adaptive::default();
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
+    // As a sleep trial that found the sleeps within the budget leaves it: every window
+    // sleeps, and the check alone is at work.
+    p.lateness.trial = SleepTrial::holding(1.0);
     let window = u64::from(LATENESS_WINDOW);
     // The budgeted sleeps (the probe sleeps are shorter) a run of decisions took.
     let budgeted = |ds: &[Decision]| {
@@ -204,6 +214,60 @@ fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
     let ds = run_ios(&mut p, from_ns + held * 200_000, window, late);
     let share = budgeted(&ds) / window as f64;
     assert!((0.2..0.32).contains(&share), "share {share}");
+}
+
+#[test]
+fn sleeps_that_slow_the_io_itself_are_cut_to_the_budgets_share_of_windows() {
+    let mut p = Adaptive::default();
+    nand_like(&mut p);
+    calibrate(&mut p, 5_000, 7_000);
+    let window = u64::from(LATENESS_WINDOW);
+    // Budgeted sleeps (the probe sleeps are shorter) among decisions.
+    let budgeted = |ds: &[Decision]| {
+        ds.iter()
+            .filter(|d| matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 > PROBE_SLEEP_NS_MAX))
+            .count() as u64
+    };
+    // Every read that slept is seen after the wake-up, while spinning, at 100 us; spun
+    // through, 85 us: the sleep slows the read itself (a halted vCPU takes its completion
+    // late). The lateness check counts such a read as on time and never stops the sleeps.
+    // The trial, a window in three of which spins, finds them ~17 % later.
+    let slowed = |submit_ns, d| {
+        let slept = matches!(d, Decision::Sleep(_));
+        let mut seen = seen_at(submit_ns, d, if slept { 100_000 } else { 85_000 });
+        seen.censored = false;
+        seen
+    };
+    // (The spin probes are not counted in a window: the trial takes a few more I/Os.)
+    let trial_windows = 3 * u64::from(TRIPLES);
+    let mut ios = 0;
+    let mut slept = 0;
+    while p.lateness.trial.trials == 0 {
+        assert!(ios < (trial_windows + 2) * window, "no trial concluded");
+        slept += budgeted(&run_ios(&mut p, ios * 200_000, 1, slowed));
+        ios += 1;
+    }
+    // Two windows in three took the sleeps.
+    assert!(slept > ios / 2, "{slept} of {ios}");
+    let cost = p.lateness.trial.cost.expect("a cost");
+    assert!((0.15..0.2).contains(&cost), "cost {cost}");
+    // The budget (2.5 %) over the cost: about one window in seven sleeps now.
+    let share = p.lateness.trial.share;
+    assert!((0.12..0.17).contains(&share), "share {share}");
+    let held = 28;
+    let ds = run_ios(&mut p, ios * 200_000, held * window, slowed);
+    let slept_share = budgeted(&ds) as f64 / (held * window) as f64;
+    assert!(
+        (0.5 * share..1.1 * share).contains(&slept_share),
+        "{slept_share} of the I/Os slept, against a share of {share}"
+    );
+    // Without the trial, the check alone lets every window sleep.
+    let mut alone = Adaptive::default();
+    nand_like(&mut alone);
+    calibrate(&mut alone, 5_000, 7_000);
+    alone.lateness.trial = SleepTrial::holding(1.0);
+    let ds = run_ios(&mut alone, 0, held * window, slowed);
+    assert!(budgeted(&ds) > held * window * 3 / 4, "{}", budgeted(&ds));
 }
 
 #[test]

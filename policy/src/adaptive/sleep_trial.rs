@@ -1,0 +1,192 @@
+//! The sleep trial: what `adaptive`'s budgeted sleeps at queue depth 1 cost in latency, by
+//! experiment, and the share of the lateness check's windows in which they are taken.
+//!
+//! The lateness check counts, for each read a sleep censored, the time from a stand-in to
+//! when it was seen, and nothing for a read seen after the wake-up. Where a sleep slows the
+//! read itself (a halted vCPU takes the completion's interrupt late, the task work that
+//! posts it runs late) that count misses the cost: on one machine's virtio disk the check
+//! read about its 2.5 % budget while the sleeps made the reads 6-25 % later than spinning
+//! (docs/lab/ has the campaign). Spun reads interleaved among sleeping ones did not see it
+//! either: they were slowed with them.
+//!
+//! So the trial compares whole windows of the lateness check
+//! ([`LATENESS_WINDOW`](super::lateness::LATENESS_WINDOW) lone I/Os each), in threes: one
+//! window takes the budgeted sleeps, the next spins through them, the next sleeps again,
+//! [`TRIPLES`] times. A window's figure is the mean latency of its I/Os as seen (lateness
+//! included), each clipped at [`CLIP_MEANS`] times its bucket's mean so that one stall of
+//! the machine does not decide a triple. Each triple compares the spinning window with the
+//! mean of the two around it, so a steady drift in the device's latency weighs on both
+//! alike; a third of the trial spins (pairs, for the same precision, would spin half of
+//! it). The cost is the geometric mean, over the triples, of the sleeping windows' figure
+//! over the spinning one's, less one. Where it is within the budget every window sleeps;
+//! otherwise the share of windows that sleep is the budget over the cost (spread evenly),
+//! so the sleeps cost about the budget in all. The share holds for [`HOLD_WINDOWS`]
+//! windows, then a trial starts again: the device and the machine change.
+//!
+//! A triple either of whose sleeping windows took few sleeps (the plan found none paying)
+//! says nothing and is not counted; a trial with fewer than half its triples counted
+//! leaves every window sleeping (the lateness check alone then judges the few sleeps).
+
+/// Triples of windows per trial (sleep, spin, sleep): on a virtio disk whose windows'
+/// figures scatter by about 7 %, the cost is then known to about 2 % of the mean.
+pub(super) const TRIPLES: u32 = 12;
+/// Windows in a trial.
+const TRIAL_WINDOWS: u32 = 3 * TRIPLES;
+/// Windows the share found holds for before the next trial: the trial takes about a tenth
+/// of the time.
+pub(super) const HOLD_WINDOWS: u32 = 9 * TRIAL_WINDOWS;
+/// A latency counts in its window's figure up to this many times its bucket's mean.
+pub(super) const CLIP_MEANS: u64 = 8;
+
+/// The trial's state; see the module's documentation.
+#[derive(Clone, Debug)]
+pub(super) struct SleepTrial {
+    /// The window in progress within a trial (0..TRIAL_WINDOWS), or `None` while a share
+    /// holds.
+    arm: Option<u32>,
+    /// The triple's figures so far (its windows that took too few sleeps as `None`).
+    figures: [Option<f64>; 3],
+    /// Over the triples counted so far: how many, and the sum of the log of the sleeping
+    /// windows' mean figure over the spinning one's.
+    triples_counted: u32,
+    log_ratio_sum: f64,
+    /// The share of windows that sleep while it holds, the credit that spreads them, the
+    /// windows it still holds for, and whether the window in progress sleeps.
+    pub(super) share: f64,
+    credit: f64,
+    hold_windows: u32,
+    sleeps: bool,
+    /// The cost the last trial measured, as a fraction of the spinning windows' mean, if it
+    /// counted enough triples; and how many trials concluded.
+    pub(super) cost: Option<f64>,
+    pub(super) trials: u64,
+}
+
+/// Whether window `arm` of a trial takes the budgeted sleeps: try, not, try, repeated.
+fn arm_tries(arm: u32) -> bool {
+    arm % 3 != 1
+}
+
+impl SleepTrial {
+    /// A trial from the first window.
+    pub(super) fn new() -> SleepTrial {
+        SleepTrial {
+            arm: Some(0),
+            figures: [None; 3],
+            triples_counted: 0,
+            log_ratio_sum: 0.0,
+            share: 1.0,
+            credit: 0.0,
+            hold_windows: 0,
+            sleeps: arm_tries(0),
+            cost: None,
+            trials: 0,
+        }
+    }
+
+    fn assert_invariants(&self) {
+        debug_assert!(self.arm.is_none_or(|arm| arm < TRIAL_WINDOWS));
+        debug_assert!(self.arm.is_none() || self.hold_windows == 0);
+        debug_assert!(self.triples_counted <= TRIPLES);
+        debug_assert!(self.share > 0.0 && self.share <= 1.0);
+        debug_assert!((0.0..1.0).contains(&self.credit));
+        debug_assert!(self.hold_windows <= HOLD_WINDOWS);
+        debug_assert!(self.arm.is_none_or(|arm| self.sleeps == arm_tries(arm)));
+    }
+
+    /// Whether the budgeted sleeps of the window in progress are taken.
+    pub(super) fn window_sleeps(&self) -> bool {
+        self.sleeps
+    }
+
+    /// The window in progress is over: `ios` lone I/Os, `slept` of which took a budgeted
+    /// sleep, whose latencies as seen (clipped, see [`CLIP_MEANS`]) sum to `seen_sum_ns`,
+    /// against a budget of `budget` (a fraction of the mean). Decides whether the next
+    /// window sleeps.
+    pub(super) fn end_window(&mut self, ios: u32, slept: u32, seen_sum_ns: f64, budget: f64) {
+        self.assert_invariants();
+        debug_assert!(ios > 0 && slept <= ios && budget > 0.0);
+        match self.arm {
+            Some(arm) => self.end_arm(arm, ios, slept, seen_sum_ns, budget),
+            None if self.hold_windows > 1 => {
+                self.hold_windows -= 1;
+                self.sleeps = self.next_shared();
+            }
+            None => self.begin_trial(),
+        }
+        self.assert_invariants();
+    }
+
+    /// Window `arm` of a trial is over (see [`SleepTrial::end_window`]).
+    fn end_arm(&mut self, arm: u32, ios: u32, slept: u32, seen_sum_ns: f64, budget: f64) {
+        let figure = seen_sum_ns / f64::from(ios);
+        // A sleeping window counts if a good part of its I/Os slept; a spinning one always.
+        let counts = !arm_tries(arm) || slept >= ios / 8;
+        self.figures[(arm % 3) as usize] = (counts && figure > 0.0).then_some(figure);
+        if arm % 3 == 2 {
+            if let [Some(before), Some(spun), Some(after)] = self.figures {
+                self.triples_counted += 1;
+                self.log_ratio_sum += ((before + after) / 2.0 / spun).ln();
+            }
+            self.figures = [None; 3];
+        }
+        let next = arm + 1;
+        if next < TRIAL_WINDOWS {
+            self.arm = Some(next);
+            self.sleeps = arm_tries(next);
+            return;
+        }
+        self.conclude(budget);
+    }
+
+    /// The trial's last window is over: the share from the cost it measured, held.
+    fn conclude(&mut self, budget: f64) {
+        self.trials += 1;
+        self.arm = None;
+        self.cost = (self.triples_counted >= TRIPLES / 2)
+            .then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
+        self.share = match self.cost {
+            Some(cost) if cost > budget => budget / cost,
+            _ => 1.0,
+        };
+        self.credit = 0.0;
+        self.hold_windows = HOLD_WINDOWS;
+        self.sleeps = self.next_shared();
+    }
+
+    /// A share of `share` held from now, as a trial that found it would leave it.
+    #[cfg(test)]
+    pub(super) fn holding(share: f64) -> SleepTrial {
+        let mut trial = SleepTrial::new();
+        trial.arm = None;
+        trial.share = share;
+        trial.hold_windows = HOLD_WINDOWS;
+        trial.sleeps = trial.next_shared();
+        trial.assert_invariants();
+        trial
+    }
+
+    /// A trial from the next window.
+    fn begin_trial(&mut self) {
+        self.arm = Some(0);
+        self.hold_windows = 0;
+        self.figures = [None; 3];
+        self.triples_counted = 0;
+        self.log_ratio_sum = 0.0;
+        self.sleeps = arm_tries(0);
+    }
+
+    /// Whether the next window sleeps while the share holds: the share of them, evenly.
+    fn next_shared(&mut self) -> bool {
+        self.credit += self.share;
+        if self.credit >= 1.0 {
+            self.credit -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
