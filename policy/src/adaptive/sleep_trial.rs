@@ -4,10 +4,10 @@
 //! The lateness check counts, for each read a sleep censored, the time from a stand-in to
 //! when it was seen, and nothing for a read seen after the wake-up. Where a sleep slows the
 //! read itself (a halted vCPU takes the completion's interrupt late, the task work that
-//! posts it runs late) that count misses the cost: on one machine's virtio disk the check
-//! read about its 2.5 % budget while the sleeps made the reads 6-25 % later than spinning
-//! (docs/lab/ has the campaign). Spun reads interleaved among sleeping ones did not see it
-//! either: they were slowed with them.
+//! posts it runs late) that count misses the cost: on a virtio disk the check has read
+//! about its budget while the sleeps made the reads several times the budget later than
+//! spinning (docs/lab/ has the campaign). Spun reads interleaved among sleeping ones did
+//! not see it either: they were slowed with them.
 //!
 //! So the trial compares whole windows of the lateness check
 //! ([`LATENESS_WINDOW`](super::lateness::LATENESS_WINDOW) lone I/Os each), in threes: one
@@ -19,16 +19,18 @@
 //! alike; a third of the trial spins (pairs, for the same precision, would spin half of
 //! it). The cost is the geometric mean, over the triples, of the sleeping windows' figure
 //! over the spinning one's, less one. Where it is within the budget every window sleeps;
-//! otherwise the share of windows that sleep is the budget over the cost (spread evenly),
-//! so the sleeps cost about the budget in all. The share holds for [`HOLD_WINDOWS`]
-//! windows, then a trial starts again: the device and the machine change.
+//! otherwise only a share of the windows sleep (spread evenly), such that the trial's own
+//! sleeping windows and the share's together cost the budget (none sleep where the trial's
+//! alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a trial starts
+//! again: the device and the machine change.
 //!
 //! A triple either of whose sleeping windows took few sleeps (the plan found none paying)
 //! says nothing and is not counted; a trial with fewer than half its triples counted
-//! leaves every window sleeping (the lateness check alone then judges the few sleeps).
+//! leaves every window sleeping (the lateness check alone then judges the few sleeps), and
+//! only for as long as a trial lasts: the plan may have been warming up.
 
-/// Triples of windows per trial (sleep, spin, sleep): on a virtio disk whose windows'
-/// figures scatter by about 7 %, the cost is then known to about 2 % of the mean.
+/// Triples of windows per trial (sleep, spin, sleep): enough, on a VM's disk whose windows
+/// scatter by more than the budget, to tell a cost of a few budgets from one within it.
 pub(super) const TRIPLES: u32 = 12;
 /// Windows in a trial.
 const TRIAL_WINDOWS: u32 = 3 * TRIPLES;
@@ -62,6 +64,17 @@ pub(super) struct SleepTrial {
     pub(super) trials: u64,
 }
 
+/// The share of a hold's windows that sleep where they cost `cost` (past `budget`, both
+/// fractions of the mean): over a trial and the hold after it, the trial's sleeping windows
+/// and the share's together cost the budget; none if the trial's alone spend it.
+fn share_for(cost: f64, budget: f64) -> f64 {
+    debug_assert!(cost > budget && budget > 0.0);
+    let trial_sleeping = f64::from(2 * TRIPLES);
+    let all = f64::from(TRIAL_WINDOWS + HOLD_WINDOWS);
+    let share = (budget * all - cost * trial_sleeping) / (cost * f64::from(HOLD_WINDOWS));
+    share.clamp(0.0, 1.0)
+}
+
 /// Whether window `arm` of a trial takes the budgeted sleeps: try, not, try, repeated.
 fn arm_tries(arm: u32) -> bool {
     arm % 3 != 1
@@ -88,7 +101,7 @@ impl SleepTrial {
         debug_assert!(self.arm.is_none_or(|arm| arm < TRIAL_WINDOWS));
         debug_assert!(self.arm.is_none() || self.hold_windows == 0);
         debug_assert!(self.triples_counted <= TRIPLES);
-        debug_assert!(self.share > 0.0 && self.share <= 1.0);
+        debug_assert!((0.0..=1.0).contains(&self.share));
         debug_assert!((0.0..1.0).contains(&self.credit));
         debug_assert!(self.hold_windows <= HOLD_WINDOWS);
         debug_assert!(self.arm.is_none_or(|arm| self.sleeps == arm_tries(arm)));
@@ -146,11 +159,15 @@ impl SleepTrial {
         self.cost = (self.triples_counted >= TRIPLES / 2)
             .then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
         self.share = match self.cost {
-            Some(cost) if cost > budget => budget / cost,
+            Some(cost) if cost > budget => share_for(cost, budget),
             _ => 1.0,
         };
         self.credit = 0.0;
-        self.hold_windows = HOLD_WINDOWS;
+        self.hold_windows = if self.cost.is_some() {
+            HOLD_WINDOWS
+        } else {
+            TRIAL_WINDOWS
+        };
         self.sleeps = self.next_shared();
     }
 

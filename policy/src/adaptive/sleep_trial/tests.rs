@@ -63,13 +63,20 @@ fn sleeps_within_the_budget_keep_every_window_sleeping() {
 }
 
 #[test]
-fn sleeps_past_the_budget_sleep_in_the_budget_over_the_cost_of_the_windows() {
+fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_trial() {
     let mut trial = SleepTrial::new();
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.10));
     let cost = trial.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
-    assert!((trial.share - 0.25).abs() < 1e-9, "share {}", trial.share);
-    // A quarter of the hold's windows sleep, spread evenly: never two in a row.
+    // Over the trial (24 sleeping windows of 36) and the hold (324), sleeping windows at
+    // 10 % cost the 2.5 % budget: (0.025 * 360 - 0.10 * 24) / (0.10 * 324) of the hold's.
+    let expected = (0.025 * 360.0 - 0.10 * 24.0) / (0.10 * 324.0);
+    assert!(
+        (trial.share - expected).abs() < 1e-9,
+        "share {}",
+        trial.share
+    );
+    // They are spread evenly: never two in a row.
     let mut last = false;
     let mut sleeping = 0;
     for _ in 0..HOLD_WINDOWS {
@@ -79,15 +86,32 @@ fn sleeps_past_the_budget_sleep_in_the_budget_over_the_cost_of_the_windows() {
         sleeping += u32::from(sleeps);
         trial.end_window(IOS, IOS, 50_000.0 * f64::from(IOS), BUDGET);
     }
+    // Within one window's cost of the budget (the credit spreading them starts empty).
+    let windows = f64::from(TRIAL_WINDOWS + HOLD_WINDOWS);
+    let cost_over_all = f64::from(2 * TRIPLES + sleeping) * 0.10 / windows;
     assert!(
-        sleeping.abs_diff(HOLD_WINDOWS / 4) <= 1,
-        "{sleeping} of {HOLD_WINDOWS}"
+        (cost_over_all - BUDGET).abs() <= 0.10 / windows + 1e-12,
+        "{sleeping} of {HOLD_WINDOWS} windows slept: {cost_over_all} in all"
     );
     // Then a trial again, from a sleeping window; cheap sleeps now bring the share back.
     assert!(trial.window_sleeps());
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.0));
     assert_eq!(trial.trials, 2);
     assert_eq!(trial.share, 1.0);
+}
+
+#[test]
+fn where_the_trial_alone_spends_the_budget_no_window_of_the_hold_sleeps() {
+    // Sleeps 50 % later: the trial's 24 sleeping windows alone cost more than 2.5 % of
+    // 360 windows.
+    let mut trial = SleepTrial::new();
+    run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
+    assert_eq!(trial.share, 0.0);
+    assert_eq!(run(&mut trial, HOLD_WINDOWS, true, costing(0.5)), 0);
+    // The next trial still measures them.
+    assert!(trial.window_sleeps());
+    run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
+    assert_eq!(trial.trials, 2);
 }
 
 #[test]
@@ -113,4 +137,13 @@ fn windows_that_took_few_sleeps_say_nothing() {
     assert_eq!(trial.cost, None);
     assert_eq!(trial.share, 1.0);
     assert_eq!(trial.trials, 1);
+    // The plan may have been warming up: a trial again after as many windows as one lasts,
+    // not a whole hold, and this one, with the sleeps taken, finds their cost.
+    assert_eq!(
+        run(&mut trial, TRIAL_WINDOWS, false, costing(0.5)),
+        TRIAL_WINDOWS
+    );
+    run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
+    assert_eq!(trial.trials, 2);
+    assert!(trial.cost.is_some());
 }
