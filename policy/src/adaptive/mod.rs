@@ -24,7 +24,8 @@
 //!   windows of the lateness check that take the budgeted sleeps against windows that spin
 //!   through them (sleep, spin, sleep), for about a tenth of the time. Where a sleep slows
 //!   the I/O itself (a halted vCPU takes the completion late), the lateness check counts
-//!   nothing; the trial sees it, and lets only the budget's share of windows sleep.
+//!   nothing; the trial sees it, and lets only as many windows sleep as the budget pays
+//!   for, the trial's own included.
 //! - **What an interrupt wake-up costs in latency** (`sleep=interruptible` only), by
 //!   experiment: while its sleeps pay, one I/O in 64 at queue depth 1 is a probe, alternately
 //!   spun through or waited for on the interrupt; the price is the difference of the two
