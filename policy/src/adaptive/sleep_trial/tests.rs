@@ -68,8 +68,8 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.10));
     let cost = trial.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
-    // Over the trial (24 sleeping windows of 36) and the hold (324), sleeping windows at
-    // 10 % cost the 2.5 % budget: (0.025 * 360 - 0.10 * 24) / (0.10 * 324) of the hold's.
+    // Over the trial and the hold, its sleeping windows and the share's together cost the
+    // budget: the budget over all windows, less what the trial's cost, over the hold's.
     let expected = (0.025 * 360.0 - 0.10 * 24.0) / (0.10 * 324.0);
     assert!(
         (trial.share - expected).abs() < 1e-9,

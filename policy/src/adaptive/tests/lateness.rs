@@ -43,6 +43,24 @@ fn seen_at(submit_ns: u64, d: Decision, latency_ns: u64) -> Observation {
     }
 }
 
+/// As [`seen_at`], seen `slept_ns` after submission if it slept and `spun_ns` if not.
+fn seen_as(submit_ns: u64, d: Decision, slept_ns: u64, spun_ns: u64) -> Observation {
+    let seen_ns = if matches!(d, Decision::Sleep(_)) {
+        slept_ns
+    } else {
+        spun_ns
+    };
+    seen_at(submit_ns, d, seen_ns)
+}
+
+/// The budgeted sleeps among `decisions` (the probe sleeps are shorter).
+fn budgeted_sleeps(decisions: &[Decision]) -> u64 {
+    decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 > PROBE_SLEEP_NS_MAX))
+        .count() as u64
+}
+
 #[test]
 fn while_sleeps_pay_one_io_in_32_is_spun_through_for_exact_samples() {
     let mut p = Adaptive::default();
@@ -124,14 +142,7 @@ fn past_the_scale_floor_only_a_share_of_the_ios_sleep() {
     // 150 us, ~65 us after its stand-in: far past the budget however early the plan
     // wakes (an overshoot tail does this). The scale falls to its floor, then the share
     // of sleeping I/Os to its own.
-    let late = |submit_ns, d| {
-        let seen_ns = if matches!(d, Decision::Sleep(_)) {
-            150_000
-        } else {
-            85_000
-        };
-        seen_at(submit_ns, d, seen_ns)
-    };
+    let late = |submit_ns, d| seen_as(submit_ns, d, 150_000, 85_000);
     let ds = run_ios(&mut p, 0, 16 * window, late);
     assert_eq!(p.lateness.budget_scale, BUDGET_SCALE_MIN);
     assert_eq!(p.lateness.sleep_share, SLEEP_SHARE_MIN);
@@ -157,7 +168,6 @@ fn past_the_scale_floor_only_a_share_of_the_ios_sleep() {
 #[test]
 fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
     use super::super::lateness::{FLOOR_LATE_WINDOWS, SLEEP_HOLD_WINDOWS};
-    use super::super::probe::PROBE_SLEEP_NS_MAX;
     let mut p = Adaptive::default();
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
@@ -165,23 +175,10 @@ fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
     // sleeps, and the check alone is at work.
     p.lateness.trial = SleepTrial::holding(1.0);
     let window = u64::from(LATENESS_WINDOW);
-    // The budgeted sleeps (the probe sleeps are shorter) a run of decisions took.
-    let budgeted = |ds: &[Decision]| {
-        ds.iter()
-            .filter(|d| matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 > PROBE_SLEEP_NS_MAX))
-            .count() as f64
-    };
     // As in the test above, every sleep is seen ~65 us after its stand-in, however early
     // the plan wakes: the scale, then the share, fall to their floors, and the windows at
     // the floors stay late.
-    let late = |submit_ns, d| {
-        let seen_ns = if matches!(d, Decision::Sleep(_)) {
-            150_000
-        } else {
-            85_000
-        };
-        seen_at(submit_ns, d, seen_ns)
-    };
+    let late = |submit_ns, d| seen_as(submit_ns, d, 150_000, 85_000);
     run_ios(&mut p, 0, 16 * window, late);
     assert_eq!(p.lateness.budget_scale, BUDGET_SCALE_MIN);
     assert_eq!(p.lateness.sleep_share, SLEEP_SHARE_MIN);
@@ -201,8 +198,8 @@ fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
         assert!(held < (hold + hold / 8) * window, "the hold does not end");
         let ds = run_ios(&mut p, from_ns + held * 200_000, 1, late);
         assert_eq!(
-            budgeted(&ds),
-            0.0,
+            budgeted_sleeps(&ds),
+            0,
             "a budgeted sleep at I/O {held} of the hold"
         );
         held += 1;
@@ -212,7 +209,7 @@ fn sleeps_late_at_both_floors_stop_then_are_tried_again() {
     assert_eq!(p.lateness.sleep_share, SLEEP_SHARE_MIN);
     // After it, the share's sleeps are tried again.
     let ds = run_ios(&mut p, from_ns + held * 200_000, window, late);
-    let share = budgeted(&ds) / window as f64;
+    let share = budgeted_sleeps(&ds) as f64 / window as f64;
     assert!((0.2..0.32).contains(&share), "share {share}");
 }
 
@@ -222,19 +219,12 @@ fn sleeps_that_slow_the_io_itself_are_cut_to_the_budgets_share_of_windows() {
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
     let window = u64::from(LATENESS_WINDOW);
-    // Budgeted sleeps (the probe sleeps are shorter) among decisions.
-    let budgeted = |ds: &[Decision]| {
-        ds.iter()
-            .filter(|d| matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 > PROBE_SLEEP_NS_MAX))
-            .count() as u64
-    };
     // Every read that slept is seen after the wake-up, while spinning, at 100 us; spun
     // through, 85 us: the sleep slows the read itself (a halted vCPU takes its completion
     // late). The lateness check counts such a read as on time and never stops the sleeps.
-    // The trial, a window in three of which spins, finds them ~17 % later.
+    // The trial, a window in three of which spins, finds them 100/85 as late.
     let slowed = |submit_ns, d| {
-        let slept = matches!(d, Decision::Sleep(_));
-        let mut seen = seen_at(submit_ns, d, if slept { 100_000 } else { 85_000 });
+        let mut seen = seen_as(submit_ns, d, 100_000, 85_000);
         seen.censored = false;
         seen
     };
@@ -244,7 +234,7 @@ fn sleeps_that_slow_the_io_itself_are_cut_to_the_budgets_share_of_windows() {
     let mut slept = 0;
     while p.lateness.trial.trials == 0 {
         assert!(ios < (trial_windows + 2) * window, "no trial concluded");
-        slept += budgeted(&run_ios(&mut p, ios * 200_000, 1, slowed));
+        slept += budgeted_sleeps(&run_ios(&mut p, ios * 200_000, 1, slowed));
         ios += 1;
     }
     // Two windows in three took the sleeps (the spin probes aside).
@@ -258,7 +248,7 @@ fn sleeps_that_slow_the_io_itself_are_cut_to_the_budgets_share_of_windows() {
     assert!((0.06..0.11).contains(&share), "share {share}");
     let held = 72;
     let ds = run_ios(&mut p, ios * 200_000, held * window, slowed);
-    let slept_share = budgeted(&ds) as f64 / (held * window) as f64;
+    let slept_share = budgeted_sleeps(&ds) as f64 / (held * window) as f64;
     assert!(
         (0.7 * share..1.1 * share).contains(&slept_share),
         "{slept_share} of the I/Os slept, against a share of {share}"
@@ -269,7 +259,11 @@ fn sleeps_that_slow_the_io_itself_are_cut_to_the_budgets_share_of_windows() {
     calibrate(&mut alone, 5_000, 7_000);
     alone.lateness.trial = SleepTrial::holding(1.0);
     let ds = run_ios(&mut alone, 0, held * window, slowed);
-    assert!(budgeted(&ds) > held * window * 3 / 4, "{}", budgeted(&ds));
+    assert!(
+        budgeted_sleeps(&ds) > held * window * 3 / 4,
+        "{}",
+        budgeted_sleeps(&ds)
+    );
 }
 
 #[test]
