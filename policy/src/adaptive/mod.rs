@@ -22,7 +22,8 @@
 //!   where even the smallest share stays too late, none do for a while.
 //! - **What its sleeps at queue depth 1 really cost**, by experiment (`sleep_trial`):
 //!   windows of the lateness check that take the budgeted sleeps against windows that spin
-//!   through them (sleep, spin, sleep), for about a tenth of the time. Where a sleep slows
+//!   through them, in threes (sleep, spin, sleep while the sleeps look cheap; spin, sleep,
+//!   spin once they look dear), for about a tenth of the time. Where a sleep slows
 //!   the I/O itself (a halted vCPU takes the completion late), the lateness check counts
 //!   nothing; the trial sees it, and lets only as many windows sleep as the budget pays
 //!   for, the trial's own included.
@@ -396,6 +397,7 @@ impl Adaptive {
         if calibrated {
             let decision = self.plan_sleep(ctx, bucket, elapsed_ns, load);
             if decision != Decision::Spin {
+                self.probes.sleep_planned(ctx.now_ns, self.current.ios_seen);
                 return decision;
             }
         }

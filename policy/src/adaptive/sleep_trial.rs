@@ -10,29 +10,35 @@
 //! not see it either: they were slowed with them.
 //!
 //! So the trial compares whole windows of the lateness check
-//! ([`LATENESS_WINDOW`](super::lateness::LATENESS_WINDOW) lone I/Os each), in threes: one
-//! window takes the budgeted sleeps, the next spins through them, the next sleeps again,
-//! [`TRIPLES`] times. A window's figure is the mean latency of its I/Os as seen (lateness
-//! included), each clipped at [`CLIP_MEANS`] times its bucket's mean so that one stall of
-//! the machine does not decide a triple. Each triple compares the spinning window with the
-//! mean of the two around it, so a steady drift in the device's latency weighs on both
-//! alike; a third of the trial spins (pairs, for the same precision, would spin half of
-//! it). The cost is the geometric mean, over the triples, of the sleeping windows' figure
-//! over the spinning one's, less one. Where it is within the budget every window sleeps;
+//! ([`LATENESS_WINDOW`](super::lateness::LATENESS_WINDOW) lone I/Os each), in threes,
+//! [`TRIPLES`] times: a window that takes the budgeted sleeps between two that spin through
+//! them, or a spinning window between two sleeping ones. A window's figure is the mean
+//! latency of its I/Os as seen (lateness included), each clipped at [`CLIP_MEANS`] times its
+//! bucket's mean so that one stall of the machine does not decide a triple. Each triple
+//! compares its middle window with the mean of the two around it, so a steady drift in the
+//! device's latency weighs on both sides alike. Either shape measures the cost as precisely
+//! (one window against the mean of two); they differ in what the trial itself costs. While
+//! the triples so far (or, for a trial's first, the last trial) put the cost within the
+//! budget, a triple sleeps in two windows (sleeping is what pays); once past it, in one: on
+//! a device where sleeps are dear, a trial that slept in two windows of three would spend
+//! more than the budget itself, which matters most in a run no longer than a few trials.
+//! The cost is the geometric mean, over the triples, of the sleeping windows' figure over
+//! the spinning ones', less one. Where it is within the budget every window sleeps;
 //! otherwise only a share of the windows sleep (spread evenly), such that the trial's own
 //! sleeping windows and the share's together cost the budget (none sleep where the trial's
 //! alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a trial starts
 //! again: the device and the machine change.
 //!
-//! A triple either of whose sleeping windows took few sleeps (the plan found none paying)
-//! says nothing and is not counted; a trial with fewer than half its triples counted
-//! leaves every window sleeping (the lateness check alone then judges the few sleeps), and
-//! only for as long as a trial lasts: the plan may have been warming up.
+//! A triple either of whose sleeping windows took few sleeps (the plan found none paying,
+//! or is still warming up) says nothing: it is not counted, and the trial goes on until
+//! [`TRIPLES`] are. Where that many in a row say nothing, the trial gives up, every window
+//! sleeps (the lateness check alone then judges the few sleeps) for as long as a trial
+//! lasts, and a trial starts again.
 
-/// Triples of windows per trial (sleep, spin, sleep): enough, on a VM's disk whose windows
-/// scatter by more than the budget, to tell a cost of a few budgets from one within it.
+/// Triples of windows counted per trial: enough, on a VM's disk whose windows scatter by
+/// more than the budget, to tell a cost of a few budgets from one within it.
 pub(super) const TRIPLES: u32 = 12;
-/// Windows in a trial.
+/// Windows in a trial whose triples all count.
 const TRIAL_WINDOWS: u32 = 3 * TRIPLES;
 /// Windows the share found holds for before the next trial: the trial takes about a tenth
 /// of the time.
@@ -43,41 +49,50 @@ pub(super) const CLIP_MEANS: u64 = 8;
 /// The trial's state; see the module's documentation.
 #[derive(Clone, Debug)]
 pub(super) struct SleepTrial {
-    /// The window in progress within a trial (0..TRIAL_WINDOWS), or `None` while a share
-    /// holds.
+    /// The window in progress within the triple in progress (0..3), or `None` while a
+    /// share holds.
     arm: Option<u32>,
-    /// The triple's figures so far (its windows that took too few sleeps as `None`).
+    /// The triple in progress: whether it sleeps in two windows of three (the outer ones)
+    /// or one (the middle one), and its figures so far (its sleeping windows that took too
+    /// few sleeps as `None`).
+    sleeps_twice: bool,
     figures: [Option<f64>; 3],
-    /// Over the triples counted so far: how many, and the sum of the log of the sleeping
-    /// windows' mean figure over the spinning one's.
+    /// Over the triples counted so far: how many, their sleeping windows, and the sum of
+    /// the log of the sleeping windows' mean figure over the spinning ones'. The triples
+    /// in a row that were not counted.
     triples_counted: u32,
+    trial_sleeping: u32,
     log_ratio_sum: f64,
+    triples_uncounted: u32,
     /// The share of windows that sleep while it holds, the credit that spreads them, the
     /// windows it still holds for, and whether the window in progress sleeps.
     pub(super) share: f64,
     credit: f64,
     hold_windows: u32,
     sleeps: bool,
-    /// The cost the last trial measured, as a fraction of the spinning windows' mean, if it
-    /// counted enough triples; and how many trials concluded.
+    /// The cost the last trial measured, as a fraction of the spinning windows' mean, if
+    /// its triples counted; and how many trials ended.
     pub(super) cost: Option<f64>,
     pub(super) trials: u64,
 }
 
 /// The share of a hold's windows that sleep where they cost `cost` (past `budget`, both
-/// fractions of the mean): over a trial and the hold after it, the trial's sleeping windows
-/// and the share's together cost the budget; none if the trial's alone spend it.
-fn share_for(cost: f64, budget: f64) -> f64 {
+/// fractions of the mean), after a trial that slept in `trial_sleeping` of its counted
+/// windows: over those and the hold after them, the trial's sleeping windows and the
+/// share's together cost the budget; none if the trial's alone spend it.
+fn share_for(cost: f64, budget: f64, trial_sleeping: u32) -> f64 {
     debug_assert!(cost > budget && budget > 0.0);
-    let trial_sleeping = f64::from(2 * TRIPLES);
+    debug_assert!(trial_sleeping <= 2 * TRIPLES);
     let all = f64::from(TRIAL_WINDOWS + HOLD_WINDOWS);
-    let share = (budget * all - cost * trial_sleeping) / (cost * f64::from(HOLD_WINDOWS));
+    let share =
+        (budget * all - cost * f64::from(trial_sleeping)) / (cost * f64::from(HOLD_WINDOWS));
     share.clamp(0.0, 1.0)
 }
 
-/// Whether window `arm` of a trial takes the budgeted sleeps: try, not, try, repeated.
-fn arm_tries(arm: u32) -> bool {
-    arm % 3 != 1
+/// Whether window `arm` of a triple takes the budgeted sleeps, in a triple that sleeps in
+/// two windows of three (the outer ones) or in one (the middle one).
+fn arm_sleeps(arm: u32, sleeps_twice: bool) -> bool {
+    (arm != 1) == sleeps_twice
 }
 
 impl SleepTrial {
@@ -85,26 +100,35 @@ impl SleepTrial {
     pub(super) fn new() -> SleepTrial {
         SleepTrial {
             arm: Some(0),
+            sleeps_twice: true,
             figures: [None; 3],
             triples_counted: 0,
+            trial_sleeping: 0,
             log_ratio_sum: 0.0,
+            triples_uncounted: 0,
             share: 1.0,
             credit: 0.0,
             hold_windows: 0,
-            sleeps: arm_tries(0),
+            sleeps: arm_sleeps(0, true),
             cost: None,
             trials: 0,
         }
     }
 
     fn assert_invariants(&self) {
-        debug_assert!(self.arm.is_none_or(|arm| arm < TRIAL_WINDOWS));
+        debug_assert!(self.arm.is_none_or(|arm| arm < 3));
         debug_assert!(self.arm.is_none() || self.hold_windows == 0);
-        debug_assert!(self.triples_counted <= TRIPLES);
+        debug_assert!(self.triples_counted < TRIPLES || self.arm.is_none());
+        debug_assert!(self.triples_uncounted < TRIPLES || self.arm.is_none());
+        debug_assert!(
+            (self.triples_counted..=2 * self.triples_counted).contains(&self.trial_sleeping)
+        );
         debug_assert!((0.0..=1.0).contains(&self.share));
         debug_assert!((0.0..1.0).contains(&self.credit));
         debug_assert!(self.hold_windows <= HOLD_WINDOWS);
-        debug_assert!(self.arm.is_none_or(|arm| self.sleeps == arm_tries(arm)));
+        debug_assert!(self
+            .arm
+            .is_none_or(|arm| self.sleeps == arm_sleeps(arm, self.sleeps_twice)));
     }
 
     /// Whether the budgeted sleeps of the window in progress are taken.
@@ -125,41 +149,59 @@ impl SleepTrial {
                 self.hold_windows -= 1;
                 self.sleeps = self.next_shared();
             }
-            None => self.begin_trial(),
+            None => self.begin_trial(budget),
         }
         self.assert_invariants();
     }
 
-    /// Window `arm` of a trial is over (see [`SleepTrial::end_window`]).
+    /// Window `arm` of the triple in progress is over (see [`SleepTrial::end_window`]).
     fn end_arm(&mut self, arm: u32, ios: u32, slept: u32, seen_sum_ns: f64, budget: f64) {
         let figure = seen_sum_ns / f64::from(ios);
         // A sleeping window counts if a good part of its I/Os slept; a spinning one always.
-        let counts = !arm_tries(arm) || slept >= ios / 8;
-        self.figures[(arm % 3) as usize] = (counts && figure > 0.0).then_some(figure);
-        if arm % 3 == 2 {
-            if let [Some(before), Some(spun), Some(after)] = self.figures {
-                self.triples_counted += 1;
-                self.log_ratio_sum += ((before + after) / 2.0 / spun).ln();
-            }
-            self.figures = [None; 3];
-        }
-        let next = arm + 1;
-        if next < TRIAL_WINDOWS {
-            self.arm = Some(next);
-            self.sleeps = arm_tries(next);
+        let counts = !self.sleeps || slept >= ios / 8;
+        self.figures[arm as usize] = (counts && figure > 0.0).then_some(figure);
+        if arm < 2 {
+            self.arm = Some(arm + 1);
+            self.sleeps = arm_sleeps(arm + 1, self.sleeps_twice);
             return;
         }
-        self.conclude(budget);
+        if let [Some(first), Some(middle), Some(last)] = self.figures {
+            let outer = (first + last) / 2.0;
+            let ratio = if self.sleeps_twice {
+                outer / middle
+            } else {
+                middle / outer
+            };
+            self.triples_counted += 1;
+            self.trial_sleeping += if self.sleeps_twice { 2 } else { 1 };
+            self.log_ratio_sum += ratio.ln();
+            self.triples_uncounted = 0;
+        } else {
+            self.triples_uncounted += 1;
+        }
+        self.figures = [None; 3];
+        if self.triples_counted == TRIPLES || self.triples_uncounted == TRIPLES {
+            self.conclude(budget);
+            return;
+        }
+        // The next triple's shape, from the cost so far.
+        if self.triples_counted > 0 {
+            let cost_so_far = (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0;
+            self.sleeps_twice = cost_so_far <= budget;
+        }
+        self.arm = Some(0);
+        self.sleeps = arm_sleeps(0, self.sleeps_twice);
     }
 
-    /// The trial's last window is over: the share from the cost it measured, held.
+    /// The trial is over, its triples counted or too many in a row not: the share from
+    /// the cost it measured, held.
     fn conclude(&mut self, budget: f64) {
         self.trials += 1;
         self.arm = None;
-        self.cost = (self.triples_counted >= TRIPLES / 2)
+        self.cost = (self.triples_counted == TRIPLES)
             .then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
         self.share = match self.cost {
-            Some(cost) if cost > budget => share_for(cost, budget),
+            Some(cost) if cost > budget => share_for(cost, budget, self.trial_sleeping),
             _ => 1.0,
         };
         self.credit = 0.0;
@@ -183,14 +225,18 @@ impl SleepTrial {
         trial
     }
 
-    /// A trial from the next window.
-    fn begin_trial(&mut self) {
+    /// A trial from the next window: its first triple sleeps in two windows unless the
+    /// last trial found the sleeps past the budget.
+    fn begin_trial(&mut self, budget: f64) {
         self.arm = Some(0);
         self.hold_windows = 0;
+        self.sleeps_twice = self.cost.is_none_or(|cost| cost <= budget);
         self.figures = [None; 3];
         self.triples_counted = 0;
+        self.trial_sleeping = 0;
         self.log_ratio_sum = 0.0;
-        self.sleeps = arm_tries(0);
+        self.triples_uncounted = 0;
+        self.sleeps = arm_sleeps(0, self.sleeps_twice);
     }
 
     /// Whether the next window sleeps while the share holds: the share of them, evenly.

@@ -34,17 +34,53 @@ fn costing(cost: f64) -> impl FnMut(u32, bool) -> f64 {
     }
 }
 
-#[test]
-fn a_trial_sleeps_through_two_windows_in_three() {
-    let mut trial = SleepTrial::new();
-    let sleeping: Vec<bool> = (0..6)
-        .map(|_| {
+/// Which of the next `windows` windows of `trial` sleep, every I/O of a sleeping one
+/// taking its sleep, at the latencies `costing(cost)` gives.
+fn pattern(trial: &mut SleepTrial, windows: u32, cost: f64) -> Vec<bool> {
+    let mut figure = costing(cost);
+    (0..windows)
+        .map(|w| {
             let sleeps = trial.window_sleeps();
-            trial.end_window(IOS, IOS, 50_000.0 * f64::from(IOS), BUDGET);
+            let slept = if sleeps { IOS } else { 0 };
+            trial.end_window(IOS, slept, figure(w, sleeps) * f64::from(IOS), BUDGET);
             sleeps
         })
-        .collect();
-    assert_eq!(sleeping, [true, false, true, true, false, true]);
+        .collect()
+}
+
+#[test]
+fn while_sleeps_look_cheap_a_trial_sleeps_through_two_windows_in_three() {
+    let mut trial = SleepTrial::new();
+    assert_eq!(
+        pattern(&mut trial, 6, 0.01),
+        [true, false, true, true, false, true]
+    );
+}
+
+#[test]
+fn once_sleeps_look_dear_a_trial_sleeps_through_one_window_in_three() {
+    // The first triple finds the sleeps 10 % later, four budgets: the rest of the trial
+    // sleeps in the middle window of each triple only.
+    let mut trial = SleepTrial::new();
+    assert_eq!(
+        pattern(&mut trial, 9, 0.10),
+        [true, false, true, false, true, false, false, true, false]
+    );
+    assert_eq!(
+        pattern(&mut trial, TRIAL_WINDOWS - 9, 0.10)
+            .iter()
+            .filter(|&&sleeps| sleeps)
+            .count(),
+        usize::try_from(TRIPLES - 3).unwrap()
+    );
+    assert_eq!(trial.trials, 1);
+    // The next trial starts that way, from what this one found; sleeps found cheap
+    // there bring the two sleeping windows back from its second triple.
+    trial.hold_windows = 1;
+    assert_eq!(
+        pattern(&mut trial, 7, 0.0),
+        [false, false, true, false, true, false, true]
+    );
 }
 
 #[test]
@@ -69,8 +105,10 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
     let cost = trial.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
     // Over the trial and the hold, its sleeping windows and the share's together cost the
-    // budget: the budget over all windows, less what the trial's cost, over the hold's.
-    let expected = (0.025 * 360.0 - 0.10 * 24.0) / (0.10 * 324.0);
+    // budget: the budget over all windows, less what the trial's cost (two in its first
+    // triple, then one in each of the other eleven), over the hold's.
+    let trial_sleeping = 2 + (TRIPLES - 1);
+    let expected = (0.025 * 360.0 - 0.10 * f64::from(trial_sleeping)) / (0.10 * 324.0);
     assert!(
         (trial.share - expected).abs() < 1e-9,
         "share {}",
@@ -88,13 +126,14 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
     }
     // Within one window's cost of the budget (the credit spreading them starts empty).
     let windows = f64::from(TRIAL_WINDOWS + HOLD_WINDOWS);
-    let cost_over_all = f64::from(2 * TRIPLES + sleeping) * 0.10 / windows;
+    let cost_over_all = f64::from(trial_sleeping + sleeping) * 0.10 / windows;
     assert!(
         (cost_over_all - BUDGET).abs() <= 0.10 / windows + 1e-12,
         "{sleeping} of {HOLD_WINDOWS} windows slept: {cost_over_all} in all"
     );
-    // Then a trial again, from a sleeping window; cheap sleeps now bring the share back.
-    assert!(trial.window_sleeps());
+    // Then a trial again, from a spinning window (the sleeps were dear); cheap sleeps now
+    // bring the share back.
+    assert!(!trial.window_sleeps());
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.0));
     assert_eq!(trial.trials, 2);
     assert_eq!(trial.share, 1.0);
@@ -102,20 +141,20 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
 
 #[test]
 fn where_the_trial_alone_spends_the_budget_no_window_of_the_hold_sleeps() {
-    // Sleeps 50 % later: the trial's 24 sleeping windows alone cost more than 2.5 % of
+    // Sleeps twice as long: the trial's 13 sleeping windows alone cost more than 2.5 % of
     // 360 windows.
     let mut trial = SleepTrial::new();
-    run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
+    run(&mut trial, TRIAL_WINDOWS, true, costing(1.0));
     assert_eq!(trial.share, 0.0);
-    assert_eq!(run(&mut trial, HOLD_WINDOWS, true, costing(0.5)), 0);
-    // The next trial still measures them.
-    assert!(trial.window_sleeps());
-    run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
+    assert_eq!(run(&mut trial, HOLD_WINDOWS, true, costing(1.0)), 0);
+    // The next trial still measures them, in one window of three.
+    assert_eq!(run(&mut trial, TRIAL_WINDOWS, true, costing(1.0)), TRIPLES);
     assert_eq!(trial.trials, 2);
+    assert!(trial.cost.is_some_and(|cost| (cost - 1.0).abs() < 1e-9));
 }
 
 #[test]
-fn a_steady_drift_is_no_cost() {
+fn a_steady_drift_is_no_cost_in_either_shape() {
     // The device gets 1 % slower every window, and sleeping costs nothing: each spinning
     // window sits between two sleeping ones, so the drift weighs on both alike. (Compared
     // with the window before it alone, spinning would look 1 % faster every time.)
@@ -126,6 +165,14 @@ fn a_steady_drift_is_no_cost() {
     let cost = trial.cost.expect("a cost");
     assert!(cost.abs() < 1e-3, "cost {cost}");
     assert_eq!(trial.share, 1.0);
+    // Sleeps 10 % later, on the same drift: the triples after the first have a sleeping
+    // window between two spinning ones, and the drift cancels there too.
+    let mut trial = SleepTrial::new();
+    run(&mut trial, TRIAL_WINDOWS, true, |w, sleeps| {
+        50_000.0 * (1.0 + 0.01 * f64::from(w)) * if sleeps { 1.10 } else { 1.0 }
+    });
+    let cost = trial.cost.expect("a cost");
+    assert!((cost - 0.10).abs() < 1e-3, "cost {cost}");
 }
 
 #[test]
@@ -146,4 +193,21 @@ fn windows_that_took_few_sleeps_say_nothing() {
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.5));
     assert_eq!(trial.trials, 2);
     assert!(trial.cost.is_some());
+}
+
+#[test]
+fn triples_that_say_nothing_do_not_end_a_trial() {
+    // The plan takes no sleep for the first eleven triples (it is warming up), then
+    // sleeps, 10 % later than spinning: the trial goes on until twelve triples count,
+    // rather than ending with one counted and holding every window sleeping.
+    let mut trial = SleepTrial::new();
+    let warming = 3 * (TRIPLES - 1);
+    run(&mut trial, warming, false, costing(0.10));
+    run(&mut trial, TRIAL_WINDOWS - 1, true, costing(0.10));
+    assert_eq!(trial.trials, 0);
+    run(&mut trial, 1, true, costing(0.10));
+    assert_eq!(trial.trials, 1);
+    let cost = trial.cost.expect("a cost");
+    assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
+    assert!(trial.share < 1.0);
 }
