@@ -17,11 +17,12 @@
 //! bucket's mean so that one stall of the machine does not decide a triple. Each triple
 //! compares its middle window with the mean of the two around it, so a steady drift in the
 //! device's latency weighs on both sides alike. Either shape measures the cost as precisely
-//! (one window against the mean of two); they differ in what the trial itself costs. While
-//! the triples so far (or, for a trial's first, the last trial) put the cost within the
-//! budget, a triple sleeps in two windows (sleeping is what pays); once past it, in one: on
-//! a device where sleeps are dear, a trial that slept in two windows of three would spend
-//! more than the budget itself, which matters most in a run no longer than a few trials.
+//! (one window against the mean of two); they differ in what the trial itself costs: two
+//! thirds of the cost, or one third. While the triples so far (or, for a trial's first,
+//! the last trial) put two thirds of the cost within the budget, a triple sleeps in two
+//! windows (sleeping is what pays); past it, in one: on a device where sleeps are dear, a
+//! trial that slept in two windows of three would spend more than the budget by itself,
+//! which matters most in a run no longer than a few trials.
 //! The cost is the geometric mean, over the triples, of the sleeping windows' figure over
 //! the spinning ones', less one. Where it is within the budget every window sleeps;
 //! otherwise only a share of the windows sleep (spread evenly), such that the trial's own
@@ -87,6 +88,12 @@ fn share_for(cost: f64, budget: f64, trial_sleeping: u32) -> f64 {
     let share =
         (budget * all - cost * f64::from(trial_sleeping)) / (cost * f64::from(HOLD_WINDOWS));
     share.clamp(0.0, 1.0)
+}
+
+/// Whether triples that sleep in two windows of three, at a cost of `cost` per sleeping
+/// window, keep the trial itself within `budget` (both fractions of the mean).
+fn twice_fits(cost: f64, budget: f64) -> bool {
+    2.0 * cost <= 3.0 * budget
 }
 
 /// Whether window `arm` of a triple takes the budgeted sleeps, in a triple that sleeps in
@@ -187,7 +194,7 @@ impl SleepTrial {
         // The next triple's shape, from the cost so far.
         if self.triples_counted > 0 {
             let cost_so_far = (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0;
-            self.sleeps_twice = cost_so_far <= budget;
+            self.sleeps_twice = twice_fits(cost_so_far, budget);
         }
         self.arm = Some(0);
         self.sleeps = arm_sleeps(0, self.sleeps_twice);
@@ -230,7 +237,7 @@ impl SleepTrial {
     fn begin_trial(&mut self, budget: f64) {
         self.arm = Some(0);
         self.hold_windows = 0;
-        self.sleeps_twice = self.cost.is_none_or(|cost| cost <= budget);
+        self.sleeps_twice = self.cost.is_none_or(|cost| twice_fits(cost, budget));
         self.figures = [None; 3];
         self.triples_counted = 0;
         self.trial_sleeping = 0;

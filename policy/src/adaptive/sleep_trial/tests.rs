@@ -55,6 +55,13 @@ fn while_sleeps_look_cheap_a_trial_sleeps_through_two_windows_in_three() {
         pattern(&mut trial, 6, 0.01),
         [true, false, true, true, false, true]
     );
+    // Sleeps 3.5 % later, past the 2.5 % budget: a trial sleeping in two windows of three
+    // spends two thirds of that, within it, so it goes on that way; the share it finds
+    // pays for the rest.
+    let mut trial = SleepTrial::new();
+    let sleeping = pattern(&mut trial, TRIAL_WINDOWS, 0.035);
+    assert_eq!(sleeping.iter().filter(|&&sleeps| sleeps).count(), 24);
+    assert!(trial.share < 1.0, "share {}", trial.share);
 }
 
 #[test]
