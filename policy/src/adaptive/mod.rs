@@ -397,11 +397,16 @@ impl Adaptive {
         if calibrated {
             let decision = self.plan_sleep(ctx, bucket, elapsed_ns, load);
             if decision != Decision::Spin {
-                self.probes.sleep_planned(ctx.now_ns, self.current.ios_seen);
                 return decision;
             }
         }
-        // Keep the overshoot and the cost of a sleep measured: a probe, now and then.
+        // Keep the overshoot and the cost of a sleep measured: a probe, now and then; but
+        // none in a window the sleep trial spins through by design, which it compares with
+        // sleeping ones (a burst's first sleeps are slow on a VM; a burst due goes on in
+        // the next window that does not spin so).
+        if ctx.outstanding == 1 && self.lateness.trial.spins_by_design() {
+            return Decision::Spin;
+        }
         self.probes
             .probe_sleep(
                 ctx.now_ns,

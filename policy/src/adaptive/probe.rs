@@ -19,11 +19,9 @@ pub(super) const PROBE_BURST: u32 = 16;
 /// more CPU per sleep than sleeping every loop (the figures, and the `sleep_regimes`
 /// example of the reactor crate that measures them: see docs/lab/).
 pub(super) const PROBE_WARMUP: u32 = 8;
-/// A burst is due every this many I/Os (counted from the last burst or the last sleep the
-/// plan chose).
+/// A burst is due every this many I/Os.
 pub(super) const PROBE_EVERY: u64 = 16_384;
-/// A probe burst is also due when this long has passed since the last one (or the last
-/// sleep the plan chose): on a slow
+/// A probe burst is also due when this long has passed since the last one: on a slow
 /// device 16 384 I/Os take seconds, and a policy that stopped sleeping on a stretch of bad
 /// overshoots would spin all that time, at a CPU cost well above what sleeping costs there.
 const PROBE_EVERY_NS: u64 = 100_000_000;
@@ -39,10 +37,8 @@ pub(super) const SPIN_PROBE_EVERY: u64 = 32;
 pub(super) struct Probes {
     /// Probes left in the current burst, warm-up included.
     burst_left: u32,
-    /// When the last burst started (0: before the first question), or the last sleep the
-    /// plan chose since, and the I/O (its number among those decided for) it was for.
+    /// When the last burst started (0: before the first question).
     burst_at_ns: u64,
-    burst_io: u64,
     /// The I/O (its number among those decided for) that had the last probe.
     probed_io: u64,
     /// The I/O (its submission time) being spun through as a [`SPIN_PROBE_EVERY`] probe.
@@ -58,7 +54,6 @@ impl Probes {
         Probes {
             burst_left: PROBE_WARMUP + PROBE_BURST,
             burst_at_ns: 0,
-            burst_io: 0,
             probed_io: 0,
             spin_probe_ns: None,
             budget_sleeps: false,
@@ -147,18 +142,6 @@ impl Probes {
         None
     }
 
-    /// The plan chose a sleep for the `ios_seen`-th I/O at `now_ns`: it measures the
-    /// overshoot and a sleep's cost as a probe would, so the next burst is due a whole
-    /// period from now. Otherwise a window spun through among sleeping ones (the sleep
-    /// trial's, or a share's) would begin with an overdue burst, its slow first sleeps
-    /// included, and the trial would read it as part of what spinning costs.
-    pub(super) fn sleep_planned(&mut self, now_ns: u64, ios_seen: u64) {
-        if self.burst_left == 0 {
-            self.burst_at_ns = now_ns;
-            self.burst_io = ios_seen;
-        }
-    }
-
     /// Whether [`Probes::due`] could answer yes for this I/O: a cheap test that spares the
     /// search for a probe's room on every other I/O.
     fn may_be_due(&mut self, now_ns: u64, ios_seen: u64) -> bool {
@@ -169,14 +152,13 @@ impl Probes {
             self.burst_at_ns = now_ns;
         }
         self.burst_left > 0
-            || ios_seen >= self.burst_io + PROBE_EVERY
+            || ios_seen.is_multiple_of(PROBE_EVERY)
             || now_ns >= self.burst_at_ns + PROBE_EVERY_NS
     }
 
     /// Whether this I/O gets a probe sleep. Probes come in bursts of [`PROBE_WARMUP`] +
     /// [`PROBE_BURST`] consecutive I/Os, one burst at the start and one every
-    /// [`PROBE_EVERY`] I/Os or [`PROBE_EVERY_NS`], whichever comes first, after the last
-    /// burst or the last sleep the plan chose (see [`Probes::sleep_planned`]): on a VM, a sleep
+    /// [`PROBE_EVERY`] I/Os or [`PROBE_EVERY_NS`], whichever comes first: on a VM, a sleep
     /// after a long stretch of spinning wakes far later (most likely the host no longer
     /// polls a vCPU that rarely halts) than sleeps that follow each other, so lone probes
     /// would measure a cost that sleeping regularly does not have, and a burst's first
@@ -192,7 +174,6 @@ impl Probes {
         if self.burst_left == 0 {
             self.burst_left = PROBE_WARMUP + PROBE_BURST;
             self.burst_at_ns = now_ns;
-            self.burst_io = ios_seen;
             calibration.begin_burst();
         }
         self.burst_left -= 1;

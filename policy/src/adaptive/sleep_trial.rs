@@ -18,8 +18,9 @@
 //! compares its middle window with the mean of the two around it, so a steady drift in the
 //! device's latency weighs on both sides alike. Either shape measures the cost as precisely
 //! (one window against the mean of two); they differ in what the trial itself costs: two
-//! thirds of the cost, or one third. While the triples so far (or, for a trial's first,
-//! the last trial) put two thirds of the cost within the budget, a triple sleeps in two
+//! thirds of the cost, or one third. While the cost measured (the trial's own once
+//! [`SHAPE_TRIPLES`] triples counted, before that the last trial's) puts two thirds of it
+//! within the budget, a triple sleeps in two
 //! windows (sleeping is what pays); past it, in one: on a device where sleeps are dear, a
 //! trial that slept in two windows of three would spend more than the budget by itself,
 //! which matters most in a run no longer than a few trials.
@@ -32,15 +33,27 @@
 //!
 //! A triple either of whose sleeping windows took few sleeps (the plan found none paying,
 //! or is still warming up) says nothing: it is not counted, and the trial goes on until
-//! [`TRIPLES`] are. Where that many in a row say nothing, the trial gives up, every window
-//! sleeps (the lateness check alone then judges the few sleeps) for as long as a trial
-//! lasts, and a trial starts again.
+//! [`TRIPLES`] are, for at most [`TRIPLES_MAX`] triples. Where that many in a row say
+//! nothing, or fewer than half of [`TRIPLES`] counted, the trial gives up: every window
+//! sleeps (the lateness check alone then judges the few sleeps) for [`TRIAL_WINDOWS`]
+//! windows, and a trial starts again.
+//!
+//! While a trial spins through a window by design, no probe sleep is taken in it (see
+//! `probe`): a burst's first sleeps are the slow ones on a VM, and the window would read
+//! them as part of what spinning costs. A burst due waits for the next window that does
+//! not spin so.
 
 /// Triples of windows counted per trial: enough, on a VM's disk whose windows scatter by
 /// more than the budget, to tell a cost of a few budgets from one within it.
 pub(super) const TRIPLES: u32 = 12;
 /// Windows in a trial whose triples all count.
 const TRIAL_WINDOWS: u32 = 3 * TRIPLES;
+/// Triples a trial runs at most: where sleeps are taken in some windows and not others, it
+/// concludes from those that counted if they are at least half of [`TRIPLES`].
+const TRIPLES_MAX: u32 = 2 * TRIPLES;
+/// Triples counted before their cost chooses the next triple's shape (one triple's ratio
+/// scatters too much to say): until then the last cost a trial measured chooses.
+const SHAPE_TRIPLES: u32 = 3;
 /// Windows the share found holds for before the next trial: the trial takes about a tenth
 /// of the time.
 pub(super) const HOLD_WINDOWS: u32 = 9 * TRIAL_WINDOWS;
@@ -60,11 +73,12 @@ pub(super) struct SleepTrial {
     figures: [Option<f64>; 3],
     /// Over the triples counted so far: how many, their sleeping windows, and the sum of
     /// the log of the sleeping windows' mean figure over the spinning ones'. The triples
-    /// in a row that were not counted.
+    /// in a row that were not counted, and all the trial ran.
     triples_counted: u32,
     trial_sleeping: u32,
     log_ratio_sum: f64,
     triples_uncounted: u32,
+    triples_run: u32,
     /// The share of windows that sleep while it holds, the credit that spreads them, the
     /// windows it still holds for, and whether the window in progress sleeps.
     pub(super) share: f64,
@@ -75,16 +89,19 @@ pub(super) struct SleepTrial {
     /// its triples counted; and how many trials ended.
     pub(super) cost: Option<f64>,
     pub(super) trials: u64,
+    /// The last cost a trial measured (one that gave up since leaves it).
+    last_cost: Option<f64>,
 }
 
 /// The share of a hold's windows that sleep where they cost `cost` (past `budget`, both
-/// fractions of the mean), after a trial that slept in `trial_sleeping` of its counted
-/// windows: over those and the hold after them, the trial's sleeping windows and the
-/// share's together cost the budget; none if the trial's alone spend it.
-fn share_for(cost: f64, budget: f64, trial_sleeping: u32) -> f64 {
+/// fractions of the mean), after a trial that counted `triples` triples and slept in
+/// `trial_sleeping` of their windows: over those and the hold after them, the trial's
+/// sleeping windows and the share's together cost the budget; none if the trial's alone
+/// spend it.
+fn share_for(cost: f64, budget: f64, triples: u32, trial_sleeping: u32) -> f64 {
     debug_assert!(cost > budget && budget > 0.0);
-    debug_assert!(trial_sleeping <= 2 * TRIPLES);
-    let all = f64::from(TRIAL_WINDOWS + HOLD_WINDOWS);
+    debug_assert!((triples..=2 * triples).contains(&trial_sleeping));
+    let all = f64::from(3 * triples + HOLD_WINDOWS);
     let share =
         (budget * all - cost * f64::from(trial_sleeping)) / (cost * f64::from(HOLD_WINDOWS));
     share.clamp(0.0, 1.0)
@@ -113,12 +130,14 @@ impl SleepTrial {
             trial_sleeping: 0,
             log_ratio_sum: 0.0,
             triples_uncounted: 0,
+            triples_run: 0,
             share: 1.0,
             credit: 0.0,
             hold_windows: 0,
             sleeps: arm_sleeps(0, true),
             cost: None,
             trials: 0,
+            last_cost: None,
         }
     }
 
@@ -127,6 +146,8 @@ impl SleepTrial {
         debug_assert!(self.arm.is_none() || self.hold_windows == 0);
         debug_assert!(self.triples_counted < TRIPLES || self.arm.is_none());
         debug_assert!(self.triples_uncounted < TRIPLES || self.arm.is_none());
+        debug_assert!(self.triples_run < TRIPLES_MAX || self.arm.is_none());
+        debug_assert!(self.triples_counted + self.triples_uncounted <= self.triples_run);
         debug_assert!(
             (self.triples_counted..=2 * self.triples_counted).contains(&self.trial_sleeping)
         );
@@ -141,6 +162,12 @@ impl SleepTrial {
     /// Whether the budgeted sleeps of the window in progress are taken.
     pub(super) fn window_sleeps(&self) -> bool {
         self.sleeps
+    }
+
+    /// Whether the window in progress is one a trial spins through, to compare it with
+    /// sleeping ones.
+    pub(super) fn spins_by_design(&self) -> bool {
+        self.arm.is_some() && !self.sleeps
     }
 
     /// The window in progress is over: `ios` lone I/Os, `slept` of which took a budgeted
@@ -186,13 +213,17 @@ impl SleepTrial {
         } else {
             self.triples_uncounted += 1;
         }
+        self.triples_run += 1;
         self.figures = [None; 3];
-        if self.triples_counted == TRIPLES || self.triples_uncounted == TRIPLES {
+        if self.triples_counted == TRIPLES
+            || self.triples_uncounted == TRIPLES
+            || self.triples_run == TRIPLES_MAX
+        {
             self.conclude(budget);
             return;
         }
-        // The next triple's shape, from the cost so far.
-        if self.triples_counted > 0 {
+        // The next triple's shape, from the cost so far once it says something.
+        if self.triples_counted >= SHAPE_TRIPLES {
             let cost_so_far = (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0;
             self.sleeps_twice = twice_fits(cost_so_far, budget);
         }
@@ -200,15 +231,18 @@ impl SleepTrial {
         self.sleeps = arm_sleeps(0, self.sleeps_twice);
     }
 
-    /// The trial is over, its triples counted or too many in a row not: the share from
-    /// the cost it measured, held.
+    /// The trial is over (its triples counted, too many in a row not, or too many run):
+    /// the share from the cost it measured, if at least half of [`TRIPLES`] counted, held.
     fn conclude(&mut self, budget: f64) {
         self.trials += 1;
         self.arm = None;
-        self.cost = (self.triples_counted == TRIPLES)
+        self.cost = (self.triples_counted >= TRIPLES / 2)
             .then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
+        self.last_cost = self.cost.or(self.last_cost);
         self.share = match self.cost {
-            Some(cost) if cost > budget => share_for(cost, budget, self.trial_sleeping),
+            Some(cost) if cost > budget => {
+                share_for(cost, budget, self.triples_counted, self.trial_sleeping)
+            }
             _ => 1.0,
         };
         self.credit = 0.0;
@@ -232,17 +266,18 @@ impl SleepTrial {
         trial
     }
 
-    /// A trial from the next window: its first triple sleeps in two windows unless the
-    /// last trial found the sleeps past the budget.
+    /// A trial from the next window: its first triples sleep in two windows unless the
+    /// last cost measured says that does not fit the budget.
     fn begin_trial(&mut self, budget: f64) {
         self.arm = Some(0);
         self.hold_windows = 0;
-        self.sleeps_twice = self.cost.is_none_or(|cost| twice_fits(cost, budget));
+        self.sleeps_twice = self.last_cost.is_none_or(|cost| twice_fits(cost, budget));
         self.figures = [None; 3];
         self.triples_counted = 0;
         self.trial_sleeping = 0;
         self.log_ratio_sum = 0.0;
         self.triples_uncounted = 0;
+        self.triples_run = 0;
         self.sleeps = arm_sleeps(0, self.sleeps_twice);
     }
 

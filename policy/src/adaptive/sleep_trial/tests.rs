@@ -66,27 +66,29 @@ fn while_sleeps_look_cheap_a_trial_sleeps_through_two_windows_in_three() {
 
 #[test]
 fn once_sleeps_look_dear_a_trial_sleeps_through_one_window_in_three() {
-    // The first triple finds the sleeps 10 % later, four budgets: the rest of the trial
-    // sleeps in the middle window of each triple only.
+    // Sleeps 10 % later, four budgets. Once three triples have measured it, the rest of
+    // the trial sleeps in the middle window of each triple only.
     let mut trial = SleepTrial::new();
+    let twice = [true, false, true];
+    let once = [false, true, false];
     assert_eq!(
-        pattern(&mut trial, 9, 0.10),
-        [true, false, true, false, true, false, false, true, false]
+        pattern(&mut trial, 12, 0.10),
+        [twice, twice, twice, once].concat()
     );
     assert_eq!(
-        pattern(&mut trial, TRIAL_WINDOWS - 9, 0.10)
+        pattern(&mut trial, TRIAL_WINDOWS - 12, 0.10)
             .iter()
             .filter(|&&sleeps| sleeps)
             .count(),
-        usize::try_from(TRIPLES - 3).unwrap()
+        usize::try_from(TRIPLES - 4).unwrap()
     );
     assert_eq!(trial.trials, 1);
-    // The next trial starts that way, from what this one found; sleeps found cheap
-    // there bring the two sleeping windows back from its second triple.
-    trial.hold_windows = 1;
+    // The next trial starts that way, from what this one found, after the hold; sleeps
+    // found cheap in its first three triples bring the two sleeping windows back.
+    run(&mut trial, HOLD_WINDOWS, true, costing(0.10));
     assert_eq!(
-        pattern(&mut trial, 7, 0.0),
-        [false, false, true, false, true, false, true]
+        pattern(&mut trial, 12, 0.0),
+        [once, once, once, twice].concat()
     );
 }
 
@@ -112,9 +114,9 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
     let cost = trial.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
     // Over the trial and the hold, its sleeping windows and the share's together cost the
-    // budget: the budget over all windows, less what the trial's cost (two in its first
-    // triple, then one in each of the other eleven), over the hold's.
-    let trial_sleeping = 2 + (TRIPLES - 1);
+    // budget: the budget over all windows, less what the trial's cost (two in each of its
+    // first three triples, then one in each of the other nine), over the hold's.
+    let trial_sleeping = 2 * 3 + (TRIPLES - 3);
     let expected = (0.025 * 360.0 - 0.10 * f64::from(trial_sleeping)) / (0.10 * 324.0);
     assert!(
         (trial.share - expected).abs() < 1e-9,
@@ -148,7 +150,7 @@ fn sleeps_past_the_budget_sleep_in_a_share_of_windows_that_meets_it_with_the_tri
 
 #[test]
 fn where_the_trial_alone_spends_the_budget_no_window_of_the_hold_sleeps() {
-    // Sleeps twice as long: the trial's 13 sleeping windows alone cost more than 2.5 % of
+    // Sleeps twice as long: the trial's 15 sleeping windows alone cost more than 2.5 % of
     // 360 windows.
     let mut trial = SleepTrial::new();
     run(&mut trial, TRIAL_WINDOWS, true, costing(1.0));
@@ -172,7 +174,7 @@ fn a_steady_drift_is_no_cost_in_either_shape() {
     let cost = trial.cost.expect("a cost");
     assert!(cost.abs() < 1e-3, "cost {cost}");
     assert_eq!(trial.share, 1.0);
-    // Sleeps 10 % later, on the same drift: the triples after the first have a sleeping
+    // Sleeps 10 % later, on the same drift: the triples after the third have a sleeping
     // window between two spinning ones, and the drift cancels there too.
     let mut trial = SleepTrial::new();
     run(&mut trial, TRIAL_WINDOWS, true, |w, sleeps| {
@@ -217,4 +219,57 @@ fn triples_that_say_nothing_do_not_end_a_trial() {
     let cost = trial.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
     assert!(trial.share < 1.0);
+}
+
+#[test]
+fn a_trial_where_few_triples_count_ends_after_twice_its_length() {
+    // The plan takes its sleeps in one triple of three (sleeps 10 % later): the trial
+    // runs 24 triples, counts 8, and concludes from them, the share paying for the 8
+    // triples' sleeping windows only (the others took too few sleeps to cost much).
+    let mut trial = SleepTrial::new();
+    let mut sleeping_counted = 0;
+    for triple in 0..2 * TRIPLES {
+        for _ in 0..3 {
+            assert_eq!(trial.trials, 0);
+            let sleeps = trial.window_sleeps();
+            let taken = sleeps && triple % 3 == 0;
+            sleeping_counted += u32::from(sleeps && triple % 3 == 0);
+            let figure = if taken { 55_000.0 } else { 50_000.0 };
+            let slept = if taken { IOS } else { 0 };
+            trial.end_window(IOS, slept, figure * f64::from(IOS), BUDGET);
+        }
+    }
+    assert_eq!(trial.trials, 1);
+    let cost = trial.cost.expect("a cost from 8 triples");
+    assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
+    let expected = (0.025 * f64::from(3 * 8 + HOLD_WINDOWS) - 0.10 * f64::from(sleeping_counted))
+        / (0.10 * f64::from(HOLD_WINDOWS));
+    assert!(
+        (trial.share - expected).abs() < 1e-9,
+        "share {}",
+        trial.share
+    );
+}
+
+#[test]
+fn a_trial_that_gives_up_leaves_the_next_ones_shape_to_the_last_cost() {
+    // Sleeps 10 % later: one window in three sleeps from the fourth triple on, and
+    // after the hold the next trial starts that way.
+    let mut trial = SleepTrial::new();
+    run(
+        &mut trial,
+        TRIAL_WINDOWS + HOLD_WINDOWS,
+        true,
+        costing(0.10),
+    );
+    assert!(!trial.window_sleeps());
+    // Twelve triples in a row take no sleeps (a lateness-check hold, say): that trial
+    // gives up, with no cost.
+    run(&mut trial, TRIAL_WINDOWS, false, costing(0.10));
+    assert_eq!(trial.trials, 2);
+    assert_eq!(trial.cost, None);
+    // After the windows every one sleeps in, the next trial still starts with one
+    // sleeping window in three: the cost measured before is the last one known.
+    run(&mut trial, TRIAL_WINDOWS, true, costing(0.10));
+    assert_eq!(pattern(&mut trial, 3, 0.10), [false, true, false]);
 }
