@@ -13,23 +13,22 @@
 //! ([`LATENESS_WINDOW`](super::lateness::LATENESS_WINDOW) lone I/Os each), in threes,
 //! [`TRIPLES`] times: a window that takes the budgeted sleeps between two that spin through
 //! them, or a spinning window between two sleeping ones. A window's figure is the mean
-//! latency of its I/Os as seen (lateness included), each clipped at [`CLIP_MEANS`] times its
-//! bucket's mean so that one stall of the machine does not decide a triple. Each triple
+//! latency of its I/Os as seen (lateness included), each clipped at [`CLIP_MEANS`] times
+//! its bucket's mean so that one stall of the machine does not decide a triple. Each triple
 //! compares its middle window with the mean of the two around it, so a steady drift in the
 //! device's latency weighs on both sides alike. Either shape measures the cost as precisely
 //! (one window against the mean of two); they differ in what the trial itself costs: two
 //! thirds of the cost, or one third. While the cost measured (the trial's own once
-//! [`SHAPE_TRIPLES`] triples counted, before that the last trial's) puts two thirds of it
-//! within the budget, a triple sleeps in two
-//! windows (sleeping is what pays); past it, in one: on a device where sleeps are dear, a
-//! trial that slept in two windows of three would spend more than the budget by itself,
-//! which matters most in a run no longer than a few trials.
-//! The cost is the geometric mean, over the triples, of the sleeping windows' figure over
-//! the spinning ones', less one. Where it is within the budget every window sleeps;
-//! otherwise only a share of the windows sleep (spread evenly), such that the trial's own
-//! sleeping windows and the share's together cost the budget (none sleep where the trial's
-//! alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a trial starts
-//! again: the device and the machine change.
+//! [`SHAPE_TRIPLES`] triples counted, before that the last a trial measured) puts two
+//! thirds of it within the budget, a triple sleeps in two windows (sleeping is what pays);
+//! past it, in one: on a device where sleeps are dear, a trial that slept in two windows of
+//! three would spend more than the budget by itself, which matters most in a run no longer
+//! than a few trials. The cost is the geometric mean, over the triples, of the sleeping
+//! windows' figure over the spinning ones', less one. Where it is within the budget every
+//! window sleeps; otherwise only a share of the windows sleep (spread evenly), such that
+//! the trial's own sleeping windows and the share's together cost the budget (none sleep
+//! where the trial's alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a
+//! trial starts again: the device and the machine change.
 //!
 //! A triple either of whose sleeping windows took few sleeps (the plan found none paying,
 //! or is still warming up) says nothing: it is not counted, and the trial goes on until
