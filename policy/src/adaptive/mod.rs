@@ -401,10 +401,12 @@ impl Adaptive {
             }
         }
         // Keep the overshoot and the cost of a sleep measured: a probe, now and then; but
-        // none in a window the sleep trial spins through by design, which it compares with
-        // sleeping ones (a burst's first sleeps are slow on a VM; a burst due goes on in
-        // the next window that does not spin so).
-        if ctx.outstanding == 1 && self.lateness.trial.spins_by_design() {
+        // none in a window that spins through its budgeted sleeps, the sleep trial's or
+        // its share's. A burst's first sleeps are slow on a VM: the trial compares those
+        // windows with sleeping ones and would count them as spinning's, and in the
+        // share's they would cost outside the budget. A burst due goes on in the next
+        // sleeping window, whose sleeps keep the overshoot measured anyway.
+        if ctx.outstanding == 1 && !self.lateness.trial.window_sleeps() {
             return Decision::Spin;
         }
         self.probes

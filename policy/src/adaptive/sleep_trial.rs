@@ -24,11 +24,12 @@
 //! past it, in one: on a device where sleeps are dear, a trial that slept in two windows of
 //! three would spend more than the budget by itself, which matters most in a run no longer
 //! than a few trials. The cost is the geometric mean, over the triples, of the sleeping
-//! windows' figure over the spinning ones', less one. Where it is within the budget every
-//! window sleeps; otherwise only a share of the windows sleep (spread evenly), such that
-//! the trial's own sleeping windows and the share's together cost the budget (none sleep
-//! where the trial's alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a
-//! trial starts again: the device and the machine change.
+//! windows' figure over the spinning ones', less one; the share pays for it half a
+//! standard error higher ([`MARGIN_SES`]). Where that is within the budget every window
+//! sleeps; otherwise only a share of the windows sleep (spread evenly), such that the
+//! trial's own sleeping windows and the share's together cost the budget (none sleep where
+//! the trial's alone spend it). The share holds for [`HOLD_WINDOWS`] windows, then a trial
+//! starts again: the device and the machine change.
 //!
 //! A triple either of whose sleeping windows took few sleeps (the plan found none paying,
 //! or is still warming up) says nothing: it is not counted, and the trial goes on until
@@ -37,10 +38,10 @@
 //! sleeps (the lateness check alone then judges the few sleeps) for [`TRIAL_WINDOWS`]
 //! windows, and a trial starts again.
 //!
-//! While a trial spins through a window by design, no probe sleep is taken in it (see
-//! `probe`): a burst's first sleeps are the slow ones on a VM, and the window would read
-//! them as part of what spinning costs. A burst due waits for the next window that does
-//! not spin so.
+//! No probe sleep is taken in a window that spins through its budgeted sleeps, the trial's
+//! or the share's (see `probe`): a burst's first sleeps are the slow ones on a VM, and the
+//! trial would read them as part of what spinning costs, while the share's spinning windows
+//! would pay for them outside the budget. A burst due waits for the next sleeping window.
 
 /// Triples of windows counted per trial: enough, on a VM's disk whose windows scatter by
 /// more than the budget, to tell a cost of a few budgets from one within it.
@@ -56,6 +57,15 @@ const SHAPE_TRIPLES: u32 = 3;
 /// Windows the share found holds for before the next trial: the trial takes about a tenth
 /// of the time.
 pub(super) const HOLD_WINDOWS: u32 = 9 * TRIAL_WINDOWS;
+/// The share pays for the cost measured this many standard errors higher. A trial's
+/// cost is an estimate, and its errors do not cancel over the trials: one measured low
+/// lets more windows sleep than one measured as much too high takes away (the share goes
+/// as the budget over the cost), and one measured under the budget lets every window sleep
+/// at the whole of the real cost. Where the triples scatter as much as the cost (a VM's
+/// disk), sharing by the estimate alone spends more than the budget on average; half a
+/// standard error more brings it back within, at a share a little smaller. Where the
+/// triples agree (an emulated device) it changes nothing.
+const MARGIN_SES: f64 = 0.5;
 /// A latency counts in its window's figure up to this many times its bucket's mean.
 pub(super) const CLIP_MEANS: u64 = 8;
 
@@ -71,11 +81,12 @@ pub(super) struct SleepTrial {
     sleeps_twice: bool,
     figures: [Option<f64>; 3],
     /// Over the triples counted so far: how many, their sleeping windows, and the sum of
-    /// the log of the sleeping windows' mean figure over the spinning ones'. The triples
-    /// in a row that were not counted, and all the trial ran.
+    /// the log of the sleeping windows' mean figure over the spinning ones' (and of its
+    /// square). The triples in a row that were not counted, and all the trial ran.
     triples_counted: u32,
     trial_sleeping: u32,
     log_ratio_sum: f64,
+    log_ratio_sq_sum: f64,
     triples_uncounted: u32,
     triples_run: u32,
     /// The share of windows that sleep while it holds, the credit that spreads them, the
@@ -128,6 +139,7 @@ impl SleepTrial {
             triples_counted: 0,
             trial_sleeping: 0,
             log_ratio_sum: 0.0,
+            log_ratio_sq_sum: 0.0,
             triples_uncounted: 0,
             triples_run: 0,
             share: 1.0,
@@ -161,12 +173,6 @@ impl SleepTrial {
     /// Whether the budgeted sleeps of the window in progress are taken.
     pub(super) fn window_sleeps(&self) -> bool {
         self.sleeps
-    }
-
-    /// Whether the window in progress is one a trial spins through, to compare it with
-    /// sleeping ones.
-    pub(super) fn spins_by_design(&self) -> bool {
-        self.arm.is_some() && !self.sleeps
     }
 
     /// The window in progress is over: `ios` lone I/Os, `slept` of which took a budgeted
@@ -208,6 +214,7 @@ impl SleepTrial {
             self.triples_counted += 1;
             self.trial_sleeping += if self.sleeps_twice { 2 } else { 1 };
             self.log_ratio_sum += ratio.ln();
+            self.log_ratio_sq_sum += ratio.ln() * ratio.ln();
             self.triples_uncounted = 0;
         } else {
             self.triples_uncounted += 1;
@@ -235,10 +242,12 @@ impl SleepTrial {
     fn conclude(&mut self, budget: f64) {
         self.trials += 1;
         self.arm = None;
-        self.cost = (self.triples_counted >= TRIPLES / 2)
-            .then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
+        let concludes = self.triples_counted >= TRIPLES / 2;
+        self.cost =
+            concludes.then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
         self.last_cost = self.cost.or(self.last_cost);
-        self.share = match self.cost {
+        let cost_paid = concludes.then(|| self.cost_paid_for());
+        self.share = match cost_paid {
             Some(cost) if cost > budget => {
                 share_for(cost, budget, self.triples_counted, self.trial_sleeping)
             }
@@ -251,6 +260,16 @@ impl SleepTrial {
             TRIAL_WINDOWS
         };
         self.sleeps = self.next_shared();
+    }
+
+    /// The cost the share pays for: the one measured, [`MARGIN_SES`] standard errors
+    /// higher (the triples' scatter over the square root of their count).
+    fn cost_paid_for(&self) -> f64 {
+        let n = f64::from(self.triples_counted);
+        debug_assert!(n >= 2.0);
+        let mean = self.log_ratio_sum / n;
+        let variance = ((self.log_ratio_sq_sum - n * mean * mean) / (n - 1.0)).max(0.0);
+        (mean + MARGIN_SES * (variance / n).sqrt()).exp() - 1.0
     }
 
     /// A share of `share` held from now, as a trial that found it would leave it.
@@ -275,6 +294,7 @@ impl SleepTrial {
         self.triples_counted = 0;
         self.trial_sleeping = 0;
         self.log_ratio_sum = 0.0;
+        self.log_ratio_sq_sum = 0.0;
         self.triples_uncounted = 0;
         self.triples_run = 0;
         self.sleeps = arm_sleeps(0, self.sleeps_twice);

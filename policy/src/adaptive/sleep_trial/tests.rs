@@ -273,3 +273,49 @@ fn a_trial_that_gives_up_leaves_the_next_ones_shape_to_the_last_cost() {
     run(&mut trial, TRIAL_WINDOWS, true, costing(0.10));
     assert_eq!(pattern(&mut trial, 3, 0.10), [false, true, false]);
 }
+
+#[test]
+fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher() {
+    // Sleeps 10 % later, measured exactly, against the same cost measured by triples that
+    // scatter: 5 % later and 5 % earlier than that, by turns (in log terms).
+    let mut steady = SleepTrial::new();
+    run(&mut steady, TRIAL_WINDOWS, true, costing(0.10));
+    let scatter: f64 = 0.05;
+    let mut scattered = SleepTrial::new();
+    run(&mut scattered, TRIAL_WINDOWS, true, |w, sleeps| {
+        let off = if (w / 3) % 2 == 0 { scatter } else { -scatter };
+        if sleeps {
+            50_000.0 * 1.10 * off.exp()
+        } else {
+            50_000.0
+        }
+    });
+    // Both measure the same cost.
+    let cost = scattered.cost.expect("a cost");
+    assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
+    // The scattered trial's share pays for it half a standard error higher: the triples'
+    // standard deviation (12 of them, half each way) over the square root of 12.
+    let sd = scatter * (12.0_f64 / 11.0).sqrt();
+    let paid = (1.10_f64.ln() + 0.5 * sd / 12.0_f64.sqrt()).exp() - 1.0;
+    let trial_sleeping = 2 * 3 + (TRIPLES - 3);
+    let expected = share_for(paid, BUDGET, TRIPLES, trial_sleeping);
+    assert!(
+        (scattered.share - expected).abs() < 1e-9,
+        "share {} against {expected}",
+        scattered.share
+    );
+    assert!(scattered.share < steady.share - 0.01);
+    // A cost just within the budget, measured by triples that scatter, no longer lets
+    // every window sleep.
+    let mut near = SleepTrial::new();
+    run(&mut near, TRIAL_WINDOWS, true, |w, sleeps| {
+        let off = if (w / 3) % 2 == 0 { scatter } else { -scatter };
+        if sleeps {
+            50_000.0 * 1.024 * off.exp()
+        } else {
+            50_000.0
+        }
+    });
+    assert!(near.cost.is_some_and(|cost| cost < BUDGET));
+    assert!(near.share < 1.0, "share {}", near.share);
+}
