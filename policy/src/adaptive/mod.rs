@@ -404,8 +404,9 @@ impl Adaptive {
         // none in a window that spins through its budgeted sleeps, the sleep trial's or
         // its share's. A burst's first sleeps are slow on a VM: the trial compares those
         // windows with sleeping ones and would count them as spinning's, and in the
-        // share's they would cost outside the budget. A burst due goes on in the next
-        // sleeping window, whose sleeps keep the overshoot measured anyway.
+        // share's they would cost outside the budget. A burst due waits for a lone I/O the
+        // plan spins in a sleeping window (or a deeper queue); meanwhile the budgeted
+        // sleeps keep the overshoot measured.
         if ctx.outstanding == 1 && !self.lateness.trial.window_sleeps() {
             return Decision::Spin;
         }

@@ -41,7 +41,9 @@
 //! No probe sleep is taken in a window that spins through its budgeted sleeps, the trial's
 //! or the share's (see `probe`): a burst's first sleeps are the slow ones on a VM, and the
 //! trial would read them as part of what spinning costs, while the share's spinning windows
-//! would pay for them outside the budget. A burst due waits for the next sleeping window.
+//! would pay for them outside the budget. A burst due waits for a lone I/O the plan spins
+//! in a sleeping window (or for a deeper queue); meanwhile the budgeted sleeps keep the
+//! overshoot measured.
 
 /// Triples of windows counted per trial: enough, on a VM's disk whose windows scatter by
 /// more than the budget, to tell a cost of a few budgets from one within it.
@@ -63,9 +65,13 @@ pub(super) const HOLD_WINDOWS: u32 = 9 * TRIAL_WINDOWS;
 /// as the budget over the cost), and one measured under the budget lets every window sleep
 /// at the whole of the real cost. Where the triples scatter as much as the cost (a VM's
 /// disk), sharing by the estimate alone spends more than the budget on average; half a
-/// standard error more brings it back within, at a share a little smaller. Where the
-/// triples agree (an emulated device) it changes nothing.
+/// standard error more brings it back within, giving up about a fifth of the share where
+/// the cost is a few budgets (docs/lab/ has the simulation). Where the triples scatter
+/// little, the margin is small, and a cost well within the budget still lets every window
+/// sleep.
 const MARGIN_SES: f64 = 0.5;
+// The standard error needs two triples or more; a trial concludes from half of TRIPLES.
+const _: () = assert!(TRIPLES / 2 >= 2);
 /// A latency counts in its window's figure up to this many times its bucket's mean.
 pub(super) const CLIP_MEANS: u64 = 8;
 
@@ -96,7 +102,8 @@ pub(super) struct SleepTrial {
     hold_windows: u32,
     sleeps: bool,
     /// The cost the last trial measured, as a fraction of the spinning windows' mean, if
-    /// its triples counted; and how many trials ended.
+    /// its triples counted (the share pays for it [`MARGIN_SES`] higher); and how many
+    /// trials ended.
     pub(super) cost: Option<f64>,
     pub(super) trials: u64,
     /// The last cost a trial measured (one that gave up since leaves it).
