@@ -274,6 +274,19 @@ fn a_trial_that_gives_up_leaves_the_next_ones_shape_to_the_last_cost() {
     assert_eq!(pattern(&mut trial, 3, 0.10), [false, true, false]);
 }
 
+/// Sleeping windows `cost` later than spinning ones, and `scatter` later or earlier than
+/// that (in log terms) by turns, a triple of windows at a time.
+fn scattering(cost: f64, scatter: f64) -> impl FnMut(u32, bool) -> f64 {
+    move |w, sleeps| {
+        let off = if (w / 3) % 2 == 0 { scatter } else { -scatter };
+        if sleeps {
+            50_000.0 * (1.0 + cost) * off.exp()
+        } else {
+            50_000.0
+        }
+    }
+}
+
 #[test]
 fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher() {
     // Sleeps 10 % later, measured exactly, against the same cost measured by triples that
@@ -282,14 +295,12 @@ fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher(
     run(&mut steady, TRIAL_WINDOWS, true, costing(0.10));
     let scatter: f64 = 0.05;
     let mut scattered = SleepTrial::new();
-    run(&mut scattered, TRIAL_WINDOWS, true, |w, sleeps| {
-        let off = if (w / 3) % 2 == 0 { scatter } else { -scatter };
-        if sleeps {
-            50_000.0 * 1.10 * off.exp()
-        } else {
-            50_000.0
-        }
-    });
+    run(
+        &mut scattered,
+        TRIAL_WINDOWS,
+        true,
+        scattering(0.10, scatter),
+    );
     // Both measure the same cost.
     let cost = scattered.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
@@ -308,14 +319,7 @@ fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher(
     // A cost just within the budget, measured by triples that scatter, no longer lets
     // every window sleep.
     let mut near = SleepTrial::new();
-    run(&mut near, TRIAL_WINDOWS, true, |w, sleeps| {
-        let off = if (w / 3) % 2 == 0 { scatter } else { -scatter };
-        if sleeps {
-            50_000.0 * 1.024 * off.exp()
-        } else {
-            50_000.0
-        }
-    });
+    run(&mut near, TRIAL_WINDOWS, true, scattering(0.024, scatter));
     assert!(near.cost.is_some_and(|cost| cost < BUDGET));
     assert!(near.share < 1.0, "share {}", near.share);
 }
