@@ -220,8 +220,9 @@ impl SleepTrial {
             };
             self.triples_counted += 1;
             self.trial_sleeping += if self.sleeps_twice { 2 } else { 1 };
-            self.log_ratio_sum += ratio.ln();
-            self.log_ratio_sq_sum += ratio.ln() * ratio.ln();
+            let log_ratio = ratio.ln();
+            self.log_ratio_sum += log_ratio;
+            self.log_ratio_sq_sum += log_ratio * log_ratio;
             self.triples_uncounted = 0;
         } else {
             self.triples_uncounted += 1;
@@ -237,8 +238,7 @@ impl SleepTrial {
         }
         // The next triple's shape, from the cost so far once it says something.
         if self.triples_counted >= SHAPE_TRIPLES {
-            let cost_so_far = (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0;
-            self.sleeps_twice = twice_fits(cost_so_far, budget);
+            self.sleeps_twice = twice_fits(self.cost_measured(0.0), budget);
         }
         self.arm = Some(0);
         self.sleeps = arm_sleeps(0, self.sleeps_twice);
@@ -250,10 +250,9 @@ impl SleepTrial {
         self.trials += 1;
         self.arm = None;
         let concludes = self.triples_counted >= TRIPLES / 2;
-        self.cost =
-            concludes.then(|| (self.log_ratio_sum / f64::from(self.triples_counted)).exp() - 1.0);
+        self.cost = concludes.then(|| self.cost_measured(0.0));
         self.last_cost = self.cost.or(self.last_cost);
-        let cost_paid = concludes.then(|| self.cost_paid_for());
+        let cost_paid = concludes.then(|| self.cost_measured(MARGIN_SES));
         self.share = match cost_paid {
             Some(cost) if cost > budget => {
                 share_for(cost, budget, self.triples_counted, self.trial_sleeping)
@@ -269,14 +268,19 @@ impl SleepTrial {
         self.sleeps = self.next_shared();
     }
 
-    /// The cost the share pays for: the one measured, [`MARGIN_SES`] standard errors
-    /// higher (the triples' scatter over the square root of their count).
-    fn cost_paid_for(&self) -> f64 {
+    /// The cost the triples counted so far measure, `ses` standard errors higher (the
+    /// triples' scatter over the square root of their count; none for the estimate
+    /// itself, [`MARGIN_SES`] for the one the share pays for).
+    fn cost_measured(&self, ses: f64) -> f64 {
         let n = f64::from(self.triples_counted);
-        debug_assert!(n >= 2.0);
+        debug_assert!(n >= 1.0 && (ses == 0.0 || n >= 2.0));
         let mean = self.log_ratio_sum / n;
-        let variance = ((self.log_ratio_sq_sum - n * mean * mean) / (n - 1.0)).max(0.0);
-        (mean + MARGIN_SES * (variance / n).sqrt()).exp() - 1.0
+        let se = if ses == 0.0 {
+            0.0
+        } else {
+            (((self.log_ratio_sq_sum - n * mean * mean) / (n - 1.0)).max(0.0) / n).sqrt()
+        };
+        (mean + ses * se).exp() - 1.0
     }
 
     /// A share of `share` held from now, as a trial that found it would leave it.

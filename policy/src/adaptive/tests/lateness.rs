@@ -299,34 +299,51 @@ fn a_window_the_trial_spins_through_leaves_the_checks_scale_and_share() {
     );
 }
 
+/// What `ios` lone I/Os, one every 200 us (a window, 102 ms, outlasts a burst's period,
+/// 100 ms), each completing in 85 us, were decided: in the windows that spin through their
+/// budgeted sleeps, the I/Os and the probe sleeps among them; in the others, the probe
+/// sleeps and the other sleeps.
+#[derive(Default)]
+struct ByWindow {
+    spun_windows_ios: u64,
+    probes_spun: u32,
+    probes_sleeping: u32,
+    sleeps: u64,
+}
+
+fn decide_by_window(p: &mut Adaptive, ios: u64) -> ByWindow {
+    let mut by = ByWindow::default();
+    for i in 0..ios {
+        let submit_ns = 1_000_000 + i * 200_000;
+        let spun_window = !p.lateness.trial.window_sleeps();
+        let d = decide(p, submit_ns, submit_ns + 1_000, 1);
+        p.on_completion(&seen_at(submit_ns, d, 85_000));
+        let probe = matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 <= PROBE_SLEEP_NS_MAX);
+        if spun_window {
+            by.spun_windows_ios += 1;
+            by.probes_spun += u32::from(probe);
+        } else {
+            by.probes_sleeping += u32::from(probe);
+            by.sleeps += u64::from(matches!(d, Decision::Sleep(_)) && !probe);
+        }
+    }
+    by
+}
+
 #[test]
 fn no_probe_sleep_is_taken_in_a_window_the_trial_spins_through() {
     let mut p = Adaptive::default();
     nand_like(&mut p);
     calibrate(&mut p, 5_000, 7_000);
-    // A trial from the start; one I/O every 200 us, so a window (102 ms) outlasts a
-    // burst's period (100 ms). The sleeping windows never ask for a probe (the plan
-    // sleeps there), so the burst every policy starts with is still due in the first
-    // window the trial spins through.
+    // A trial from the start. The sleeping windows never ask for a probe (the plan sleeps
+    // there), so the burst every policy starts with is still due in the first window the
+    // trial spins through.
     let window = u64::from(LATENESS_WINDOW);
-    let (mut spun_windows_ios, mut probes) = (0, 0);
-    for i in 0..12 * window {
-        let submit_ns = 1_000_000 + i * 200_000;
-        let spun_window = !p.lateness.trial.window_sleeps();
-        let d = decide(&mut p, submit_ns, submit_ns + 1_000, 1);
-        p.on_completion(&seen_at(submit_ns, d, 85_000));
-        if !spun_window {
-            continue;
-        }
-        spun_windows_ios += 1;
-        if matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 <= PROBE_SLEEP_NS_MAX) {
-            probes += 1;
-        }
-    }
+    let by = decide_by_window(&mut p, 12 * window);
     // The spinning windows are what the trial compares the sleeping ones with: a burst's
     // slow first sleeps there would count as what spinning costs.
-    assert!(spun_windows_ios >= 3 * window, "{spun_windows_ios}");
-    assert_eq!(probes, 0);
+    assert!(by.spun_windows_ios >= 3 * window, "{}", by.spun_windows_ios);
+    assert_eq!(by.probes_spun, 0);
 }
 
 #[test]
@@ -336,33 +353,19 @@ fn no_probe_sleep_is_taken_in_a_window_the_share_spins_through() {
     calibrate(&mut p, 5_000, 7_000);
     // A trial found sleeps dear: half the windows of the hold sleep, every other one,
     // from a spinning one; and the lateness check lets half the lone I/Os of a sleeping
-    // window sleep, so the plan spins the others there. One I/O every 200 us: a burst is
-    // due in every window, and the first at once.
+    // window sleep, so the plan spins the others there. A burst is due in every window,
+    // and the first at once.
     p.lateness.trial = SleepTrial::holding(0.5);
     p.lateness.sleep_share = 0.5;
     let window = u64::from(LATENESS_WINDOW);
-    let (mut spun_windows_ios, mut probes_spun, mut probes_sleeping, mut sleeps) = (0, 0, 0, 0);
-    for i in 0..8 * window {
-        let submit_ns = 1_000_000 + i * 200_000;
-        let spun_window = !p.lateness.trial.window_sleeps();
-        let d = decide(&mut p, submit_ns, submit_ns + 1_000, 1);
-        p.on_completion(&seen_at(submit_ns, d, 85_000));
-        let probe = matches!(d, Decision::Sleep(s) if s.as_nanos() as u64 <= PROBE_SLEEP_NS_MAX);
-        if spun_window {
-            spun_windows_ios += 1;
-            probes_spun += u32::from(probe);
-        } else {
-            probes_sleeping += u32::from(probe);
-            sleeps += u32::from(matches!(d, Decision::Sleep(_)) && !probe);
-        }
-    }
+    let by = decide_by_window(&mut p, 8 * window);
     // What the share's spinning windows cost is outside the budget the share pays for: a
     // burst's slow first sleeps there would spend more.
-    assert!(spun_windows_ios >= 3 * window, "{spun_windows_ios}");
-    assert_eq!(probes_spun, 0);
+    assert!(by.spun_windows_ios >= 3 * window, "{}", by.spun_windows_ios);
+    assert_eq!(by.probes_spun, 0);
     // The bursts due are taken in the sleeping windows, among the I/Os the plan spins.
-    assert!(probes_sleeping >= PROBE_BURST, "{probes_sleeping}");
-    assert!(u64::from(sleeps) >= window, "{sleeps}");
+    assert!(by.probes_sleeping >= PROBE_BURST, "{}", by.probes_sleeping);
+    assert!(by.sleeps >= window, "{}", by.sleeps);
 }
 
 #[test]
