@@ -9,8 +9,11 @@ use hdrhistogram::Histogram;
 use hypoll_async::Executor;
 use hypoll_nvme::{DeviceConfig, IoBuf};
 use hypoll_reactor::{
-    CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, Reactor, ReactorConfig, ReactorSet,
+    CoreList, Device, DeviceId, IoDone, IoOp, IoRequest, PolicyFactory, Reactor, ReactorConfig,
+    ReactorSet,
 };
+
+use crate::alternate::{self, Alternating, Paired, Tally};
 
 /// Histogram bounds: 1 ns to 60 s at 3 significant digits.
 const LATENCY_NS_MAX: u64 = 60_000_000_000;
@@ -111,6 +114,8 @@ pub struct Workload {
     pub runtime: Duration,
     pub size_bytes: u64,
     pub verify: bool,
+    /// `--alternate`: two policies take turns in segments of this length.
+    pub alternate: Option<Duration>,
 }
 
 /// One policy's run, summed over its reactors.
@@ -167,6 +172,7 @@ struct ReactorReport {
     interrupt_waits: u64,
     overshoot_ns: u64,
     slept_ns: u64,
+    alternation: Option<Tally>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -212,6 +218,8 @@ pub(crate) struct Job {
     waits: u64,
     overshoot_ns: u64,
     slept_ns: u64,
+    /// Under `--alternate`: the account per policy and per segment.
+    alternation: Option<Tally>,
     report: Option<Sender<ReactorReport>>,
 }
 
@@ -224,14 +232,18 @@ impl Job {
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    /// Counts a completed I/O while measuring: its latency if it succeeded.
-    pub(crate) fn record(&mut self, ok: bool, latency_ns: u64) {
+    /// Counts a completed I/O, seen at `now_ns`, while measuring: its latency if it
+    /// succeeded.
+    pub(crate) fn record(&mut self, ok: bool, latency_ns: u64, now_ns: u64) {
         if self.phase == Phase::Measure {
             self.ios += 1;
             if ok {
                 self.latency.saturating_record(latency_ns.max(1));
             } else {
                 self.errors += 1;
+            }
+            if let Some(tally) = &mut self.alternation {
+                tally.record(now_ns.saturating_sub(latency_ns), ok, latency_ns);
             }
         }
     }
@@ -278,7 +290,7 @@ fn submit_next(r: &mut BenchReactor, s: &mut Bench, buf: IoBuf) {
 /// Completion callback: count, record, and keep the queue full until the run ends.
 fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
     let job = s.job.as_mut().expect("a job runs on this reactor");
-    job.record(done.result.is_ok(), done.latency_ns);
+    job.record(done.result.is_ok(), done.latency_ns, r.now_ns());
     let resubmit = job.phase != Phase::Drain;
     let buf = done.buf.expect("reads and writes return their buffer");
     if resubmit {
@@ -311,6 +323,25 @@ fn begin_measure(r: &mut BenchReactor, s: &mut Bench) {
         job.waits_start = c.interrupt_waits;
         job.overshoot_start = c.overshoot_ns;
         job.slept_start = c.slept_ns;
+        if let Some(tally) = &mut job.alternation {
+            let end_ns = tally.open(now, cpu, c);
+            r.after(Duration::from_nanos(end_ns - now), segment_cut);
+        }
+    }
+}
+
+/// Under `--alternate`: ends one segment and begins the next, until the run ends.
+fn segment_cut(r: &mut BenchReactor, s: &mut Bench) {
+    let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
+    let Some(job) = s.job.as_mut().filter(|j| j.phase == Phase::Measure) else {
+        return;
+    };
+    if let Some(tally) = &mut job.alternation {
+        let end_ns = tally.cut(now, cpu, c);
+        r.after(
+            Duration::from_nanos(end_ns.saturating_sub(now)),
+            segment_cut,
+        );
     }
 }
 
@@ -325,6 +356,9 @@ fn end_measure(r: &mut BenchReactor, s: &mut Bench) {
         job.waits = c.interrupt_waits - job.waits_start;
         job.overshoot_ns = c.overshoot_ns - job.overshoot_start;
         job.slept_ns = c.slept_ns - job.slept_start;
+        if let Some(tally) = &mut job.alternation {
+            tally.close(now, cpu, c);
+        }
     }
     if r.outstanding() == 0 {
         finish(s);
@@ -345,6 +379,7 @@ pub(crate) fn finish(s: &mut Bench) {
                 interrupt_waits: job.waits,
                 overshoot_ns: job.overshoot_ns,
                 slept_ns: job.slept_ns,
+                alternation: job.alternation,
             });
         }
     }
@@ -352,6 +387,93 @@ pub(crate) fn finish(s: &mut Bench) {
 
 /// Runs `work` under `policy` on a fresh device and reactor set.
 pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
+    run(work, policy, None).map(|(total, _)| total)
+}
+
+/// Two policies' run under `--alternate`: each side as a run of its own, and the two
+/// compared segment by segment.
+pub struct Alternated {
+    pub sides: [RunResult; 2],
+    pub paired: Option<Paired>,
+}
+
+/// Runs `work` with `specs` taking turns every `segment` on each reactor, on a fresh device
+/// and reactor set.
+pub fn run_alternating(
+    work: &Workload,
+    specs: &[String; 2],
+    segment: Duration,
+) -> Result<Alternated, String> {
+    let built = specs.clone();
+    let factory = PolicyFactory::new(move |_| {
+        let build = |spec: &str| {
+            hypoll_policy::build(spec).expect("--policy specs are checked when parsed")
+        };
+        Box::new(Alternating::new(
+            [build(&built[0]), build(&built[1])],
+            segment,
+        ))
+    });
+    let work = Workload {
+        alternate: Some(segment),
+        ..work.clone()
+    };
+    let label = format!("{}|{}", specs[0], specs[1]);
+    let (total, tallies) = run(&work, &label, Some(factory))?;
+    let reactors = tallies.len();
+    let segment_ns = tallies.first().map_or(1, Tally::segment_ns);
+    let mut names = specs.clone();
+    if names[0] == names[1] {
+        names[1] = format!("{} (twin)", names[1]);
+    }
+    let mut segments = Vec::new();
+    let mut sides = names.map(|policy| RunResult {
+        policy,
+        ios: 0,
+        errors: 0,
+        wall_ns: 0,
+        cpu_ns: 0,
+        cores: total.cores,
+        latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
+        sleeps: 0,
+        interrupt_waits: 0,
+        overshoot_ns: 0,
+        slept_ns: 0,
+        mismatches: 0,
+    });
+    for tally in tallies {
+        for (side, got) in sides.iter_mut().zip(&tally.sides) {
+            side.ios += got.ios;
+            side.errors += got.errors;
+            side.wall_ns += got.wall_ns / reactors as u64;
+            side.cpu_ns += got.cpu_ns;
+            side.sleeps += got.sleeps;
+            side.interrupt_waits += got.interrupt_waits;
+            side.overshoot_ns += got.overshoot_ns;
+            side.slept_ns += got.slept_ns;
+            side.latency.add(&got.latency).expect("same bounds");
+        }
+        segments.extend(tally.segments);
+    }
+    // A verify pass's mismatches are the device's, not a side's: both carry them.
+    for side in &mut sides {
+        side.mismatches = total.mismatches;
+    }
+    let segments = alternate::merge(segments);
+    Ok(Alternated {
+        sides,
+        paired: alternate::paired(&segments, segment_ns, reactors),
+    })
+}
+
+/// Runs `work` under `policy` (the policy's spec, or a label when `custom` builds it) on
+/// a fresh device and reactor set; with the reactors' alternation tallies under
+/// `--alternate`.
+fn run(
+    work: &Workload,
+    policy: &str,
+    custom: Option<PolicyFactory>,
+) -> Result<(RunResult, Vec<Tally>), String> {
     let ctrl = work
         .device
         .open()
@@ -362,6 +484,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     let cfg = ReactorConfig {
         cores: Some(work.cores.clone()),
         policy: policy.to_string(),
+        custom_policy: custom,
         ..ReactorConfig::default()
     };
     let set = ReactorSet::start(cfg, move |r| {
@@ -386,6 +509,9 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     for h in set.handles().iter() {
         let tx = tx.clone();
         let (rw, ramp, runtime, bs) = (work.rw, work.ramp, work.runtime, work.bs_bytes);
+        let alternation = work
+            .alternate
+            .map(|segment| Tally::new(segment, runtime, LATENCY_NS_MAX));
         let index = h.index() as u64;
         h.send(move |r, s| {
             {
@@ -413,6 +539,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
                     waits: 0,
                     overshoot_ns: 0,
                     slept_ns: 0,
+                    alternation,
                     report: Some(tx),
                 });
             }
@@ -445,6 +572,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         mismatches: 0,
     };
     let wait = work.ramp + work.runtime + REPORT_GRACE;
+    let mut tallies = Vec::new();
     for _ in 0..reactors {
         let rep = rx
             .recv_timeout(wait)
@@ -458,6 +586,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
         total.overshoot_ns += rep.overshoot_ns;
         total.slept_ns += rep.slept_ns;
         total.latency.add(&rep.latency).expect("same bounds");
+        tallies.extend(rep.alternation);
     }
     if work.verify {
         total.mismatches = verify(&set, work, nlb, per_reactor_ios)?;
@@ -466,7 +595,7 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     if let Some(p) = report.panics.first() {
         return Err(format!("{policy}: {p}"));
     }
-    Ok(total)
+    Ok((total, tallies))
 }
 
 /// The pattern block `slba` holds under `--verify`: its address, repeated.

@@ -47,7 +47,8 @@ async fn worker(io: Local<Bench>, mut buf: IoBuf) {
         };
         io.with(|r, s| {
             if let Some(job) = s.job.as_mut() {
-                job.record(ok, r.now_ns().saturating_sub(submitted_ns));
+                let now_ns = r.now_ns();
+                job.record(ok, now_ns.saturating_sub(submitted_ns), now_ns);
             }
         });
         // An abandoned I/O's buffer stays with the reactor (the device may still use it):

@@ -8,6 +8,7 @@
 //!   (docs/serve.md).
 //! - `hypoll sim`: the seeded fault simulation (`--seeds 10000` runs many, `--seed N` one).
 
+mod alternate;
 mod bench;
 mod bench_async;
 mod report;
@@ -146,6 +147,11 @@ struct BenchArgs {
     /// IOPS is reported.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99))]
     repeat: u16,
+    /// Run the two `--policy` specs together, taking turns every MS milliseconds (each
+    /// keeps its own state across its turns), and compare them segment by segment as well
+    /// as in total: an A/B comparison that a device drifting over seconds does not blur.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(alternate::SEGMENT_MS_MIN..=alternate::SEGMENT_MS_MAX))]
+    alternate: Option<u64>,
     /// Write one JSON object per policy to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -156,6 +162,41 @@ struct BenchArgs {
     /// on `null`, which keeps nothing it is given.
     #[arg(long)]
     verify: bool,
+}
+
+/// What `--alternate MS` needs: two policies to compare, neither `oracle` (the reactor tells
+/// the emulated deadline only to a policy of that name), and a run of at least three
+/// segments (a segment of the first policy either side of one of the second) and at most
+/// [`alternate::SEGMENTS_MAX`].
+fn check_alternate(ms: u64, policies: &[String], runtime_s: f64) -> Result<(), String> {
+    if policies.len() != 2 {
+        return Err(format!(
+            "--alternate compares two policies: give exactly two --policy specs, not {}",
+            policies.len()
+        ));
+    }
+    if policies.iter().any(|p| p == "oracle") {
+        return Err(
+            "--alternate cannot run oracle: the reactor tells the emulated device's \
+                    deadline only to a policy of that name"
+                .to_string(),
+        );
+    }
+    let segments = runtime_s * 1_000.0 / ms as f64;
+    if segments < 3.0 {
+        return Err(format!(
+            "--runtime {runtime_s} holds {segments:.1} segments of --alternate {ms} ms: \
+             a comparison needs at least 3 (use a longer --runtime or a shorter segment)"
+        ));
+    }
+    if segments > alternate::SEGMENTS_MAX as f64 {
+        return Err(format!(
+            "--runtime {runtime_s} holds {segments:.0} segments of --alternate {ms} ms, \
+             more than the {} one run keeps: use a longer segment",
+            alternate::SEGMENTS_MAX
+        ));
+    }
+    Ok(())
 }
 
 fn parse_device(s: &str) -> Result<DeviceConfig, String> {
@@ -274,6 +315,11 @@ fn bench_command(args: BenchArgs) -> ExitCode {
             args.device
         ));
     }
+    if let Some(ms) = args.alternate {
+        if let Err(e) = check_alternate(ms, &args.policies, args.runtime) {
+            return usage_error(e);
+        }
+    }
     // `null` discards what is written and reads zeroes: a verify pass there could only
     // report every block as a mismatch.
     if args.verify && matches!(args.device, DeviceConfig::Null(_)) {
@@ -326,10 +372,16 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         runtime: Duration::from_secs_f64(args.runtime),
         size_bytes: args.size,
         verify: args.verify,
+        alternate: args.alternate.map(Duration::from_millis),
     };
     let repeat = usize::from(args.repeat);
+    let runs_per_round = if work.alternate.is_some() {
+        1
+    } else {
+        policies.len()
+    };
     let progress = if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new((policies.len() * repeat) as u64);
+        let bar = ProgressBar::new((runs_per_round * repeat) as u64);
         bar.set_style(
             ProgressStyle::with_template(
                 "{bar:30} {pos}/{len} runs  {elapsed} / ~{duration}  {msg}",
@@ -348,7 +400,26 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         .iter()
         .map(|_| Vec::with_capacity(repeat))
         .collect();
+    let mut paired = Vec::new();
     for run in 0..repeat {
+        if let (Some(segment), [a, b]) = (work.alternate, &policies[..]) {
+            progress.set_message(format!("{a} | {b} (run {}/{repeat})", run + 1));
+            match bench::run_alternating(&work, &[a.clone(), b.clone()], segment) {
+                Ok(alternated) => {
+                    for (side, runs) in alternated.sides.into_iter().zip(&mut runs) {
+                        runs.push(side);
+                    }
+                    paired.push(alternated.paired);
+                }
+                Err(e) => {
+                    progress.abandon();
+                    eprintln!("hypoll: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            progress.inc(1);
+            continue;
+        }
         for (policy, runs) in policies.iter().zip(&mut runs) {
             progress.set_message(format!("{policy} (run {}/{repeat})", run + 1));
             match bench::run_policy(&work, policy) {
@@ -371,7 +442,9 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         .collect();
     progress.finish_and_clear();
     let mut stdout = std::io::stdout().lock();
-    if let Err(e) = report::print_table(&mut stdout, &work, &rows) {
+    if let Err(e) = report::print_table(&mut stdout, &work, &rows)
+        .and_then(|()| report::print_paired(&mut stdout, &work, &rows, &paired))
+    {
         eprintln!("hypoll: writing the table: {e}");
         return ExitCode::FAILURE;
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::alternate::Paired;
 use crate::bench::{RunResult, Workload};
 
 /// One row of `--json`.
@@ -68,6 +69,13 @@ pub fn print_table(
         work.runtime,
         work.ramp
     )?;
+    if let Some(segment) = work.alternate {
+        writeln!(
+            out,
+            "the two policies take turns every {} ms in each run; each row is one policy's turns",
+            segment.as_millis()
+        )?;
+    }
     writeln!(
         out,
         "{:<24} {:>10} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>6}",
@@ -105,6 +113,46 @@ pub fn print_table(
             rel(r.mean_ns(), classic.map(RunResult::mean_ns)),
             rel(r.cpu_pct(), classic.map(RunResult::cpu_pct)),
             r.errors + r.mismatches,
+        )?;
+    }
+    Ok(())
+}
+
+/// Under `--alternate`: per run, the second policy against the first, segment by segment.
+pub fn print_paired(
+    out: &mut impl Write,
+    work: &Workload,
+    rows: &[RunResult],
+    paired: &[Option<Paired>],
+) -> std::io::Result<()> {
+    let (Some(segment), [first, second]) = (work.alternate, rows) else {
+        return Ok(());
+    };
+    let (a, b) = (&first.policy, &second.policy);
+    for (run, p) in paired.iter().enumerate() {
+        let run = run + 1;
+        let Some(p) = p else {
+            writeln!(
+                out,
+                "run {run}: no whole segment of {b} had whole segments of {a} either side: \
+                 no comparison"
+            )?;
+            continue;
+        };
+        let lat_se = p.latency_log_se.map_or(String::new(), |se| {
+            format!(" (± {:.1} %)", 100.0 * se.exp_m1())
+        });
+        let cpu_se = p
+            .cpu_points_se
+            .map_or(String::new(), |se| format!(" (± {se:.1})"));
+        writeln!(
+            out,
+            "run {run}: {b} against {a} on either side, {} segments of {} ms: mean latency \
+             {:.3} x{lat_se}, CPU {:+.1} points{cpu_se}",
+            p.comparisons,
+            segment.as_millis(),
+            p.latency_ratio,
+            p.cpu_points,
         )?;
     }
     Ok(())

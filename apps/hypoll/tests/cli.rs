@@ -205,6 +205,39 @@ fn bad_input_is_one_line_naming_the_value_and_exit_status_2() {
             "oracle",
         ),
         (&["bench", "--device", "null", "--verify"][..], "--verify"),
+        (&["bench", "--alternate", "100"][..], "two --policy"),
+        (
+            &["bench", "--alternate", "5", "--policy", "classic"][..],
+            "5",
+        ),
+        (
+            &[
+                "bench",
+                "--device",
+                "emu:nand",
+                "--policy",
+                "classic",
+                "--policy",
+                "oracle",
+                "--alternate",
+                "100",
+            ][..],
+            "oracle",
+        ),
+        (
+            &[
+                "bench",
+                "--policy",
+                "classic",
+                "--policy",
+                "hybrid",
+                "--alternate",
+                "100",
+                "--runtime",
+                "0.25",
+            ][..],
+            "--runtime",
+        ),
         (
             &["bench", "--device", "emu:optane,jitter=lots"][..],
             "jitter",
@@ -342,4 +375,85 @@ fn serve_names_the_flag_of_a_refused_setting() {
             "{stderr}"
         );
     }
+}
+
+/// The "run 1: ..." line of `--alternate`: the latency ratio and the CPU points.
+fn paired_line(stdout: &str) -> (f64, f64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("run 1:"))
+        .unwrap_or_else(|| panic!("no comparison line:\n{stdout}"));
+    let after = |key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        let number: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || "+-.".contains(*c))
+            .collect();
+        number.parse().unwrap_or_else(|_| panic!("{key} in {line}"))
+    };
+    (after("mean latency"), after("CPU"))
+}
+
+#[test]
+fn alternate_runs_two_policies_in_turns_and_compares_them_segment_by_segment() {
+    // `fixed:200` sleeps 200 us for every read of a device that answers in about 9: far
+    // later than `classic`, on a fraction of its CPU, even on a machine busy with other
+    // tests. Were the turns not taken (every decision made by one of the two), the rows
+    // would be alike.
+    let json_dir = tempfile::tempdir().unwrap();
+    let json = json_dir.path().join("alt.json");
+    let run = |b: &str| {
+        hypoll(&[
+            "bench",
+            "--device",
+            "emu:optane",
+            "--policy",
+            "classic",
+            "--policy",
+            b,
+            "--alternate",
+            "50",
+            "--runtime",
+            "2",
+            "--ramp",
+            "0.2",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+    };
+    let out = run("fixed:200");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("take turns every 50 ms"), "{stdout}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cpu = |i: usize| rows[i]["cpu_pct"].as_f64().unwrap();
+    let mean = |i: usize| rows[i]["lat_ns"]["mean"].as_f64().unwrap();
+    assert_eq!(rows[0]["policy"], "classic");
+    assert_eq!(rows[1]["policy"], "fixed:200");
+    assert!(cpu(1) < 0.5 * cpu(0), "{rows}");
+    assert!(mean(1) > 5.0 * mean(0), "{rows}");
+    let (ratio, points) = paired_line(&stdout);
+    assert!(ratio > 5.0, "{stdout}");
+    assert!(points < -20.0, "{stdout}");
+    assert!(
+        stdout.contains("(±"),
+        "a standard error over 40 segments: {stdout}"
+    );
+
+    // Against itself: alike, on the same footing (a wide band: other tests share the core).
+    let out = run("classic");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("classic (twin)")),
+        "{stdout}"
+    );
+    let (ratio, _) = paired_line(&stdout);
+    assert!((0.8..1.25).contains(&ratio), "{stdout}");
 }
