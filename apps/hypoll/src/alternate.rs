@@ -12,12 +12,19 @@
 //!
 //! Time is cut at fixed multiples of the segment on the reactor's clock, so the policy
 //! that decides for an I/O, and the side its latency is counted on, follow from the time
-//! the I/O was submitted, with no state shared between the two.
+//! the I/O was submitted. Each policy keeps its own state across its turns, and is shown
+//! statistics of its own turns only (the latencies of its I/Os, the overshoots of its
+//! sleeps), not the reactor's, which mix the two. State a policy keeps by the wall clock
+//! (a probe due every so many milliseconds) sees the other's turns as time passing: such a
+//! policy behaves alike only where the segment is long against those periods.
 
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use hypoll_policy::{Arrival, Decision, IdleContext, Observation, PollContext, PollPolicy, Slept};
+use hypoll_policy::{
+    Arrival, Decision, DeviceStats, IdleContext, Observation, PollContext, PollPolicy, Slept,
+    StatsRecorder,
+};
 use hypoll_reactor::Counters;
 
 /// The shortest segment `--alternate` takes: at least one statistics window of a policy
@@ -30,6 +37,9 @@ pub const SEGMENTS_MAX: u64 = 1 << 20;
 /// Consecutive comparisons averaged into one batch for the standard error: neighbouring
 /// comparisons share a segment, so they are not independent, while batches nearly are.
 const BATCH: usize = 8;
+/// Whole batches needed before a standard error is given: with fewer, the scatter of the
+/// batch means says little about it.
+const BATCHES_MIN: usize = 5;
 
 /// The side (0 or 1) that owns time `at_ns`.
 #[inline]
@@ -45,6 +55,11 @@ pub struct Alternating {
     segment_ns: u64,
     /// The side that made the last decision: the one a sleep it asked for is reported to.
     last_side: usize,
+    /// Each side's statistics, from its own completions and sleeps, in place of the
+    /// reactor's (which also hold the other side's). They cover every device of the
+    /// reactor together, and count failed I/Os too (a policy is not told the status).
+    /// Built at the first call, on the reactor's clock.
+    stats: Option<[StatsRecorder; 2]>,
 }
 
 impl Alternating {
@@ -57,8 +72,14 @@ impl Alternating {
             sides,
             segment_ns,
             last_side: 0,
+            stats: None,
         }
     }
+}
+
+/// The sides' statistics, built at `now_ns` if they are not yet.
+fn side_stats(stats: &mut Option<[StatsRecorder; 2]>, now_ns: u64) -> &mut [StatsRecorder; 2] {
+    stats.get_or_insert_with(|| [(); 2].map(|()| DeviceStats::new().recorder(now_ns)))
 }
 
 impl PollPolicy for Alternating {
@@ -67,15 +88,33 @@ impl PollPolicy for Alternating {
     }
 
     fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
-        self.last_side = side_of(ctx.oldest.submit_ns, self.segment_ns);
-        self.sides[self.last_side].decide(ctx)
+        let side = side_of(ctx.oldest.submit_ns, self.segment_ns);
+        self.last_side = side;
+        let own = &mut side_stats(&mut self.stats, ctx.now_ns)[side];
+        own.tick(ctx.now_ns);
+        let ctx = PollContext {
+            stats: own.snapshot(),
+            overshoot: own.overshoot(),
+            ..*ctx
+        };
+        self.sides[side].decide(&ctx)
     }
 
     fn on_completion(&mut self, seen: &Observation) {
-        self.sides[side_of(seen.submit_ns, self.segment_ns)].on_completion(seen);
+        let side = side_of(seen.submit_ns, self.segment_ns);
+        let seen_ns = seen.submit_ns + seen.latency_ns;
+        let own = &mut side_stats(&mut self.stats, seen_ns)[side];
+        if let Some(bucket) = seen.bucket {
+            own.record(bucket, seen.latency_ns);
+        }
+        own.tick(seen_ns);
+        self.sides[side].on_completion(seen);
     }
 
     fn on_sleep(&mut self, slept: &Slept, cpu_ns: Option<u64>) {
+        if let Some(stats) = &mut self.stats {
+            stats[self.last_side].record_sleep(slept.requested_ns, slept.actual_ns);
+        }
         self.sides[self.last_side].on_sleep(slept, cpu_ns);
     }
 
@@ -154,7 +193,8 @@ struct Mark {
 pub struct Tally {
     segment_ns: u64,
     pub sides: [SideTotals; 2],
-    /// Closed segments, oldest first; at most the run's segments (bounded by the caller).
+    /// Closed segments, oldest first: at most the count the run was built for (the
+    /// capacity reserved by [`Tally::new`]; later ones are not kept).
     pub segments: Vec<Segment>,
     open: Segment,
     mark: Option<Mark>,
@@ -178,10 +218,6 @@ impl Tally {
         }
     }
 
-    pub fn segment_ns(&self) -> u64 {
-        self.segment_ns
-    }
-
     /// Opens the segment that holds `at_ns`; returns when it ends.
     pub fn open(&mut self, at_ns: u64, cpu_ns: u64, counters: Counters) -> u64 {
         self.open_index(at_ns / self.segment_ns, at_ns, cpu_ns, counters)
@@ -200,7 +236,9 @@ impl Tally {
         (index + 1) * self.segment_ns
     }
 
-    /// Closes the open segment at `at_ns`: its time, CPU and counters go to its side.
+    /// Closes the open segment at `at_ns`: its time, CPU and counters go to its side. A
+    /// close that comes late (a reactor kept from running past the segment's end) charges
+    /// the time until it to the closing side: there is no reading of the CPU in between.
     pub fn close(&mut self, at_ns: u64, cpu_ns: u64, counters: Counters) {
         let Some(mark) = self.mark.take() else {
             return;
@@ -276,7 +314,7 @@ pub struct Paired {
     /// Side 1's mean latency over side 0's: the geometric mean of the comparisons.
     pub latency_ratio: f64,
     /// Standard error of the latency ratio's logarithm (about its relative error), from
-    /// batches of consecutive comparisons; `None` with fewer than two batches.
+    /// batches of consecutive comparisons; `None` with fewer than [`BATCHES_MIN`] batches.
     pub latency_log_se: Option<f64>,
     /// Side 1's CPU less side 0's, in points of a core per reactor.
     pub cpu_points: f64,
@@ -314,14 +352,15 @@ pub fn paired(segments: &[Segment], segment_ns: u64, reactors: usize) -> Option<
     })
 }
 
-/// The mean, and its standard error from the means of whole batches of [`BATCH`].
+/// The mean, and its standard error from the means of whole batches of [`BATCH`] (none
+/// with fewer than [`BATCHES_MIN`] batches).
 fn mean_and_batch_se(values: &[f64]) -> (f64, Option<f64>) {
     let mean = values.iter().sum::<f64>() / values.len() as f64;
     let batches: Vec<f64> = values
         .chunks_exact(BATCH)
         .map(|b| b.iter().sum::<f64>() / BATCH as f64)
         .collect();
-    if batches.len() < 2 {
+    if batches.len() < BATCHES_MIN {
         return (mean, None);
     }
     let n = batches.len() as f64;

@@ -13,10 +13,10 @@ use hypoll_reactor::{
     ReactorSet,
 };
 
-use crate::alternate::{self, Alternating, Paired, Tally};
+use crate::alternate::Tally;
 
 /// Histogram bounds: 1 ns to 60 s at 3 significant digits.
-const LATENCY_NS_MAX: u64 = 60_000_000_000;
+pub(crate) const LATENCY_NS_MAX: u64 = 60_000_000_000;
 /// Blocks each reactor writes and reads back under `--verify` (at most), in I/Os.
 const VERIFY_IOS_MAX: u64 = 4096;
 /// How long the bench waits for a reactor's report beyond the run's own length.
@@ -300,6 +300,12 @@ fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
     }
 }
 
+/// CPU time of this reactor's thread alone, as `--alternate`'s cuts read it: without the
+/// walk through /proc that the io_uring submission threads take.
+fn thread_cpu_ns(r: &BenchReactor) -> u64 {
+    r.handles()[r.index()].cpu_ns().unwrap_or(0)
+}
+
 /// CPU time of this reactor's thread. Reactor 0 also carries the process's io_uring
 /// submission threads (`uring:...,sqpoll=on`): they run no reactor code, but they are what
 /// the rings cost, and leaving them out would make a spinning kernel thread look free.
@@ -324,15 +330,16 @@ fn begin_measure(r: &mut BenchReactor, s: &mut Bench) {
         job.overshoot_start = c.overshoot_ns;
         job.slept_start = c.slept_ns;
         if let Some(tally) = &mut job.alternation {
-            let end_ns = tally.open(now, cpu, c);
+            let end_ns = tally.open(now, thread_cpu_ns(r), c);
             r.after(Duration::from_nanos(end_ns - now), segment_cut);
         }
     }
 }
 
-/// Under `--alternate`: ends one segment and begins the next, until the run ends.
+/// Under `--alternate`: ends one segment and begins the next, until the run ends. The
+/// segments count the reactor thread's CPU only (not an io_uring submission thread's).
 fn segment_cut(r: &mut BenchReactor, s: &mut Bench) {
-    let (now, cpu, c) = (r.now_ns(), reactor_cpu_ns(r), *r.counters());
+    let (now, cpu, c) = (r.now_ns(), thread_cpu_ns(r), *r.counters());
     let Some(job) = s.job.as_mut().filter(|j| j.phase == Phase::Measure) else {
         return;
     };
@@ -357,7 +364,7 @@ fn end_measure(r: &mut BenchReactor, s: &mut Bench) {
         job.overshoot_ns = c.overshoot_ns - job.overshoot_start;
         job.slept_ns = c.slept_ns - job.slept_start;
         if let Some(tally) = &mut job.alternation {
-            tally.close(now, cpu, c);
+            tally.close(now, thread_cpu_ns(r), c);
         }
     }
     if r.outstanding() == 0 {
@@ -390,86 +397,10 @@ pub fn run_policy(work: &Workload, policy: &str) -> Result<RunResult, String> {
     run(work, policy, None).map(|(total, _)| total)
 }
 
-/// Two policies' run under `--alternate`: each side as a run of its own, and the two
-/// compared segment by segment.
-pub struct Alternated {
-    pub sides: [RunResult; 2],
-    pub paired: Option<Paired>,
-}
-
-/// Runs `work` with `specs` taking turns every `segment` on each reactor, on a fresh device
-/// and reactor set.
-pub fn run_alternating(
-    work: &Workload,
-    specs: &[String; 2],
-    segment: Duration,
-) -> Result<Alternated, String> {
-    let built = specs.clone();
-    let factory = PolicyFactory::new(move |_| {
-        let build = |spec: &str| {
-            hypoll_policy::build(spec).expect("--policy specs are checked when parsed")
-        };
-        Box::new(Alternating::new(
-            [build(&built[0]), build(&built[1])],
-            segment,
-        ))
-    });
-    let work = Workload {
-        alternate: Some(segment),
-        ..work.clone()
-    };
-    let label = format!("{}|{}", specs[0], specs[1]);
-    let (total, tallies) = run(&work, &label, Some(factory))?;
-    let reactors = tallies.len();
-    let segment_ns = tallies.first().map_or(1, Tally::segment_ns);
-    let mut names = specs.clone();
-    if names[0] == names[1] {
-        names[1] = format!("{} (twin)", names[1]);
-    }
-    let mut segments = Vec::new();
-    let mut sides = names.map(|policy| RunResult {
-        policy,
-        ios: 0,
-        errors: 0,
-        wall_ns: 0,
-        cpu_ns: 0,
-        cores: total.cores,
-        latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
-        sleeps: 0,
-        interrupt_waits: 0,
-        overshoot_ns: 0,
-        slept_ns: 0,
-        mismatches: 0,
-    });
-    for tally in tallies {
-        for (side, got) in sides.iter_mut().zip(&tally.sides) {
-            side.ios += got.ios;
-            side.errors += got.errors;
-            side.wall_ns += got.wall_ns / reactors as u64;
-            side.cpu_ns += got.cpu_ns;
-            side.sleeps += got.sleeps;
-            side.interrupt_waits += got.interrupt_waits;
-            side.overshoot_ns += got.overshoot_ns;
-            side.slept_ns += got.slept_ns;
-            side.latency.add(&got.latency).expect("same bounds");
-        }
-        segments.extend(tally.segments);
-    }
-    // A verify pass's mismatches are the device's, not a side's: both carry them.
-    for side in &mut sides {
-        side.mismatches = total.mismatches;
-    }
-    let segments = alternate::merge(segments);
-    Ok(Alternated {
-        sides,
-        paired: alternate::paired(&segments, segment_ns, reactors),
-    })
-}
-
 /// Runs `work` under `policy` (the policy's spec, or a label when `custom` builds it) on
 /// a fresh device and reactor set; with the reactors' alternation tallies under
 /// `--alternate`.
-fn run(
+pub(crate) fn run(
     work: &Workload,
     policy: &str,
     custom: Option<PolicyFactory>,

@@ -10,6 +10,7 @@
 
 mod alternate;
 mod bench;
+mod bench_alternate;
 mod bench_async;
 mod report;
 mod serve;
@@ -148,8 +149,10 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99))]
     repeat: u16,
     /// Run the two `--policy` specs together, taking turns every MS milliseconds (each
-    /// keeps its own state across its turns), and compare them segment by segment as well
-    /// as in total: an A/B comparison that a device drifting over seconds does not blur.
+    /// keeps its own state and statistics across its turns), and compare them segment by
+    /// segment as well as in total: an A/B comparison that a device drifting over seconds
+    /// does not blur. Each policy gets about half of `--runtime` (and of `--ramp`); its CPU
+    /// is the reactor threads' own (an io_uring submission thread's is not split).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(alternate::SEGMENT_MS_MIN..=alternate::SEGMENT_MS_MAX))]
     alternate: Option<u64>,
     /// Write one JSON object per policy to this file.
@@ -165,9 +168,13 @@ struct BenchArgs {
 }
 
 /// What `--alternate MS` needs: two policies to compare, neither `oracle` (the reactor tells
-/// the emulated deadline only to a policy of that name), and a run of at least three
-/// segments (a segment of the first policy either side of one of the second) and at most
-/// [`alternate::SEGMENTS_MAX`].
+/// the emulated deadline only to a policy of that name), and a run of at least
+/// [`SEGMENTS_MIN`] segments and at most [`alternate::SEGMENTS_MAX`].
+/// The fewest segments `--alternate` takes: the first and last are cut short by the run's
+/// start and end, and a comparison needs a whole segment of the first policy either side
+/// of a whole one of the second, so four whole ones in a row.
+const SEGMENTS_MIN: u64 = 6;
+
 fn check_alternate(ms: u64, policies: &[String], runtime_s: f64) -> Result<(), String> {
     if policies.len() != 2 {
         return Err(format!(
@@ -183,10 +190,11 @@ fn check_alternate(ms: u64, policies: &[String], runtime_s: f64) -> Result<(), S
         );
     }
     let segments = runtime_s * 1_000.0 / ms as f64;
-    if segments < 3.0 {
+    if segments < SEGMENTS_MIN as f64 {
         return Err(format!(
             "--runtime {runtime_s} holds {segments:.1} segments of --alternate {ms} ms: \
-             a comparison needs at least 3 (use a longer --runtime or a shorter segment)"
+             a comparison needs at least {SEGMENTS_MIN} (use a longer --runtime or a shorter \
+             segment)"
         ));
     }
     if segments > alternate::SEGMENTS_MAX as f64 {
@@ -401,10 +409,11 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         .map(|_| Vec::with_capacity(repeat))
         .collect();
     let mut paired = Vec::new();
+    let mut shown_run = 0;
     for run in 0..repeat {
         if let (Some(segment), [a, b]) = (work.alternate, &policies[..]) {
             progress.set_message(format!("{a} | {b} (run {}/{repeat})", run + 1));
-            match bench::run_alternating(&work, &[a.clone(), b.clone()], segment) {
+            match bench_alternate::run_alternating(&work, &[a.clone(), b.clone()], segment) {
                 Ok(alternated) => {
                     for (side, runs) in alternated.sides.into_iter().zip(&mut runs) {
                         runs.push(side);
@@ -433,17 +442,28 @@ fn bench_command(args: BenchArgs) -> ExitCode {
             progress.inc(1);
         }
     }
-    let rows: Vec<RunResult> = runs
-        .into_iter()
-        .map(|mut runs| {
-            runs.sort_by(|a, b| a.iops().total_cmp(&b.iops()));
-            runs.swap_remove((runs.len() - 1) / 2)
-        })
-        .collect();
+    let rows: Vec<RunResult> = if work.alternate.is_some() {
+        // Both rows from one run, the run whose first policy had the median IOPS: each row
+        // is a policy's turns in that run, and the two are compared in it.
+        let mut order: Vec<usize> = (0..runs[0].len()).collect();
+        order.sort_by(|&a, &b| runs[0][a].iops().total_cmp(&runs[0][b].iops()));
+        let median = order[(order.len() - 1) / 2];
+        shown_run = median;
+        runs.into_iter()
+            .map(|mut r| r.swap_remove(median))
+            .collect()
+    } else {
+        runs.into_iter()
+            .map(|mut runs| {
+                runs.sort_by(|a, b| a.iops().total_cmp(&b.iops()));
+                runs.swap_remove((runs.len() - 1) / 2)
+            })
+            .collect()
+    };
     progress.finish_and_clear();
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = report::print_table(&mut stdout, &work, &rows)
-        .and_then(|()| report::print_paired(&mut stdout, &work, &rows, &paired))
+        .and_then(|()| report::print_paired(&mut stdout, &work, &rows, &paired, shown_run))
     {
         eprintln!("hypoll: writing the table: {e}");
         return ExitCode::FAILURE;

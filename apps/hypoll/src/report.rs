@@ -36,6 +36,8 @@ pub struct JsonRow<'a> {
     /// Mean requested length of the sleeps, if any.
     pub sleep_mean_ns: Option<u64>,
     pub runs: usize,
+    /// Under `--alternate`: the segment length, in ms; the row is this policy's turns.
+    pub alternate_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -118,44 +120,74 @@ pub fn print_table(
     Ok(())
 }
 
-/// Under `--alternate`: per run, the second policy against the first, segment by segment.
+/// Under `--alternate`: per run, the second policy against the first, segment by segment
+/// (`shown_run` is the run the rows are from), and with several runs their mean.
 pub fn print_paired(
     out: &mut impl Write,
     work: &Workload,
     rows: &[RunResult],
     paired: &[Option<Paired>],
+    shown_run: usize,
 ) -> std::io::Result<()> {
     let (Some(segment), [first, second]) = (work.alternate, rows) else {
         return Ok(());
     };
     let (a, b) = (&first.policy, &second.policy);
-    for (run, p) in paired.iter().enumerate() {
-        let run = run + 1;
+    for (index, p) in paired.iter().enumerate() {
+        let run = index + 1;
+        let shown = if index == shown_run && paired.len() > 1 {
+            " (the rows above)"
+        } else {
+            ""
+        };
         let Some(p) = p else {
             writeln!(
                 out,
-                "run {run}: no whole segment of {b} had whole segments of {a} either side: \
-                 no comparison"
+                "run {run}{shown}: no whole segment of {b} had whole segments of {a} either \
+                 side: no comparison"
             )?;
             continue;
         };
         let lat_se = p.latency_log_se.map_or(String::new(), |se| {
-            format!(" (± {:.1} %)", 100.0 * se.exp_m1())
+            format!(" (SE {:.1} %)", 100.0 * se.exp_m1())
         });
         let cpu_se = p
             .cpu_points_se
-            .map_or(String::new(), |se| format!(" (± {se:.1})"));
+            .map_or(String::new(), |se| format!(" (SE {se:.1})"));
         writeln!(
             out,
-            "run {run}: {b} against {a} on either side, {} segments of {} ms: mean latency \
-             {:.3} x{lat_se}, CPU {:+.1} points{cpu_se}",
+            "run {run}{shown}: {b} against {a} on either side, {} segments of {} ms: mean \
+             latency {:.3} x{lat_se}, CPU {:+.1} points{cpu_se}",
             p.comparisons,
             segment.as_millis(),
             p.latency_ratio,
             p.cpu_points,
         )?;
     }
+    let done: Vec<&Paired> = paired.iter().flatten().collect();
+    if done.len() >= 2 {
+        let logs: Vec<f64> = done.iter().map(|p| p.latency_ratio.ln()).collect();
+        let cpus: Vec<f64> = done.iter().map(|p| p.cpu_points).collect();
+        let (log_mean, log_se) = mean_and_se(&logs);
+        let (cpu_mean, cpu_se) = mean_and_se(&cpus);
+        writeln!(
+            out,
+            "over {} runs: {b} against {a}: mean latency {:.3} x (SE between runs {:.1} %), \
+             CPU {cpu_mean:+.1} points (SE {cpu_se:.1})",
+            done.len(),
+            log_mean.exp(),
+            100.0 * log_se.exp_m1(),
+        )?;
+    }
     Ok(())
+}
+
+/// The mean of at least two values and its standard error.
+fn mean_and_se(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
 }
 
 pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec<JsonRow<'a>> {
@@ -187,6 +219,9 @@ pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec
             overshoot_mean_ns: (r.sleeps > 0).then(|| r.overshoot_ns / r.sleeps),
             sleep_mean_ns: (r.sleeps > 0).then(|| r.slept_ns / r.sleeps),
             runs,
+            alternate_ms: work
+                .alternate
+                .map(|segment| u64::try_from(segment.as_millis()).unwrap_or(u64::MAX)),
         })
         .collect()
 }

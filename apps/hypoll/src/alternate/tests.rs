@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex};
 
-use hypoll_policy::{InFlight, OvershootStats, Snapshot};
+use hypoll_policy::{Bucket, Direction, InFlight, OvershootStats, Snapshot};
 
 use super::*;
 
@@ -10,6 +10,8 @@ struct Heard {
     decisions: u32,
     completions: Vec<u64>,
     sleeps: u32,
+    /// The mean latency of 4 KiB reads in the statistics each decision was shown.
+    means_ns: Vec<u64>,
 }
 
 /// A policy that answers `answer` and writes down what it is told.
@@ -23,8 +25,10 @@ impl PollPolicy for Recorder {
         "recorder"
     }
 
-    fn decide(&mut self, _ctx: &PollContext<'_>) -> Decision {
-        self.heard.lock().unwrap().decisions += 1;
+    fn decide(&mut self, ctx: &PollContext<'_>) -> Decision {
+        let mut heard = self.heard.lock().unwrap();
+        heard.decisions += 1;
+        heard.means_ns.push(ctx.stats.bucket(READ_4K).mean_ns);
         self.answer
     }
 
@@ -38,6 +42,10 @@ impl PollPolicy for Recorder {
 }
 
 const SEGMENT_NS: u64 = 1_000;
+const READ_4K: Bucket = match Bucket::new(Direction::Read, 4096) {
+    Some(bucket) => bucket,
+    None => unreachable!(),
+};
 
 fn pair() -> (Alternating, [Arc<Mutex<Heard>>; 2]) {
     let heard = [Arc::default(), Arc::default()];
@@ -81,6 +89,35 @@ fn completion(submit_ns: u64) -> Observation {
         censored: false,
         after_interrupt: false,
     }
+}
+
+#[test]
+fn each_policy_is_shown_statistics_of_its_own_turns_only() {
+    // The reactor's statistics mix both sides' I/Os; each side must see only its own, as
+    // it would running alone: here side 0's reads take 100 us and side 1's 10 ms.
+    let (mut policy, heard) = pair();
+    let segment_ns = 1_000_000;
+    policy.segment_ns = segment_ns;
+    let mut submit_ns = 0;
+    while submit_ns < 400 * segment_ns {
+        let latency_ns = if side_of(submit_ns, segment_ns) == 0 {
+            100_000
+        } else {
+            10_000_000
+        };
+        policy.on_completion(&Observation {
+            bucket: Some(READ_4K),
+            latency_ns,
+            ..completion(submit_ns)
+        });
+        submit_ns += 100_000;
+    }
+    decide(&mut policy, 400 * segment_ns, 400 * segment_ns);
+    decide(&mut policy, 401 * segment_ns, 401 * segment_ns);
+    drop(policy);
+    let [a, b] = heard.map(|h| Arc::try_unwrap(h).ok().unwrap().into_inner().unwrap());
+    assert_eq!(a.means_ns, [100_000]);
+    assert_eq!(b.means_ns, [10_000_000]);
 }
 
 #[test]
@@ -242,12 +279,12 @@ fn drifting(count: u64, ratio: f64, drift: f64, cpu1_pct: u64) -> Vec<Segment> {
 
 #[test]
 fn the_comparison_finds_the_ratio_through_a_drift_that_moves_the_totals() {
-    let segments = drifting(41, 1.02, 1.05, 70);
+    let segments = drifting(81, 1.02, 1.05, 70);
     let p = paired(&segments, SEGMENT_NS, 1).expect("comparisons");
-    assert_eq!(p.comparisons, 20);
+    assert_eq!(p.comparisons, 40);
     assert!((p.latency_ratio - 1.02).abs() < 1e-6, "{p:?}");
     assert!((p.cpu_points + 30.0).abs() < 1e-9, "{p:?}");
-    // Two whole batches of 8: a standard error, and none where nothing scatters.
+    // Five whole batches of 8: a standard error, and none where nothing scatters.
     assert!(p.latency_log_se.unwrap() < 1e-6, "{p:?}");
     assert!(p.cpu_points_se.unwrap() < 1e-9, "{p:?}");
     // The totals, as two separate runs would see them, are moved by the drift.
@@ -275,10 +312,30 @@ fn short_or_empty_segments_and_gaps_take_no_part() {
 
 #[test]
 fn the_standard_error_comes_from_batches_of_consecutive_comparisons() {
-    let values: Vec<f64> = (0..17).map(|i| if i < 8 { 1.0 } else { 3.0 }).collect();
+    // Five batches of 8 whose means are 1, 3, 1, 3, 1; a 41st value (3) in no batch.
+    let values: Vec<f64> = (0..41)
+        .map(|i| if (i / 8) % 2 == 1 { 3.0 } else { 1.0 })
+        .collect();
     let (mean, se) = mean_and_batch_se(&values);
-    assert!((mean - 35.0 / 17.0).abs() < 1e-12);
-    // Batches (1, 3) and the 17th value left out: variance 2 over 2 batches.
-    assert!((se.unwrap() - 1.0).abs() < 1e-12, "{se:?}");
-    assert_eq!(mean_and_batch_se(&values[..15]).1, None);
+    assert!((mean - 75.0 / 41.0).abs() < 1e-12, "{mean}");
+    // Batch means' variance (n - 1): 4.8 / 4 = 1.2; over 5 batches: sqrt(0.24).
+    assert!((se.unwrap() - 0.24f64.sqrt()).abs() < 1e-12, "{se:?}");
+    // Four whole batches are too few.
+    assert_eq!(mean_and_batch_se(&values[..39]).1, None);
+}
+
+#[test]
+fn segments_of_several_reactors_are_whole_by_their_summed_time() {
+    // Two reactors: merged segments hold twice the wall time. Both reactors' last segment
+    // was cut short: together less than half of two whole ones, more than half of one.
+    let mut one = drifting(5, 1.05, 1.0, 50);
+    one[4].wall_ns = SEGMENT_NS * 3 / 10;
+    let other = one.clone();
+    let merged = merge(one.into_iter().chain(other));
+    assert_eq!(merged[1].wall_ns, 2 * SEGMENT_NS);
+    let p = paired(&merged, SEGMENT_NS, 2).expect("index 1 compares");
+    assert_eq!(p.comparisons, 1, "index 3 has a short neighbour: {p:?}");
+    assert!((p.latency_ratio - 1.05).abs() < 1e-3, "{p:?}");
+    // Counted as one reactor's, every merged segment would pass as whole.
+    assert_eq!(paired(&merged, SEGMENT_NS, 1).unwrap().comparisons, 2);
 }
