@@ -27,8 +27,9 @@ use hypoll_policy::{
 };
 use hypoll_reactor::Counters;
 
-/// The shortest segment `--alternate` takes: at least one statistics window of a policy
-/// on a microsecond-class device, and many times the reactor's timer resolution.
+/// The shortest segment `--alternate` takes: many times the reactor's timer resolution,
+/// and thousands of I/Os on a microsecond-class device. (A policy that reads the published
+/// statistics sees them refreshed once per statistics window, whatever the segment.)
 pub const SEGMENT_MS_MIN: u64 = 10;
 /// The longest segment `--alternate` takes.
 pub const SEGMENT_MS_MAX: u64 = 60_000;

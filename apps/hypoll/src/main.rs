@@ -167,14 +167,14 @@ struct BenchArgs {
     verify: bool,
 }
 
-/// What `--alternate MS` needs: two policies to compare, neither `oracle` (the reactor tells
-/// the emulated deadline only to a policy of that name), and a run of at least
-/// [`SEGMENTS_MIN`] segments and at most [`alternate::SEGMENTS_MAX`].
 /// The fewest segments `--alternate` takes: the first and last are cut short by the run's
 /// start and end, and a comparison needs a whole segment of the first policy either side
 /// of a whole one of the second, so four whole ones in a row.
 const SEGMENTS_MIN: u64 = 6;
 
+/// What `--alternate MS` needs: two policies to compare, neither `oracle` (the reactor tells
+/// the emulated deadline only to a policy of that name), and a run of at least
+/// [`SEGMENTS_MIN`] segments and at most [`alternate::SEGMENTS_MAX`].
 fn check_alternate(ms: u64, policies: &[String], runtime_s: f64) -> Result<(), String> {
     if policies.len() != 2 {
         return Err(format!(
