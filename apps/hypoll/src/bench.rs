@@ -16,7 +16,7 @@ use hypoll_reactor::{
 use crate::alternate::Tally;
 
 /// Histogram bounds: 1 ns to 60 s at 3 significant digits.
-pub(crate) const LATENCY_NS_MAX: u64 = 60_000_000_000;
+const LATENCY_NS_MAX: u64 = 60_000_000_000;
 /// Blocks each reactor writes and reads back under `--verify` (at most), in I/Os.
 const VERIFY_IOS_MAX: u64 = 4096;
 /// How long the bench waits for a reactor's report beyond the run's own length.
@@ -139,6 +139,24 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// A run of `policy` on `cores` reactors with nothing counted yet.
+    pub(crate) fn empty(policy: String, cores: usize) -> RunResult {
+        RunResult {
+            policy,
+            ios: 0,
+            errors: 0,
+            wall_ns: 0,
+            cpu_ns: 0,
+            cores,
+            latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
+            sleeps: 0,
+            interrupt_waits: 0,
+            overshoot_ns: 0,
+            slept_ns: 0,
+            mismatches: 0,
+        }
+    }
+
     pub fn iops(&self) -> f64 {
         self.ios as f64 * 1e9 / self.wall_ns.max(1) as f64
     }
@@ -488,20 +506,7 @@ pub(crate) fn run(
         .map_err(|e| format!("starting the workload: {e}"))?;
     }
     drop(tx);
-    let mut total = RunResult {
-        policy: policy.to_string(),
-        ios: 0,
-        errors: 0,
-        wall_ns: 0,
-        cpu_ns: 0,
-        cores: reactors as usize,
-        latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
-        sleeps: 0,
-        interrupt_waits: 0,
-        overshoot_ns: 0,
-        slept_ns: 0,
-        mismatches: 0,
-    };
+    let mut total = RunResult::empty(policy.to_string(), reactors as usize);
     let wait = work.ramp + work.runtime + REPORT_GRACE;
     let mut tallies = Vec::new();
     for _ in 0..reactors {

@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use hypoll_reactor::PolicyFactory;
 
 use crate::alternate::{self, Alternating, Paired};
-use crate::bench::{run, RunResult, Workload, LATENCY_NS_MAX};
+use crate::bench::{run, RunResult, Workload};
 
 /// Two policies' run under `--alternate`: each side as a run of its own, and the two
 /// compared segment by segment.
@@ -46,20 +45,7 @@ pub fn run_alternating(
         names[1] = format!("{} (twin)", names[1]);
     }
     let mut segments = Vec::new();
-    let mut sides = names.map(|policy| RunResult {
-        policy,
-        ios: 0,
-        errors: 0,
-        wall_ns: 0,
-        cpu_ns: 0,
-        cores: total.cores,
-        latency: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
-        sleeps: 0,
-        interrupt_waits: 0,
-        overshoot_ns: 0,
-        slept_ns: 0,
-        mismatches: 0,
-    });
+    let mut sides = names.map(|policy| RunResult::empty(policy, total.cores));
     for tally in tallies {
         for (side, got) in sides.iter_mut().zip(&tally.sides) {
             side.ios += got.ios;
