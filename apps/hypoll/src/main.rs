@@ -12,6 +12,7 @@ mod alternate;
 mod bench;
 mod bench_alternate;
 mod bench_async;
+mod bench_verify;
 mod report;
 mod serve;
 mod serve_log;
