@@ -126,9 +126,14 @@ impl InFlight {
 
 /// The NVMe status an io_uring result stands for.
 pub(super) fn status_of(result: i32, flight: &InFlight) -> Status {
+    status_for(result, flight.opcode, flight.len_bytes)
+}
+
+/// The NVMe status of a command of `opcode` over `len_bytes` whose system call returned
+/// `result` (bytes moved, or a negative errno).
+pub(super) fn status_for(result: i32, opcode: Opcode, len_bytes: u64) -> Status {
     if result >= 0 {
-        let short = matches!(flight.opcode, Opcode::Read | Opcode::Write)
-            && result as u64 != flight.len_bytes;
+        let short = matches!(opcode, Opcode::Read | Opcode::Write) && result as u64 != len_bytes;
         return if short {
             Status::DATA_TRANSFER_ERROR
         } else {
@@ -136,7 +141,7 @@ pub(super) fn status_of(result: i32, flight: &InFlight) -> Status {
         };
     }
     match -result {
-        libc::EIO | libc::ENODATA | libc::EBADMSG | libc::EILSEQ => match flight.opcode {
+        libc::EIO | libc::ENODATA | libc::EBADMSG | libc::EILSEQ => match opcode {
             Opcode::Read => Status::UNRECOVERED_READ_ERROR,
             _ => Status::WRITE_FAULT,
         },

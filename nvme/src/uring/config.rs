@@ -1,6 +1,6 @@
 //! What a `uring:` device string says: the path, the keys it accepts
 //! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`, `sqpoll`, `sqpoll_idle_ms`,
-//! `sqpoll_cpu`), how each value is read, the rules between keys, and the canonical text a
+//! `sqpoll_cpu`, `inline`), how each value is read, the rules between keys, and the canonical text a
 //! configuration prints as.
 
 use std::fmt;
@@ -19,6 +19,7 @@ pub const URING_KEYS: &[&str] = &[
     "sqpoll",
     "sqpoll_idle_ms",
     "sqpoll_cpu",
+    "inline",
 ];
 
 /// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
@@ -77,6 +78,37 @@ pub enum TaskRun {
     Signal,
 }
 
+/// Whether reads and writes are carried out by the reactor's own thread when submitted
+/// (`preadv2`/`pwritev2`) rather than handed to io_uring.
+///
+/// A buffered read of a file in memory (tmpfs) copies pages that are already there, which
+/// takes about as long as handing it over. But io_uring tries a buffered read inline only on
+/// a file system that takes non-blocking reads (`RWF_NOWAIT`); tmpfs refuses them on some
+/// kernels, and io_uring then hands every read and write to a worker thread of its own,
+/// which costs a thread wake-up and a second thread's CPU per I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineMode {
+    /// Inline where both hold: the file lives in memory (tmpfs, ramfs) and its file system
+    /// refuses a non-blocking read (probed when the device is opened), with `direct=0` and
+    /// `sqpoll=off`.
+    Auto,
+    /// Always through io_uring.
+    Off,
+    /// Always inline (needs `direct=0`): a read of a page that is not in memory then stops
+    /// the reactor until the disk answers.
+    On,
+}
+
+impl InlineMode {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            InlineMode::Auto => "auto",
+            InlineMode::Off => "off",
+            InlineMode::On => "on",
+        }
+    }
+}
+
 /// A parsed `uring:` device string.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UringConfig {
@@ -110,6 +142,8 @@ pub struct UringConfig {
     /// `sqpoll_cpu`: the CPU the submission thread is pinned to (`IORING_SETUP_SQ_AFF`);
     /// unpinned when not given. Needs `sqpoll=on`.
     pub sqpoll_cpu: Option<u32>,
+    /// `inline`: reads and writes copied by the reactor itself (see [`InlineMode`]).
+    pub inline: InlineMode,
 }
 
 /// The submission thread's settings of a `sqpoll=on` device.
@@ -133,6 +167,7 @@ impl UringConfig {
             sqpoll: false,
             sqpoll_idle_ms: None,
             sqpoll_cpu: None,
+            inline: InlineMode::Auto,
         }
     }
 
@@ -147,6 +182,15 @@ impl UringConfig {
     /// The rules between keys, checked once every key is set: the submission thread's
     /// settings mean nothing without the thread, so they are refused rather than ignored.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.inline == InlineMode::On && self.direct {
+            return Err(ConfigError::BadValue {
+                key: "inline".to_string(),
+                value: "on".to_string(),
+                expected: "direct=0 with it (with O_DIRECT every read waits for the disk, \
+                           which inline would make the reactor wait for too)"
+                    .to_string(),
+            });
+        }
         if self.sqpoll {
             return Ok(());
         }
@@ -246,6 +290,14 @@ impl UringConfig {
                         .ok_or_else(|| bad(&format!("a CPU number below {SQPOLL_CPU_LIMIT}")))?,
                 )
             }
+            "inline" => {
+                self.inline = match value {
+                    "auto" => InlineMode::Auto,
+                    "on" | "1" => InlineMode::On,
+                    "off" | "0" => InlineMode::Off,
+                    _ => return Err(bad("auto, on or off")),
+                }
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     device: "uring".into(),
@@ -288,6 +340,9 @@ impl fmt::Display for UringConfig {
         }
         if let Some(cpu) = self.sqpoll_cpu {
             write!(f, ",sqpoll_cpu={cpu}")?;
+        }
+        if self.inline != InlineMode::Auto {
+            write!(f, ",inline={}", self.inline.as_str())?;
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The `uring` device: NVMe-shaped queue pairs over io_uring, on a regular file or a block
 //! device. `uring:/path[,direct=0|1][,size=...][,lba=512|4096][,iopoll=auto|on|off|hybrid]
-//! [,taskrun=defer|signal][,wait=ring|epoll][,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N]`.
+//! [,taskrun=defer|signal][,wait=ring|epoll][,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N]
+//! [,inline=auto|on|off]`.
 //!
 //! Each queue pair owns one ring, with the file registered (fixed file 0), and in polled
 //! modes a second one for the commands an IOPOLL ring refuses (the side ring, in `queue`).
@@ -35,6 +36,10 @@
 //! `sqpoll_idle_ms` without entries, and the next hand-over wakes it); completions are then
 //! posted by that thread, so deferred task work does not apply (see `ring`).
 //!
+//! With `inline` (by default where a buffered file lives in memory and io_uring would hand
+//! every read to a worker thread, see [`InlineMode`]) reads and writes are made by the
+//! reactor's thread when submitted, and only the other commands go through the ring.
+//!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
 //! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
 //! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
@@ -53,6 +58,8 @@ mod sys;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_inline;
+#[cfg(test)]
 mod tests_sqpoll;
 
 use std::fmt;
@@ -63,7 +70,7 @@ use crate::qpair::{Controller, QueuePair, QueuePairError};
 use crate::spec::NamespaceInfo;
 
 pub use config::{
-    IopollMode, SqPoll, TaskRun, UringConfig, SQPOLL_CPU_LIMIT, SQPOLL_IDLE_MS_DEFAULT,
+    InlineMode, IopollMode, SqPoll, TaskRun, UringConfig, SQPOLL_CPU_LIMIT, SQPOLL_IDLE_MS_DEFAULT,
     SQPOLL_IDLE_MS_MAX, URING_FILE_LBA_BYTES, URING_KEYS,
 };
 pub use open::UringOpenError;
@@ -110,6 +117,9 @@ pub struct UringController {
     /// `taskrun=defer`, on a kernel that takes it), and why, for `describe`.
     defer_taskrun: bool,
     taskrun_note: String,
+    /// Reads and writes made inline (`inline=`), and why, for `describe`.
+    inline: bool,
+    inline_note: String,
 }
 
 impl UringController {
@@ -130,6 +140,7 @@ impl UringController {
             self.mode != CompletionMode::Interrupt,
         )?;
         qp.ring_wait = self.cfg.ring_wait;
+        qp.inline = self.inline;
         Ok(qp)
     }
 }
@@ -153,8 +164,13 @@ impl Controller for UringController {
                 )
             ),
         };
+        let inline = if self.inline_note.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", self.inline_note)
+        };
         format!(
-            "{} ({}, {} completions: {}{taskrun}{sqpoll}; {})",
+            "{} ({}, {} completions: {}{taskrun}{sqpoll}{inline}; {})",
             self.cfg,
             if self.cfg.direct {
                 "O_DIRECT"

@@ -1,8 +1,8 @@
 //! Opening a `uring:` device: the file or block device (with O_DIRECT unless `direct=0`),
 //! its size and block size checked against the device string, a first ring to see that
-//! io_uring works here and takes the pinned pool as fixed buffers, and the choice of how
-//! completions will be found (made in `iopoll`). Every refusal is an error that says what
-//! to do about it.
+//! io_uring works here and takes the pinned pool as fixed buffers, the choice of how
+//! completions will be found (made in `iopoll`), and whether reads and writes are made
+//! inline (`inline=`). Every refusal is an error that says what to do about it.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -15,7 +15,7 @@ use io_uring::IoUring;
 use super::iopoll::choose_mode;
 use super::ring::{deferred_ring, main_ring};
 use super::{
-    sys, CompletionMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
+    sys, CompletionMode, InlineMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
     URING_TRANSFER_BYTES_MAX,
 };
 use crate::config::size_text;
@@ -63,6 +63,8 @@ pub enum UringOpenError {
         mode: &'static str,
         detail: String,
     },
+    #[error("{path}: inline=on needs direct=0: with O_DIRECT every read waits for the disk, and inline would make the reactor wait for it too")]
+    InlineNeedsPageCache { path: String },
     #[error("{path}: sqpoll=on: the kernel refused a ring with a submission thread ({detail}); leave out sqpoll_cpu, or use sqpoll=off")]
     SqpollRefused { path: String, detail: String },
     #[error("{path}: {what}: {source}")]
@@ -215,6 +217,7 @@ impl UringController {
             // Polled rings post completions from the reactor's own io_uring_enter already.
             _ => (false, String::new()),
         };
+        let (inline, inline_note) = choose_inline(cfg, &file)?;
         Ok(UringController {
             cfg: cfg.clone(),
             file: Arc::new(file),
@@ -229,8 +232,41 @@ impl UringController {
             fixed_note,
             defer_taskrun,
             taskrun_note,
+            inline,
+            inline_note,
         })
     }
+}
+
+/// Whether reads and writes are made by the reactor's thread (see [`InlineMode`]), and why,
+/// for `describe` (empty when there is nothing to say: through io_uring as asked).
+fn choose_inline(cfg: &UringConfig, file: &File) -> Result<(bool, String), UringOpenError> {
+    match cfg.inline {
+        InlineMode::Off => Ok((false, String::new())),
+        InlineMode::On if cfg.direct => Err(UringOpenError::InlineNeedsPageCache {
+            path: cfg.path.display().to_string(),
+        }),
+        InlineMode::On => Ok((true, "reads and writes made inline (inline=on)".into())),
+        InlineMode::Auto if cfg.direct || cfg.sqpoll => Ok((false, String::new())),
+        InlineMode::Auto => {
+            // A file system that cannot be asked counts as not in memory: io_uring as usual.
+            let in_memory = sys::in_memory_fs(file).unwrap_or(false);
+            let inline = inline_auto(in_memory, sys::nowait_read_refused(file));
+            let note = if inline {
+                "reads and writes made inline: the file is in memory, and its file system \
+                 refuses non-blocking reads, so io_uring would hand each to a worker thread"
+            } else {
+                ""
+            };
+            Ok((inline, note.into()))
+        }
+    }
+}
+
+/// `inline=auto`'s rule for a buffered file without a submission thread: inline only where
+/// no read waits for a disk and io_uring would hand every one to a worker thread.
+pub(super) fn inline_auto(in_memory: bool, nowait_refused: bool) -> bool {
+    in_memory && nowait_refused
 }
 
 /// Why the kernel would not create a ring with a submission thread, in words.

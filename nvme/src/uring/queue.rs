@@ -3,7 +3,8 @@
 //! both rings, Write Zeroes carried out in steps, aborts, and a drop that waits for the
 //! kernel to let go of every buffer. Fixed buffers and registered memory are in
 //! `queue/fixed.rs`, reaping and the drop in `queue/reap.rs`, waits inside the ring in
-//! `queue/wait.rs`. All share the slot table's rules (a slot is free only once the kernel
+//! `queue/wait.rs`, reads and writes the reactor makes itself (`inline=`) in
+//! `queue/inline.rs`. All share the slot table's rules (a slot is free only once the kernel
 //! has let go of it), which this file keeps.
 
 use std::collections::VecDeque;
@@ -26,6 +27,7 @@ use crate::spec::{NamespaceInfo, Opcode, Status};
 use crate::sys::EventFd;
 
 mod fixed;
+mod inline;
 mod reap;
 mod wait;
 
@@ -58,8 +60,9 @@ pub struct UringQueuePair {
     ring: IoUring,
     /// Polled modes only (and tests): the ring for everything but reads and writes.
     pub(super) side: Option<SideRing>,
-    /// Keeps the registered file open for as long as the ring may use it.
-    _file: Arc<File>,
+    /// Keeps the registered file open for as long as the ring may use it; inline reads and
+    /// writes use it directly.
+    file: Arc<File>,
     mode: CompletionMode,
     ns: NamespaceInfo,
     depth: usize,
@@ -67,7 +70,7 @@ pub struct UringQueuePair {
     slots: Vec<Option<InFlight>>,
     free_slots: Vec<u32>,
     /// Commands handed to the ring (pushed), not yet reaped.
-    in_kernel: usize,
+    pub(super) in_kernel: usize,
     /// Of those, the ones still in the submission queue, not yet entered.
     unsubmitted: usize,
     /// Commands completed without the kernel (out-of-range LBAs, oversized transfers).
@@ -112,6 +115,9 @@ pub struct UringQueuePair {
     /// The last `process_completions` left the pending entries for the reactor's wait
     /// (`queue/wait.rs`): the next one submits them.
     held: bool,
+    /// Reads and writes are made by this thread at submission (`inline=`), their
+    /// completions queued in `local`; nothing else changes.
+    pub(super) inline: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -191,7 +197,7 @@ impl UringQueuePair {
         Ok(UringQueuePair {
             ring,
             side,
-            _file: file,
+            file,
             mode,
             ns,
             depth,
@@ -217,6 +223,7 @@ impl UringQueuePair {
             wake_poll: WakePoll::Unarmed,
             ring_wait: true,
             held: false,
+            inline: false,
             _not_send: PhantomData,
         })
     }
@@ -365,6 +372,11 @@ impl QueuePair for UringQueuePair {
         let len_bytes = u64::from(cmd.nlb()) * u64::from(lba_bytes);
         if moves_data && len_bytes > u64::from(self.ns.transfer_bytes_max) {
             self.complete_locally(tag, Status::INVALID_FIELD);
+            return Ok(());
+        }
+        if moves_data && self.inline {
+            let status = self.transfer_inline(cmd, len_bytes);
+            self.complete_locally(tag, status);
             return Ok(());
         }
         let slot = self

@@ -1,12 +1,14 @@
 //! The few raw system calls the io_uring device needs that the io-uring crate does not wrap:
 //! creating a ring with `IORING_SETUP_HYBRID_IOPOLL` (Linux 6.13), the block-device
-//! ioctls that give a device's size and logical block size, and finding a file's first
-//! data. Everything `unsafe` in the
-//! `uring` device lives here.
+//! ioctls that give a device's size and logical block size, finding a file's first data,
+//! what file system a file lives in and whether it takes non-blocking reads, and the
+//! reactor's own reads and writes (`inline=`). Everything `unsafe` in the `uring` device
+//! lives here.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use io_uring::IoUring;
 
@@ -166,4 +168,74 @@ pub fn data_offset_bytes(file: &File) -> io::Result<Option<u64>> {
         };
     }
     Ok(Some(ret as u64))
+}
+
+/// `RAMFS_MAGIC` from `<linux/magic.h>` (the libc crate names only `TMPFS_MAGIC`).
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// Whether `file` lives in a file system held in memory (tmpfs, ramfs), whose reads copy
+/// pages that are already there and never wait for a disk.
+pub fn in_memory_fs(file: &File) -> io::Result<bool> {
+    let mut st = MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: fstatfs writes one struct statfs through the pointer, which is valid and
+    // exclusively borrowed for the call.
+    let ret = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: zeroed, then filled by the successful call.
+    let f_type = i64::from(unsafe { st.assume_init() }.f_type);
+    Ok(f_type == i64::from(libc::TMPFS_MAGIC) || f_type == RAMFS_MAGIC)
+}
+
+/// Whether the kernel refuses a non-blocking buffered read of `file` (`preadv2` with
+/// `RWF_NOWAIT` fails with EOPNOTSUPP). io_uring then cannot try a read in the submitting
+/// thread and hands every one to a worker thread. Reads one byte at offset 0.
+pub fn nowait_read_refused(file: &File) -> bool {
+    let mut byte = 0u8;
+    let iov = libc::iovec {
+        iov_base: std::ptr::from_mut(&mut byte).cast(),
+        iov_len: 1,
+    };
+    // SAFETY: reads at most one byte into `byte`, which outlives the call.
+    let ret = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP)
+}
+
+/// Reads into (or with `write`, writes from) the buffers `iov` describes, at `offset_bytes`
+/// of the file open as `fd`, in the calling thread (`preadv2`/`pwritev2` with `flags`). The
+/// result as io_uring would post it: the bytes moved, or a negative errno. A call that a
+/// signal interrupted before any byte moved is made again.
+///
+/// # Safety
+/// Every iovec must describe memory that stays valid for the call: writable for a read,
+/// readable for a write. Their lengths must sum to at most `i32::MAX` bytes.
+pub unsafe fn transfer_inline(
+    fd: RawFd,
+    write: bool,
+    iov: &[libc::iovec],
+    offset_bytes: u64,
+    flags: libc::c_int,
+) -> i32 {
+    let count = iov.len() as libc::c_int;
+    let offset = offset_bytes as libc::off_t;
+    loop {
+        // SAFETY: the caller's guarantee on the buffers; `iov` itself is borrowed for the call.
+        let ret = unsafe {
+            if write {
+                libc::pwritev2(fd, iov.as_ptr(), count, offset, flags)
+            } else {
+                libc::preadv2(fd, iov.as_ptr(), count, offset, flags)
+            }
+        };
+        if ret >= 0 {
+            return ret as i32;
+        }
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        if errno != libc::EINTR {
+            return -errno;
+        }
+    }
 }

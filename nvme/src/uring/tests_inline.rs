@@ -1,0 +1,201 @@
+//! Unit tests of `inline=`: reads and writes the reactor's thread makes itself.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::open::inline_auto;
+use super::*;
+use crate::config::ConfigError;
+use crate::device::DeviceConfig;
+use crate::qpair::{Command, Completion, QueuePair};
+use crate::spec::Status;
+use crate::sync::SyncIo;
+
+const LBA: usize = 4096;
+
+/// A buffered `uring:` device string on a file of `blocks` blocks filled with a pattern.
+fn patterned(dir: &Path, blocks: usize) -> (PathBuf, Vec<u8>) {
+    let path = dir.join("inline.img");
+    let data: Vec<u8> = (0..blocks * LBA)
+        .map(|i| (i * 31 + i / LBA) as u8)
+        .collect();
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+fn buffered(path: &Path, inline: &str) -> UringConfig {
+    let mut cfg = UringConfig::new(path);
+    cfg.set("direct", "0").unwrap();
+    cfg.set("inline", inline).unwrap();
+    cfg.validate().unwrap();
+    cfg
+}
+
+/// Polls once, without waiting: what completed.
+fn poll_now(qp: &mut UringQueuePair) -> Vec<Completion> {
+    let mut seen = Vec::new();
+    qp.process_completions(16, &mut |c| seen.push(c));
+    seen
+}
+
+#[test]
+fn the_inline_key_parses_prints_back_and_is_refused_with_o_direct() {
+    let mut cfg = UringConfig::new("/dev/shm/disk.img");
+    assert_eq!(cfg.inline, InlineMode::Auto);
+    cfg.set("direct", "0").unwrap();
+    cfg.set("inline", "on").unwrap();
+    assert_eq!(
+        cfg.to_string(),
+        "uring:/dev/shm/disk.img,direct=0,inline=on"
+    );
+    cfg.set("inline", "off").unwrap();
+    assert!(cfg.to_string().ends_with(",inline=off"));
+    cfg.set("inline", "auto").unwrap();
+    assert!(!cfg.to_string().contains("inline"));
+    assert!(matches!(
+        cfg.set("inline", "sometimes"),
+        Err(ConfigError::BadValue { .. })
+    ));
+    // With O_DIRECT (the default) every read waits for the disk: refused when parsed, and
+    // when a configuration built in code is opened.
+    let err = "uring:/dev/shm/disk.img,inline=on"
+        .parse::<DeviceConfig>()
+        .unwrap_err();
+    assert!(err.to_string().contains("direct=0"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = patterned(dir.path(), 4);
+    let mut direct = UringConfig::new(&path);
+    direct.inline = InlineMode::On;
+    let err = UringController::open(&direct).err().expect("opened");
+    assert!(
+        matches!(err, UringOpenError::InlineNeedsPageCache { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn inline_by_default_only_in_memory_where_io_uring_would_use_a_worker() {
+    assert!(inline_auto(true, true));
+    assert!(
+        !inline_auto(true, false),
+        "tmpfs that takes non-blocking reads"
+    );
+    assert!(
+        !inline_auto(false, true),
+        "a disk's file system: a read may wait"
+    );
+    assert!(!inline_auto(false, false));
+    // A file in /dev/shm, where there is one in memory: the device says what it chose, and
+    // it agrees with what the kernel says of the file.
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    let (path, _) = patterned(dir.path(), 4);
+    let file = std::fs::File::open(&path).unwrap();
+    let expected = sys::in_memory_fs(&file).unwrap() && sys::nowait_read_refused(&file);
+    let auto = UringController::open(&buffered(&path, "auto")).unwrap();
+    assert_eq!(
+        auto.describe().contains("made inline"),
+        expected,
+        "{}",
+        auto.describe()
+    );
+    assert_eq!(auto.queue_pair(4).unwrap().inline, expected);
+    // Asked off, or with a submission thread, it goes through io_uring.
+    let off = UringController::open(&buffered(&path, "off")).unwrap();
+    assert!(!off.queue_pair(4).unwrap().inline);
+    let mut sq = buffered(&path, "auto");
+    sq.sqpoll = true;
+    if let Ok(ctrl) = UringController::open(&sq) {
+        assert!(!ctrl.queue_pair(4).unwrap().inline);
+    }
+}
+
+/// Reads and writes move their data inside `submit` and complete at the next poll; the
+/// kernel holds nothing for them. Commands without data still go through the ring.
+#[test]
+fn inline_reads_and_writes_complete_at_the_next_poll_with_their_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = patterned(dir.path(), 32);
+    let ctrl = UringController::open(&buffered(&path, "on")).unwrap();
+    assert!(ctrl.describe().contains("inline=on"), "{}", ctrl.describe());
+    let mut qp = ctrl.queue_pair(8).unwrap();
+
+    let mut buf = vec![0u8; 2 * LBA];
+    // SAFETY: `buf` outlives the completion, reaped below.
+    unsafe { qp.submit(&Command::read(3, 2, &mut buf), 7) }.unwrap();
+    assert_eq!((qp.in_kernel, qp.outstanding()), (0, 1));
+    let done = poll_now(&mut qp);
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].tag, done[0].status), (7, Status::SUCCESS));
+    assert_eq!(buf, data[3 * LBA..5 * LBA]);
+
+    // Vectored: two pieces written with FUA, read back in three.
+    let (a, b) = ([0x11_u8; LBA], [0x22_u8; 2 * LBA]);
+    let pieces = [IoSlice::new(&a), IoSlice::new(&b)];
+    // SAFETY: the pieces outlive the completion.
+    unsafe { qp.submit(&Command::writev(10, 3, &pieces).with_fua(true), 8) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::SUCCESS);
+    let (mut x, mut y, mut z) = ([0u8; 512], [0u8; LBA], [0u8; 2 * LBA - 512]);
+    let mut into = [
+        IoSliceMut::new(&mut x),
+        IoSliceMut::new(&mut y),
+        IoSliceMut::new(&mut z),
+    ];
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::readv(10, 3, &mut into), 9) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::SUCCESS);
+    let joined: Vec<u8> = [&x[..], &y[..], &z[..]].concat();
+    assert_eq!(joined, [&a[..], &b[..]].concat());
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(on_disk[10 * LBA..13 * LBA], joined[..]);
+
+    // Past the end: the protocol's error, no transfer.
+    let mut past = vec![0u8; LBA];
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::read(32, 1, &mut past), 10) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::LBA_OUT_OF_RANGE);
+
+    // Write Zeroes and Flush through the ring, in order with the inline ones around them.
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    io.write_zeroes(20, 2).unwrap();
+    io.flush().unwrap();
+    assert!(io.read(20, 2).unwrap().iter().all(|&b| b == 0));
+    assert_eq!(
+        &io.read(22, 1).unwrap()[..],
+        &data[22 * LBA..23 * LBA],
+        "zeroed past the range"
+    );
+}
+
+/// An inline transfer that the file cannot honour completes with the status io_uring's
+/// result would have given: a file cut short under the device, a write to a read-only one.
+#[test]
+fn inline_failures_complete_with_the_protocols_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = patterned(dir.path(), 8);
+    let ctrl = UringController::open(&buffered(&path, "on")).unwrap();
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(6 * LBA as u64 + 100)
+        .unwrap();
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    assert_eq!(&io.read(5, 1).unwrap()[..], &data[5 * LBA..6 * LBA]);
+    let short = io.read(6, 1).unwrap_err();
+    assert!(short.to_string().contains("Data Transfer Error"), "{short}");
+
+    let other = tempfile::tempdir().unwrap();
+    let (path, data) = patterned(other.path(), 2);
+    let DeviceConfig::Uring(ro) = DeviceConfig::Uring(buffered(&path, "on")).read_only() else {
+        unreachable!("read_only keeps the kind")
+    };
+    let ctrl = UringController::open(&ro).unwrap();
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    assert!(io.write(0, &[0xcd; LBA]).is_err(), "a write went through");
+    assert_eq!(std::fs::read(&path).unwrap()[..LBA], data[..LBA]);
+}
