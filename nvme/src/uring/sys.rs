@@ -184,8 +184,11 @@ pub fn in_memory_fs(file: &File) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: zeroed, then filled by the successful call.
-    let f_type = i64::from(unsafe { st.assume_init() }.f_type);
-    Ok(f_type == i64::from(libc::TMPFS_MAGIC) || f_type == RAMFS_MAGIC)
+    let st = unsafe { st.assume_init() };
+    // `f_type`'s integer type differs between architectures (and from the magic's).
+    #[allow(clippy::unnecessary_cast)]
+    let (f_type, tmpfs) = (st.f_type as i64, libc::TMPFS_MAGIC as i64);
+    Ok(f_type == tmpfs || f_type == RAMFS_MAGIC)
 }
 
 /// Whether the kernel refuses a non-blocking buffered read of `file` (`preadv2` with
