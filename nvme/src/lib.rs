@@ -58,7 +58,7 @@ pub use spec::{NamespaceInfo, Opcode, Status};
 pub use sync::{IoError, SyncIo};
 pub use sys::{monotonic_ns, wait_readable};
 pub use uring::{
-    sqpoll_threads_cpu_ns, CompletionMode, IopollMode, TaskRun, UringConfig, UringController,
+    io_uring_threads_cpu_ns, CompletionMode, IopollMode, TaskRun, UringConfig, UringController,
     UringQueuePair,
 };
 pub use vfio::{VfioConfig, VfioController, VfioQueuePair};

@@ -125,8 +125,8 @@ pub struct RunResult {
     pub ios: u64,
     pub errors: u64,
     pub wall_ns: u64,
-    /// CPU time of all reactor threads over the measured window, from the OS, and of the
-    /// io_uring submission threads where the device has them (`sqpoll=on`).
+    /// CPU time of all reactor threads over the measured window, from the OS, and of
+    /// io_uring's submission threads and workers where the device has them.
     pub cpu_ns: u64,
     pub cores: usize,
     pub latency: Histogram<u64>,
@@ -319,18 +319,20 @@ fn on_done(r: &mut BenchReactor, s: &mut Bench, done: IoDone) {
 }
 
 /// CPU time of this reactor's thread alone, as `--alternate`'s cuts read it: without the
-/// walk through /proc that the io_uring submission threads take.
+/// walk through /proc that the io_uring threads take.
 fn thread_cpu_ns(r: &BenchReactor) -> u64 {
     r.handles()[r.index()].cpu_ns().unwrap_or(0)
 }
 
 /// CPU time of this reactor's thread. Reactor 0 also carries the process's io_uring
-/// submission threads (`uring:...,sqpoll=on`): they run no reactor code, but they are what
-/// the rings cost, and leaving them out would make a spinning kernel thread look free.
+/// threads: submission threads (`uring:...,sqpoll=on`) and the workers that make what a
+/// ring cannot make in the reactor's thread (buffered reads that miss the page cache, every
+/// read of a file system that refuses non-blocking ones). They run no reactor code, but
+/// they are what the rings cost, and leaving them out would make that work look free.
 fn reactor_cpu_ns(r: &BenchReactor) -> u64 {
     let own_ns = r.handles()[r.index()].cpu_ns().unwrap_or(0);
     if r.index() == 0 {
-        own_ns + hypoll_nvme::sqpoll_threads_cpu_ns()
+        own_ns + hypoll_nvme::io_uring_threads_cpu_ns()
     } else {
         own_ns
     }
@@ -355,7 +357,7 @@ fn begin_measure(r: &mut BenchReactor, s: &mut Bench) {
 }
 
 /// Under `--alternate`: ends one segment and begins the next, until the run ends. The
-/// segments count the reactor thread's CPU only (not an io_uring submission thread's).
+/// segments count the reactor thread's CPU only (not an io_uring thread's).
 fn segment_cut(r: &mut BenchReactor, s: &mut Bench) {
     let (now, cpu, c) = (r.now_ns(), thread_cpu_ns(r), *r.counters());
     let Some(job) = s.job.as_mut().filter(|j| j.phase == Phase::Measure) else {

@@ -153,7 +153,7 @@ struct BenchArgs {
     /// keeps its own state and statistics across its turns), and compare them segment by
     /// segment as well as in total: an A/B comparison that a device drifting over seconds
     /// does not blur. Each policy gets about half of `--runtime` (and of `--ramp`); its CPU
-    /// is the reactor threads' own (an io_uring submission thread's is not split).
+    /// is the reactor threads' own (an io_uring thread's is not split).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(alternate::SEGMENT_MS_MIN..=alternate::SEGMENT_MS_MAX))]
     alternate: Option<u64>,
     /// Write one JSON object per policy to this file.
@@ -290,7 +290,9 @@ fn main() -> ExitCode {
                  completions posted when the reactor next enters the kernel, Linux 6.1+), \
                  wait=ring|epoll, sqpoll=off|on (a kernel submission thread per ring), \
                  sqpoll_idle_ms=N (its idle time before it sleeps, default 1000), \
-                 sqpoll_cpu=N (pin it)",
+                 sqpoll_cpu=N (pin it), inline=auto|on|off (reads and writes made by the \
+                 reactor itself; auto: on a file in memory whose file system refuses \
+                 non-blocking reads, where io_uring would hand each to a worker thread)",
                 "uring:/path"
             );
             println!(

@@ -44,7 +44,7 @@
 //! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
 //! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
 //! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
-//! set-up and `io_uring_enter`), `sqpoll` (what the submission threads cost), `sys` (the raw
+//! set-up and `io_uring_enter`), `threads` (what io_uring's submission threads and workers cost), `sys` (the raw
 //! system calls the io-uring crate does not wrap). This file holds the controller.
 
 mod command;
@@ -53,7 +53,6 @@ mod iopoll;
 mod open;
 mod queue;
 mod ring;
-mod sqpoll;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -61,6 +60,7 @@ mod tests;
 mod tests_inline;
 #[cfg(test)]
 mod tests_sqpoll;
+mod threads;
 
 use std::fmt;
 use std::fs::File;
@@ -75,7 +75,7 @@ pub use config::{
 };
 pub use open::UringOpenError;
 pub use queue::{RingWake, UringQueuePair};
-pub use sqpoll::sqpoll_threads_cpu_ns;
+pub use threads::io_uring_threads_cpu_ns;
 
 /// Largest transfer one command may move: larger reads and writes complete with Invalid
 /// Field, as on a controller with this MDTS. The kernel splits requests for the device.

@@ -1,10 +1,12 @@
-//! Unit tests of `inline=`: reads and writes the reactor's thread makes itself.
+//! Unit tests of `inline=` (reads and writes the reactor's thread makes itself) and of the
+//! count of io_uring's own threads' CPU, whose workers make those reads otherwise.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::open::inline_auto;
+use super::threads::Seen;
 use super::*;
 use crate::config::ConfigError;
 use crate::device::DeviceConfig;
@@ -198,4 +200,45 @@ fn inline_failures_complete_with_the_protocols_error() {
     let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
     assert!(io.write(0, &[0xcd; LBA]).is_err(), "a write went through");
     assert_eq!(std::fs::read(&path).unwrap()[..LBA], data[..LBA]);
+}
+
+#[test]
+fn the_io_uring_threads_total_never_shrinks_as_they_come_and_go() {
+    let mut seen = Seen::default();
+    assert_eq!(seen.look(vec![(7, 100), (3, 50)]), 150);
+    // Thread 3 ran 20 ns more, thread 7 exited, thread 9 is new.
+    assert_eq!(seen.look(vec![(9, 5), (3, 70)]), 175);
+    // A thread id taken again by a newer thread, with less time: nothing added.
+    assert_eq!(seen.look(vec![(9, 5), (3, 10)]), 175);
+    assert_eq!(seen.look(vec![(3, 12)]), 177);
+    assert_eq!(seen.look(Vec::new()), 177);
+}
+
+/// Reads io_uring hands to its workers are counted in its threads' CPU time. Needs a file
+/// system whose reads go to the workers: tmpfs, where it refuses non-blocking reads.
+#[test]
+fn the_workers_cpu_time_is_counted() {
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    };
+    let (path, _) = patterned(dir.path(), 64);
+    let file = std::fs::File::open(&path).unwrap();
+    if !(sys::in_memory_fs(&file).unwrap() && sys::nowait_read_refused(&file)) {
+        eprintln!("skipped: this kernel's tmpfs takes non-blocking reads (no workers)");
+        return;
+    }
+    let ctrl = UringController::open(&buffered(&path, "off")).unwrap();
+    let mut qp = ctrl.queue_pair(8).unwrap();
+    let before_ns = io_uring_threads_cpu_ns();
+    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
+    for i in 0..2000 {
+        io.read(i % 64, 1).unwrap();
+    }
+    let after_ns = io_uring_threads_cpu_ns();
+    // Each read costs a worker well over 0.5 us of CPU.
+    assert!(
+        after_ns >= before_ns + 1_000_000,
+        "{before_ns} ns then {after_ns} ns for 2,000 reads through the workers"
+    );
 }

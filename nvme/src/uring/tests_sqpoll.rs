@@ -387,7 +387,7 @@ fn the_submission_threads_cpu_time_is_counted() {
         after_ns > before_ns,
         "{before_ns} ns then {after_ns} ns: the thread did not poll"
     );
-    let all_ns = sqpoll_threads_cpu_ns();
+    let all_ns = io_uring_threads_cpu_ns();
     assert!(
         all_ns >= after_ns,
         "{all_ns} ns in all, {after_ns} ns in one"
