@@ -70,8 +70,10 @@ pub struct Completion {
 /// benchmarks only, are [`crate::EmuQueuePair::downcast`] then
 /// [`crate::EmuQueuePair::oracle_next_deadline_ns`].
 pub trait QueuePair: Any {
-    /// Places `cmd` on the submission queue and rings the doorbell. Never blocks and never
-    /// allocates: a full queue is [`SubmitError::QueueFull`].
+    /// Places `cmd` on the submission queue and rings the doorbell. Never waits for a device
+    /// and never allocates: a full queue is [`SubmitError::QueueFull`]. (A device that
+    /// copies data itself does so here: `uring`'s `inline=` copies from or into the page
+    /// cache, and `inline=on` on a file whose pages are not in memory waits for its disk.)
     ///
     /// # Safety
     /// For a Read or Write, the memory `cmd` points at must stay valid, and for a Read must not

@@ -1,7 +1,8 @@
 //! Memory the application owns, registered with a queue pair: an mmapped memfd region
 //! written from and read into (one buffer and vectored) on `emu`, `null` and `uring` (a
-//! temporary file, O_DIRECT), unregistering refused while a command uses the region and
-//! allowed after, and bad regions refused clearly.
+//! temporary file: O_DIRECT, through the page cache, and made inline), unregistering
+//! refused while a command uses the region and allowed after, and bad regions refused
+//! clearly.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
@@ -309,6 +310,20 @@ fn uring_in_the_page_cache_too() {
     let mut cfg = UringConfig::new(&path);
     cfg.set("direct", "0").expect("key");
     let ctrl = UringController::open(&cfg).expect("open");
+    let mut qp = ctrl.queue_pair(8).expect("queue pair");
+    round_trips_through_a_registered_memfd(&mut qp, true);
+}
+
+/// Reads and writes made by the queue pair's own thread (`inline=on`) use the region until
+/// their completion is delivered, as those in the kernel do.
+#[test]
+fn uring_inline_too() {
+    let (_dir, path) = uring_file(256);
+    let mut cfg = UringConfig::new(&path);
+    cfg.set("direct", "0").expect("key");
+    cfg.set("inline", "on").expect("key");
+    let ctrl = UringController::open(&cfg).expect("open");
+    assert!(ctrl.describe().contains("inline=on"), "{}", ctrl.describe());
     let mut qp = ctrl.queue_pair(8).expect("queue pair");
     round_trips_through_a_registered_memfd(&mut qp, true);
 }

@@ -1,7 +1,7 @@
 //! What a `uring:` device string says: the path, the keys it accepts
 //! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`, `sqpoll`, `sqpoll_idle_ms`,
-//! `sqpoll_cpu`, `inline`), how each value is read, the rules between keys, and the canonical text a
-//! configuration prints as.
+//! `sqpoll_cpu`, `inline`), how each value is read, the rules between keys, and the
+//! canonical text a configuration prints as.
 
 use std::fmt;
 use std::path::PathBuf;

@@ -44,8 +44,9 @@
 //! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
 //! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
 //! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
-//! set-up and `io_uring_enter`), `threads` (what io_uring's submission threads and workers cost), `sys` (the raw
-//! system calls the io-uring crate does not wrap). This file holds the controller.
+//! set-up and `io_uring_enter`), `threads` (what io_uring's submission threads and workers
+//! cost), `sys` (the raw system calls the io-uring crate does not wrap). This file holds the
+//! controller.
 
 mod command;
 mod config;

@@ -117,6 +117,9 @@ impl UringController {
     /// io_uring works, and decides how completions will be found.
     pub fn open(cfg: &UringConfig) -> Result<UringController, UringOpenError> {
         let path = cfg.path.display().to_string();
+        if cfg.inline == InlineMode::On && cfg.direct {
+            return Err(UringOpenError::InlineNeedsPageCache { path });
+        }
         let file = open_file(&cfg.path, cfg.direct, cfg.read_only)?;
         let os = |what: &'static str| {
             let path = path.clone();
@@ -217,7 +220,7 @@ impl UringController {
             // Polled rings post completions from the reactor's own io_uring_enter already.
             _ => (false, String::new()),
         };
-        let (inline, inline_note) = choose_inline(cfg, &file)?;
+        let (inline, inline_note) = choose_inline(cfg, &file, meta.is_file());
         Ok(UringController {
             cfg: cfg.clone(),
             file: Arc::new(file),
@@ -240,33 +243,44 @@ impl UringController {
 
 /// Whether reads and writes are made by the reactor's thread (see [`InlineMode`]), and why,
 /// for `describe` (empty when there is nothing to say: through io_uring as asked).
-fn choose_inline(cfg: &UringConfig, file: &File) -> Result<(bool, String), UringOpenError> {
-    match cfg.inline {
-        InlineMode::Off => Ok((false, String::new())),
-        InlineMode::On if cfg.direct => Err(UringOpenError::InlineNeedsPageCache {
-            path: cfg.path.display().to_string(),
-        }),
-        InlineMode::On => Ok((true, "reads and writes made inline (inline=on)".into())),
-        InlineMode::Auto if cfg.direct || cfg.sqpoll => Ok((false, String::new())),
-        InlineMode::Auto => {
-            // A file system that cannot be asked counts as not in memory: io_uring as usual.
-            let in_memory = sys::in_memory_fs(file).unwrap_or(false);
-            let inline = inline_auto(in_memory, sys::nowait_read_refused(file));
-            let note = if inline {
-                "reads and writes made inline: the file is in memory, and its file system \
-                 refuses non-blocking reads, so io_uring would hand each to a worker thread"
-            } else {
-                ""
-            };
-            Ok((inline, note.into()))
+/// `inline=on` with O_DIRECT was refused before the file was opened.
+fn choose_inline(cfg: &UringConfig, file: &File, regular_file: bool) -> (bool, String) {
+    let probe = || {
+        // A file system that cannot be asked counts as not in memory: io_uring as usual.
+        let in_memory = sys::in_memory_fs(file).unwrap_or(false);
+        (in_memory, sys::nowait_read_refused(file))
+    };
+    let inline = inline_wanted(cfg, regular_file, probe);
+    let note = match (inline, cfg.inline) {
+        (false, _) => "",
+        (true, InlineMode::On) => "reads and writes made inline (inline=on)",
+        (true, _) => {
+            "reads and writes made inline: the file is in memory, and its file system \
+             refuses non-blocking reads, so io_uring would hand each to a worker thread"
         }
-    }
+    };
+    (inline, note.into())
 }
 
-/// `inline=auto`'s rule for a buffered file without a submission thread: inline only where
-/// no read waits for a disk and io_uring would hand every one to a worker thread.
-pub(super) fn inline_auto(in_memory: bool, nowait_refused: bool) -> bool {
-    in_memory && nowait_refused
+/// Whether reads and writes are made inline, as `cfg` asks, for a regular file or not:
+/// `inline=auto` asks `probe` (whether the file is in memory, whether its file system
+/// refuses a non-blocking read) only for a regular file read through the page cache
+/// without a submission thread. A block device never counts as in memory: its node lies
+/// in devtmpfs, which `fstatfs` reports as tmpfs.
+pub(super) fn inline_wanted(
+    cfg: &UringConfig,
+    regular_file: bool,
+    probe: impl FnOnce() -> (bool, bool),
+) -> bool {
+    match cfg.inline {
+        InlineMode::Off => false,
+        InlineMode::On => true,
+        InlineMode::Auto if cfg.direct || cfg.sqpoll || !regular_file => false,
+        InlineMode::Auto => {
+            let (in_memory, nowait_refused) = probe();
+            in_memory && nowait_refused
+        }
+    }
 }
 
 /// Why the kernel would not create a ring with a submission thread, in words.

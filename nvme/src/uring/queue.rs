@@ -70,11 +70,14 @@ pub struct UringQueuePair {
     slots: Vec<Option<InFlight>>,
     free_slots: Vec<u32>,
     /// Commands handed to the ring (pushed), not yet reaped.
-    pub(super) in_kernel: usize,
+    in_kernel: usize,
     /// Of those, the ones still in the submission queue, not yet entered.
     unsubmitted: usize,
-    /// Commands completed without the kernel (out-of-range LBAs, oversized transfers).
-    local: VecDeque<Completion>,
+    /// Commands completed without the kernel (out-of-range LBAs, oversized transfers,
+    /// inline reads and writes), each with the slot an inline one holds until its completion
+    /// is delivered: its registered regions are charged to that slot meanwhile, as
+    /// `unregister_memory`'s contract asks.
+    local: VecDeque<(Completion, Option<u32>)>,
     /// Write Zeroes with a next step to submit: punch-hole after a refused zero-range,
     /// allocate after a punch-hole (see [`Zeroing`]).
     retry_zeroes: Vec<u32>,
@@ -322,7 +325,13 @@ impl UringQueuePair {
     }
 
     fn complete_locally(&mut self, tag: u64, status: Status) {
-        self.local.push_back(Completion { tag, status });
+        self.local.push_back((Completion { tag, status }, None));
+    }
+
+    /// Commands handed to the ring and not yet reaped, for tests.
+    #[cfg(test)]
+    pub(super) fn in_kernel(&self) -> usize {
+        self.in_kernel
     }
 
     /// Commands and aborts in the kernel on either ring.
@@ -375,8 +384,7 @@ impl QueuePair for UringQueuePair {
             return Ok(());
         }
         if moves_data && self.inline {
-            let status = self.transfer_inline(cmd, len_bytes);
-            self.complete_locally(tag, status);
+            self.submit_inline(cmd, tag, len_bytes, regions);
             return Ok(());
         }
         let slot = self
@@ -435,9 +443,13 @@ impl QueuePair for UringQueuePair {
         self.flush_unless_held();
         let mut done = 0;
         while done < max {
-            let Some(c) = self.local.pop_front() else {
+            let Some((c, slot)) = self.local.pop_front() else {
                 break;
             };
+            if let Some(slot) = slot {
+                self.regions.release(slot as usize);
+                self.free_slots.push(slot);
+            }
             out(c);
             done += 1;
         }

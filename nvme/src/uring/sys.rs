@@ -2,8 +2,8 @@
 //! creating a ring with `IORING_SETUP_HYBRID_IOPOLL` (Linux 6.13), the block-device
 //! ioctls that give a device's size and logical block size, finding a file's first data,
 //! what file system a file lives in and whether it takes non-blocking reads, and the
-//! reactor's own reads and writes (`inline=`). Everything `unsafe` in the `uring` device
-//! lives here.
+//! reactor's own reads and writes (`inline=`). The device's raw system calls live here;
+//! the rest of its `unsafe` is the io-uring crate's entries and registrations.
 
 use std::fs::File;
 use std::io;
@@ -171,10 +171,10 @@ pub fn data_offset_bytes(file: &File) -> io::Result<Option<u64>> {
 }
 
 /// `RAMFS_MAGIC` from `<linux/magic.h>` (the libc crate names only `TMPFS_MAGIC`).
-const RAMFS_MAGIC: i64 = 0x8584_58f6;
+const RAMFS_MAGIC: u32 = 0x8584_58f6;
 
 /// Whether `file` lives in a file system held in memory (tmpfs, ramfs), whose reads copy
-/// pages that are already there and never wait for a disk.
+/// pages that are already there rather than wait for a disk (short of swap).
 pub fn in_memory_fs(file: &File) -> io::Result<bool> {
     let mut st = MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: fstatfs writes one struct statfs through the pointer, which is valid and
@@ -185,9 +185,10 @@ pub fn in_memory_fs(file: &File) -> io::Result<bool> {
     }
     // SAFETY: zeroed, then filled by the successful call.
     let st = unsafe { st.assume_init() };
-    // `f_type`'s integer type differs between architectures (and from the magic's).
+    // `f_type`'s integer type differs between architectures (and from the magic's); the
+    // magics are 32-bit values, some above i32::MAX, so compare the low 32 bits unsigned.
     #[allow(clippy::unnecessary_cast)]
-    let (f_type, tmpfs) = (st.f_type as i64, libc::TMPFS_MAGIC as i64);
+    let (f_type, tmpfs) = (st.f_type as u32, libc::TMPFS_MAGIC as u32);
     Ok(f_type == tmpfs || f_type == RAMFS_MAGIC)
 }
 

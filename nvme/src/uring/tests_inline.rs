@@ -5,7 +5,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::open::inline_auto;
+use super::open::inline_wanted;
 use super::threads::Seen;
 use super::*;
 use crate::config::ConfigError;
@@ -78,40 +78,64 @@ fn the_inline_key_parses_prints_back_and_is_refused_with_o_direct() {
 
 #[test]
 fn inline_by_default_only_in_memory_where_io_uring_would_use_a_worker() {
-    assert!(inline_auto(true, true));
-    assert!(
-        !inline_auto(true, false),
-        "tmpfs that takes non-blocking reads"
-    );
-    assert!(
-        !inline_auto(false, true),
-        "a disk's file system: a read may wait"
-    );
-    assert!(!inline_auto(false, false));
-    // A file in /dev/shm, where there is one in memory: the device says what it chose, and
-    // it agrees with what the kernel says of the file.
+    let cfg = |direct: bool, sqpoll: bool, inline: InlineMode| {
+        let mut cfg = UringConfig::new("/dev/shm/disk.img");
+        (cfg.direct, cfg.sqpoll, cfg.inline) = (direct, sqpoll, inline);
+        cfg
+    };
+    let auto = cfg(false, false, InlineMode::Auto);
+    // (in memory, refuses non-blocking reads) -> inline, for a buffered regular file.
+    for (probe, want) in [
+        ((true, true), true),
+        ((true, false), false), // tmpfs that takes non-blocking reads: io_uring is inline
+        ((false, true), false), // a disk's file system: a read may wait for the disk
+        ((false, false), false), // ext4 and the like: io_uring tries the read inline
+    ] {
+        assert_eq!(inline_wanted(&auto, true, || probe), want, "{probe:?}");
+    }
+    // Not probed at all with O_DIRECT, a submission thread, or a block device (whose node
+    // lies in devtmpfs, which says tmpfs).
+    let unprobed = || -> (bool, bool) { panic!("probed") };
+    assert!(!inline_wanted(
+        &cfg(true, false, InlineMode::Auto),
+        true,
+        unprobed
+    ));
+    assert!(!inline_wanted(
+        &cfg(false, true, InlineMode::Auto),
+        true,
+        unprobed
+    ));
+    assert!(!inline_wanted(&auto, false, unprobed));
+    // Asked: as asked, probe or not.
+    assert!(inline_wanted(
+        &cfg(false, false, InlineMode::On),
+        false,
+        unprobed
+    ));
+    assert!(!inline_wanted(
+        &cfg(false, false, InlineMode::Off),
+        true,
+        unprobed
+    ));
+
+    // On this machine: a file in /dev/shm, where there is one, opens as the kernel's answers
+    // about it say.
     let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped the /dev/shm part: no /dev/shm");
         return;
     };
     let (path, _) = patterned(dir.path(), 4);
     let file = std::fs::File::open(&path).unwrap();
     let expected = sys::in_memory_fs(&file).unwrap() && sys::nowait_read_refused(&file);
-    let auto = UringController::open(&buffered(&path, "auto")).unwrap();
+    let opened = UringController::open(&buffered(&path, "auto")).unwrap();
     assert_eq!(
-        auto.describe().contains("made inline"),
+        opened.describe().contains("made inline"),
         expected,
         "{}",
-        auto.describe()
+        opened.describe()
     );
-    assert_eq!(auto.queue_pair(4).unwrap().inline, expected);
-    // Asked off, or with a submission thread, it goes through io_uring.
-    let off = UringController::open(&buffered(&path, "off")).unwrap();
-    assert!(!off.queue_pair(4).unwrap().inline);
-    let mut sq = buffered(&path, "auto");
-    sq.sqpoll = true;
-    if let Ok(ctrl) = UringController::open(&sq) {
-        assert!(!ctrl.queue_pair(4).unwrap().inline);
-    }
+    assert_eq!(opened.queue_pair(4).unwrap().inline, expected);
 }
 
 /// Reads and writes move their data inside `submit` and complete at the next poll; the
@@ -127,13 +151,14 @@ fn inline_reads_and_writes_complete_at_the_next_poll_with_their_data() {
     let mut buf = vec![0u8; 2 * LBA];
     // SAFETY: `buf` outlives the completion, reaped below.
     unsafe { qp.submit(&Command::read(3, 2, &mut buf), 7) }.unwrap();
-    assert_eq!((qp.in_kernel, qp.outstanding()), (0, 1));
+    assert_eq!((qp.in_kernel(), qp.outstanding()), (0, 1));
     let done = poll_now(&mut qp);
     assert_eq!(done.len(), 1);
     assert_eq!((done[0].tag, done[0].status), (7, Status::SUCCESS));
     assert_eq!(buf, data[3 * LBA..5 * LBA]);
 
-    // Vectored: two pieces written with FUA, read back in three.
+    // Vectored: two pieces written (with FUA, which the data cannot show), read back in
+    // three.
     let (a, b) = ([0x11_u8; LBA], [0x22_u8; 2 * LBA]);
     let pieces = [IoSlice::new(&a), IoSlice::new(&b)];
     // SAFETY: the pieces outlive the completion.
@@ -190,16 +215,70 @@ fn inline_failures_complete_with_the_protocols_error() {
     let short = io.read(6, 1).unwrap_err();
     assert!(short.to_string().contains("Data Transfer Error"), "{short}");
 
+    // A write to a read-only file fails as the ring's would, and changes nothing.
     let other = tempfile::tempdir().unwrap();
     let (path, data) = patterned(other.path(), 2);
-    let DeviceConfig::Uring(ro) = DeviceConfig::Uring(buffered(&path, "on")).read_only() else {
-        unreachable!("read_only keeps the kind")
-    };
-    let ctrl = UringController::open(&ro).unwrap();
-    let mut qp = ctrl.queue_pair(4).unwrap();
-    let mut io = SyncIo::new(&mut qp, Duration::from_secs(10));
-    assert!(io.write(0, &[0xcd; LBA]).is_err(), "a write went through");
-    assert_eq!(std::fs::read(&path).unwrap()[..LBA], data[..LBA]);
+    let mut statuses = Vec::new();
+    for inline in ["on", "off"] {
+        let DeviceConfig::Uring(ro) = DeviceConfig::Uring(buffered(&path, inline)).read_only()
+        else {
+            unreachable!("read_only keeps the kind")
+        };
+        let ctrl = UringController::open(&ro).unwrap();
+        let mut qp = ctrl.queue_pair(4).unwrap();
+        let block = [0xcd_u8; LBA];
+        // SAFETY: `block` outlives the completion, reaped below.
+        unsafe { qp.submit(&Command::write(0, 1, &block), 3) }.unwrap();
+        let mut seen = None;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while seen.is_none() {
+            qp.process_completions(1, &mut |c| seen = Some(c.status));
+            assert!(std::time::Instant::now() < deadline, "no completion");
+        }
+        statuses.push(seen.unwrap());
+    }
+    assert_ne!(statuses[0], Status::SUCCESS, "a write went through");
+    assert_eq!(statuses[0], statuses[1], "inline, then through the ring");
+    assert_eq!(std::fs::read(&path).unwrap(), data);
+}
+
+/// A queue pair making its reads inline keeps its depth until their completions are
+/// delivered, and a reactor about to wait is told one is ready: the interrupt fd is made
+/// readable, and a wait inside the ring returns at once.
+#[test]
+fn inline_completions_hold_the_depth_and_end_a_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = patterned(dir.path(), 8);
+    let ctrl = UringController::open(&buffered(&path, "on")).unwrap();
+    let mut qp = ctrl.queue_pair(2).unwrap();
+    let mut bufs = vec![0u8; 3 * LBA];
+    let mut parts = bufs.chunks_mut(LBA);
+    let (a, b, c) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    // SAFETY: the buffers outlive the completions, reaped below.
+    unsafe {
+        qp.submit(&Command::read(0, 1, a), 1).unwrap();
+        qp.submit(&Command::read(1, 1, b), 2).unwrap();
+        assert!(matches!(
+            qp.submit(&Command::read(2, 1, c), 3),
+            Err(crate::qpair::SubmitError::QueueFull { depth: 2 })
+        ));
+    }
+    qp.arm_interrupt();
+    let fd = qp.interrupt_fd().expect("interrupt mode");
+    assert!(crate::sys::wait_readable(fd, 0).unwrap(), "not woken");
+    qp.disarm_interrupt();
+    let wake = crate::sys::EventFd::new().unwrap();
+    if qp.can_wait_in_ring() {
+        qp.prepare_ring_wait(&wake);
+        assert!(matches!(qp.wait_in_ring(&wake, None), RingWake::Ready));
+    }
+    let tags: Vec<u64> = poll_now(&mut qp).iter().map(|c| c.tag).collect();
+    assert_eq!(tags, [1, 2]);
+    assert_eq!(qp.outstanding(), 0);
 }
 
 #[test]

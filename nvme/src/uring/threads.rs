@@ -61,32 +61,47 @@ impl Seen {
 /// count that never decreases, of which a caller takes the difference over a window. 0
 /// where `/proc` cannot say.
 pub fn io_uring_threads_cpu_ns() -> u64 {
-    let now = io_uring_threads();
-    SEEN.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .look(now)
+    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    match io_uring_threads(&seen.threads) {
+        Some(now) => seen.look(now),
+        // Nothing could be listed: the last look stands.
+        None => seen.total_ns,
+    }
 }
 
-/// This process's io_uring threads and their CPU time so far, from each one's `schedstat`.
-fn io_uring_threads() -> Vec<(u32, u64)> {
-    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
+/// This process's io_uring threads and their CPU time so far, from each one's `schedstat`;
+/// `None` if `/proc/self/task` cannot be listed. A thread that the last look saw (`last`)
+/// and whose files cannot be read now keeps its last time, so that the next look does not
+/// count its whole life again.
+fn io_uring_threads(last: &[(u32, u64)]) -> Option<Vec<(u32, u64)>> {
+    let tasks = fs::read_dir("/proc/self/task").ok()?;
+    let threads = tasks
         .flatten()
         .take(THREADS_MAX)
-        .filter(|task| {
-            fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| {
-                IO_URING_THREAD_PREFIXES
-                    .iter()
-                    .any(|prefix| comm.starts_with(prefix))
-            })
-        })
         .filter_map(|task| {
             let tid = task.file_name().to_str()?.parse::<u32>().ok()?;
+            let known = last
+                .binary_search_by_key(&tid, |&(t, _)| t)
+                .ok()
+                .map(|i| last[i]);
+            let Ok(comm) = fs::read_to_string(task.path().join("comm")) else {
+                return known;
+            };
+            if !IO_URING_THREAD_PREFIXES
+                .iter()
+                .any(|prefix| comm.starts_with(prefix))
+            {
+                return None;
+            }
             // The first field of schedstat is the time spent on a CPU, in ns.
-            let stat = fs::read_to_string(task.path().join("schedstat")).ok()?;
-            Some((tid, stat.split_whitespace().next()?.parse::<u64>().ok()?))
+            let ns = fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|stat| stat.split_whitespace().next()?.parse::<u64>().ok());
+            match ns {
+                Some(ns) => Some((tid, ns)),
+                None => known,
+            }
         })
-        .collect()
+        .collect();
+    Some(threads)
 }
