@@ -472,7 +472,7 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Some(path) = &args.json {
-        if let Err(e) = report::write_json(path, &work, &rows, repeat) {
+        if let Err(e) = report::write_json(path, &work, &rows, repeat, &paired) {
             eprintln!("hypoll: {e}");
             return ExitCode::FAILURE;
         }

@@ -38,6 +38,43 @@ pub struct JsonRow<'a> {
     pub runs: usize,
     /// Under `--alternate`: the segment length, in ms; the row is this policy's turns.
     pub alternate_ms: Option<u64>,
+    /// Under `--alternate`, on the second policy's row: its segments against the first
+    /// policy's on either side, as the printed "run N" lines say.
+    pub paired: Option<JsonPaired<'a>>,
+}
+
+/// The second policy against the first under `--alternate`.
+#[derive(Serialize)]
+pub struct JsonPaired<'a> {
+    /// The first policy.
+    pub against: &'a str,
+    /// One per run (`--repeat`), `null` for a run where no comparison could be made.
+    pub runs: Vec<Option<JsonPairedRun>>,
+}
+
+/// One run's comparison (see [`Paired`]).
+#[derive(Serialize)]
+pub struct JsonPairedRun {
+    pub comparisons: usize,
+    /// Mean latency over the first policy's (a geometric mean of the comparisons).
+    pub latency_ratio: f64,
+    /// Its standard error, in percent; `null` with too few comparisons to say.
+    pub latency_se_pct: Option<f64>,
+    /// CPU less the first policy's, in points of a core per reactor.
+    pub cpu_points: f64,
+    pub cpu_points_se: Option<f64>,
+}
+
+impl From<&Paired> for JsonPairedRun {
+    fn from(p: &Paired) -> JsonPairedRun {
+        JsonPairedRun {
+            comparisons: p.comparisons,
+            latency_ratio: p.latency_ratio,
+            latency_se_pct: p.latency_log_se.map(|se| 100.0 * se.exp_m1()),
+            cpu_points: p.cpu_points,
+            cpu_points_se: p.cpu_points_se,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -190,9 +227,16 @@ fn mean_and_se(values: &[f64]) -> (f64, f64) {
     (mean, (var / n).sqrt())
 }
 
-pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec<JsonRow<'a>> {
+/// The `--json` rows; `paired` is `--alternate`'s comparison per run (empty without it).
+pub fn json_rows<'a>(
+    work: &Workload,
+    rows: &'a [RunResult],
+    runs: usize,
+    paired: &[Option<Paired>],
+) -> Vec<JsonRow<'a>> {
     rows.iter()
-        .map(|r| JsonRow {
+        .enumerate()
+        .map(|(index, r)| JsonRow {
             policy: &r.policy,
             device: work.device.to_string(),
             device_described: work.device_described.clone(),
@@ -222,6 +266,12 @@ pub fn json_rows<'a>(work: &Workload, rows: &'a [RunResult], runs: usize) -> Vec
             alternate_ms: work
                 .alternate
                 .map(|segment| u64::try_from(segment.as_millis()).unwrap_or(u64::MAX)),
+            paired: (work.alternate.is_some() && index == 1 && rows.len() == 2).then(|| {
+                JsonPaired {
+                    against: &rows[0].policy,
+                    runs: paired.iter().map(|p| p.as_ref().map(Into::into)).collect(),
+                }
+            }),
         })
         .collect()
 }
@@ -231,8 +281,9 @@ pub fn write_json(
     work: &Workload,
     rows: &[RunResult],
     runs: usize,
+    paired: &[Option<Paired>],
 ) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(&json_rows(work, rows, runs))
+    let text = serde_json::to_string_pretty(&json_rows(work, rows, runs, paired))
         .map_err(|e| format!("encoding JSON: {e}"))?;
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
 }

@@ -442,6 +442,19 @@ fn alternate_runs_two_policies_in_turns_and_compares_them_segment_by_segment() {
     assert!(ratio > 5.0, "{stdout}");
     assert!(points < -20.0, "{stdout}");
     assert_eq!(rows[1]["alternate_ms"], 25, "{rows}");
+    // The paired line, in the JSON too, on the second policy's row.
+    let json_run = &rows[1]["paired"]["runs"][0];
+    assert_eq!(rows[1]["paired"]["against"], "classic", "{rows}");
+    assert_eq!(rows[0]["paired"], serde_json::Value::Null, "{rows}");
+    let json_ratio = json_run["latency_ratio"].as_f64().unwrap();
+    assert!(
+        (json_ratio / ratio - 1.0).abs() < 0.01,
+        "{json_ratio} against {ratio}"
+    );
+    assert!(
+        (json_run["cpu_points"].as_f64().unwrap() - points).abs() < 0.1,
+        "{rows}"
+    );
 
     // Against itself: alike, on the same footing (a wide band: other tests share the core).
     let out = run("classic");
