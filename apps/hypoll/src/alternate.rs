@@ -20,12 +20,13 @@
 
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use hypoll_policy::{
     Arrival, Decision, DeviceStats, IdleContext, Observation, PollContext, PollPolicy, Slept,
     StatsRecorder,
 };
 use hypoll_reactor::Counters;
+
+use crate::bench::Totals;
 
 /// The shortest segment `--alternate` takes: many times the reactor's timer resolution,
 /// and thousands of I/Os on a microsecond-class device. (A policy that reads the published
@@ -153,35 +154,6 @@ impl Segment {
     }
 }
 
-/// One side's totals over a run, as [`crate::bench::RunResult`] counts them.
-pub struct SideTotals {
-    pub ios: u64,
-    pub errors: u64,
-    pub wall_ns: u64,
-    pub cpu_ns: u64,
-    pub latency: Histogram<u64>,
-    pub sleeps: u64,
-    pub interrupt_waits: u64,
-    pub overshoot_ns: u64,
-    pub slept_ns: u64,
-}
-
-impl SideTotals {
-    fn new(latency_ns_max: u64) -> SideTotals {
-        SideTotals {
-            ios: 0,
-            errors: 0,
-            wall_ns: 0,
-            cpu_ns: 0,
-            latency: Histogram::new_with_bounds(1, latency_ns_max, 3).expect("valid bounds"),
-            sleeps: 0,
-            interrupt_waits: 0,
-            overshoot_ns: 0,
-            slept_ns: 0,
-        }
-    }
-}
-
 /// Where the open segment started.
 #[derive(Clone, Copy)]
 struct Mark {
@@ -193,7 +165,7 @@ struct Mark {
 /// A reactor's account of an alternating run: per side, and per segment.
 pub struct Tally {
     segment_ns: u64,
-    pub sides: [SideTotals; 2],
+    pub sides: [Totals; 2],
     /// Closed segments, oldest first: at most the count the run was built for (the
     /// capacity reserved by [`Tally::new`]; later ones are not kept).
     pub segments: Vec<Segment>,
@@ -209,10 +181,7 @@ impl Tally {
         let room = runtime.as_nanos() / u128::from(segment_ns) + 2;
         Tally {
             segment_ns,
-            sides: [
-                SideTotals::new(latency_ns_max),
-                SideTotals::new(latency_ns_max),
-            ],
+            sides: [Totals::new(latency_ns_max), Totals::new(latency_ns_max)],
             segments: Vec::with_capacity(usize::try_from(room).unwrap_or(usize::MAX)),
             open: Segment::default(),
             mark: None,

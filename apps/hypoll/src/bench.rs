@@ -139,6 +139,19 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// Adds `t`'s counts, CPU and latencies; not its wall time, which each caller combines
+    /// as its runs were laid out.
+    pub(crate) fn add_counts(&mut self, t: &Totals) {
+        self.ios += t.ios;
+        self.errors += t.errors;
+        self.cpu_ns += t.cpu_ns;
+        self.sleeps += t.sleeps;
+        self.interrupt_waits += t.interrupt_waits;
+        self.overshoot_ns += t.overshoot_ns;
+        self.slept_ns += t.slept_ns;
+        self.latency.add(&t.latency).expect("same bounds");
+    }
+
     /// A run of `policy` on `cores` reactors with nothing counted yet.
     pub(crate) fn empty(policy: String, cores: usize) -> RunResult {
         RunResult {
@@ -179,17 +192,38 @@ impl RunResult {
     }
 }
 
+/// Totals over a run: one reactor's, or under `--alternate` one side's of a reactor.
+pub(crate) struct Totals {
+    pub ios: u64,
+    pub errors: u64,
+    pub wall_ns: u64,
+    pub cpu_ns: u64,
+    pub latency: Histogram<u64>,
+    pub sleeps: u64,
+    pub interrupt_waits: u64,
+    pub overshoot_ns: u64,
+    pub slept_ns: u64,
+}
+
+impl Totals {
+    pub(crate) fn new(latency_ns_max: u64) -> Totals {
+        Totals {
+            ios: 0,
+            errors: 0,
+            wall_ns: 0,
+            cpu_ns: 0,
+            latency: Histogram::new_with_bounds(1, latency_ns_max, 3).expect("valid bounds"),
+            sleeps: 0,
+            interrupt_waits: 0,
+            overshoot_ns: 0,
+            slept_ns: 0,
+        }
+    }
+}
+
 /// What one reactor measured.
 struct ReactorReport {
-    ios: u64,
-    errors: u64,
-    wall_ns: u64,
-    cpu_ns: u64,
-    latency: Histogram<u64>,
-    sleeps: u64,
-    interrupt_waits: u64,
-    overshoot_ns: u64,
-    slept_ns: u64,
+    totals: Totals,
     alternation: Option<Tally>,
 }
 
@@ -397,15 +431,17 @@ pub(crate) fn finish(s: &mut Bench) {
     if let Some(mut job) = s.job.take() {
         if let Some(tx) = job.report.take() {
             let _ = tx.send(ReactorReport {
-                ios: job.ios,
-                errors: job.errors,
-                wall_ns: job.wall_ns,
-                cpu_ns: job.cpu_ns,
-                latency: job.latency,
-                sleeps: job.sleeps,
-                interrupt_waits: job.waits,
-                overshoot_ns: job.overshoot_ns,
-                slept_ns: job.slept_ns,
+                totals: Totals {
+                    ios: job.ios,
+                    errors: job.errors,
+                    wall_ns: job.wall_ns,
+                    cpu_ns: job.cpu_ns,
+                    latency: job.latency,
+                    sleeps: job.sleeps,
+                    interrupt_waits: job.waits,
+                    overshoot_ns: job.overshoot_ns,
+                    slept_ns: job.slept_ns,
+                },
                 alternation: job.alternation,
             });
         }
@@ -515,15 +551,9 @@ pub(crate) fn run(
         let rep = rx
             .recv_timeout(wait)
             .map_err(|_| format!("{policy}: a reactor did not report within {wait:?}"))?;
-        total.ios += rep.ios;
-        total.errors += rep.errors;
-        total.wall_ns = total.wall_ns.max(rep.wall_ns);
-        total.cpu_ns += rep.cpu_ns;
-        total.sleeps += rep.sleeps;
-        total.interrupt_waits += rep.interrupt_waits;
-        total.overshoot_ns += rep.overshoot_ns;
-        total.slept_ns += rep.slept_ns;
-        total.latency.add(&rep.latency).expect("same bounds");
+        // The reactors ran side by side: the run lasted as long as the longest.
+        total.add_counts(&rep.totals);
+        total.wall_ns = total.wall_ns.max(rep.totals.wall_ns);
         tallies.extend(rep.alternation);
     }
     if work.verify {

@@ -48,15 +48,10 @@ pub fn run_alternating(
     let mut sides = names.map(|policy| RunResult::empty(policy, total.cores));
     for tally in tallies {
         for (side, got) in sides.iter_mut().zip(&tally.sides) {
-            side.ios += got.ios;
-            side.errors += got.errors;
+            // A side's turns interleave with the other's on every reactor: its wall time is
+            // the reactors' mean.
+            side.add_counts(got);
             side.wall_ns += got.wall_ns / reactors as u64;
-            side.cpu_ns += got.cpu_ns;
-            side.sleeps += got.sleeps;
-            side.interrupt_waits += got.interrupt_waits;
-            side.overshoot_ns += got.overshoot_ns;
-            side.slept_ns += got.slept_ns;
-            side.latency.add(&got.latency).expect("same bounds");
         }
         segments.extend(tally.segments);
     }
