@@ -93,7 +93,13 @@ fn write_blocks(r: &mut Reactor<State>, dev: DeviceId, who: u8, first: u64) {
 
 /// Reads blocks `first..first + BLOCKS` of `dev` and counts those that are not `who`'s.
 fn read_blocks(r: &mut Reactor<State>, dev: DeviceId, who: u8, first: u64) {
-    for lba in first..first + BLOCKS {
+    read_blocks_from(r, dev, who, first, BLOCKS);
+}
+
+/// Reads `count` blocks from `first` of `dev`, all in flight at once, checking `who`'s
+/// pattern in each.
+fn read_blocks_from(r: &mut Reactor<State>, dev: DeviceId, who: u8, first: u64, count: u64) {
+    for lba in first..first + count {
         let check = move |_: &mut Reactor<State>, s: &mut State, d: IoDone| {
             s.done += 1;
             match &d.result {
@@ -131,12 +137,16 @@ fn several_uring_devices_on_one_reactor_keep_their_own_data() {
         std::thread::sleep(THREAD_SLEEPS);
         read_blocks(&mut r, dev_a, 1, 0);
         read_blocks(&mut r, dev_b, 2, 0);
-        // One idle turn with the reads in flight, whatever the timing: a submission thread
-        // can post completions faster than the turns take them, and a reactor that finds
-        // one on every turn never waits. A wait that begins with completions posted on
-        // either ring must still end.
-        r.idle();
         drive(&mut r, &mut state, 4 * BLOCKS);
+        // Then one read on each device, alone. Among many reads a submission thread can
+        // post completions faster than the turns take them, so that every turn finds one
+        // and the reactor never idles (a call to `idle` after a turn that did work does
+        // nothing); with two reads of the disk in flight, a turn soon finds none, and
+        // `interrupt` waits on both rings at once.
+        std::thread::sleep(THREAD_SLEEPS);
+        read_blocks_from(&mut r, dev_a, 1, 0, 1);
+        read_blocks_from(&mut r, dev_b, 2, BLOCKS - 1, 1);
+        drive(&mut r, &mut state, 4 * BLOCKS + 2);
         let what = format!("policy {policy}, options {options:?}");
         assert_eq!((state.failed, state.wrong), (0, 0), "{what}");
         if policy == "interrupt" {
