@@ -244,8 +244,10 @@ fn a_trial_where_few_triples_count_ends_after_twice_its_length() {
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
     let expected = (0.025 * f64::from(3 * 8 + HOLD_WINDOWS) - 0.10 * f64::from(sleeping_counted))
         / (0.10 * f64::from(HOLD_WINDOWS));
+    // Identical triples have no scatter, so the margin adds nothing but the rounding of
+    // their variance (about 1e-9 of the share).
     assert!(
-        (trial.share - expected).abs() < 1e-9,
+        (trial.share - expected).abs() < 1e-7,
         "share {}",
         trial.share
     );
@@ -288,7 +290,7 @@ fn scattering(cost: f64, scatter: f64) -> impl FnMut(u32, bool) -> f64 {
 }
 
 #[test]
-fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher() {
+fn a_trial_whose_triples_scatter_pays_for_its_cost_one_and_a_half_standard_errors_higher() {
     // Sleeps 10 % later, measured exactly, against the same cost measured by triples that
     // scatter: 5 % later and 5 % earlier than that, by turns (in log terms).
     let mut steady = SleepTrial::new();
@@ -304,10 +306,10 @@ fn a_trial_whose_triples_scatter_pays_for_its_cost_half_a_standard_error_higher(
     // Both measure the same cost.
     let cost = scattered.cost.expect("a cost");
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
-    // The scattered trial's share pays for it half a standard error higher: the triples'
-    // standard deviation (12 of them, half each way) over the square root of 12.
+    // The scattered trial's share pays for it one and a half standard errors higher: the
+    // triples' standard deviation (12 of them, half each way) over the square root of 12.
     let sd = scatter * (12.0_f64 / 11.0).sqrt();
-    let paid = (1.10_f64.ln() + 0.5 * sd / 12.0_f64.sqrt()).exp() - 1.0;
+    let paid = (1.10_f64.ln() + 1.5 * sd / 12.0_f64.sqrt()).exp() - 1.0;
     let trial_sleeping = 2 * 3 + (TRIPLES - 3);
     let expected = share_for(paid, BUDGET, TRIPLES, trial_sleeping);
     assert!(
