@@ -244,10 +244,8 @@ fn a_trial_where_few_triples_count_ends_after_twice_its_length() {
     assert!((cost - 0.10).abs() < 1e-9, "cost {cost}");
     let expected = (0.025 * f64::from(3 * 8 + HOLD_WINDOWS) - 0.10 * f64::from(sleeping_counted))
         / (0.10 * f64::from(HOLD_WINDOWS));
-    // Identical triples have no scatter, so the margin adds nothing but the rounding of
-    // their variance (about 1e-9 of the share).
     assert!(
-        (trial.share - expected).abs() < 1e-7,
+        (trial.share - expected).abs() < 1e-9,
         "share {}",
         trial.share
     );
