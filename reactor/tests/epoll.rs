@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use hypoll_reactor::{Device, ReactorConfig, ReactorSet, ReactorStats};
 use support::{
-    config, drive, matches_pattern, read_block, sleep_interruptibly, succeeded, wait_for,
+    config, drive, matches_pattern, read_block, sleep_interruptibly_counted, succeeded, wait_for,
     write_block,
 };
 
@@ -71,13 +71,14 @@ fn a_parked_reactor_on_an_emulated_device_uses_under_1_percent_of_a_core() {
 
 /// Writes then reads back `count` blocks at QD 1 on `device` on a reactor thread under a
 /// policy that sleeps interruptibly for `sleep` once per I/O. Returns the reactor's
-/// statistics and how many completions the policy was told came after an interrupt.
+/// statistics, how many sleeps the policy asked for, and how many completions it was told
+/// came after an interrupt.
 fn sleep_interruptibly_on_a_thread(
     device: &str,
     sleep: Duration,
     count: u64,
-) -> (ReactorStats, u64) {
-    let (policy, after_interrupt) = sleep_interruptibly(sleep);
+) -> (ReactorStats, u64, u64) {
+    let (policy, asked, after_interrupt) = sleep_interruptibly_counted(sleep);
     let cfg = ReactorConfig {
         custom_policy: Some(policy),
         ..config(1, "classic")
@@ -95,6 +96,7 @@ fn sleep_interruptibly_on_a_thread(
     assert!(report.panics.is_empty(), "{:?}", report.panics);
     (
         report.exits[0].stats,
+        asked.load(std::sync::atomic::Ordering::Relaxed),
         after_interrupt.load(std::sync::atomic::Ordering::Relaxed),
     )
 }
@@ -102,10 +104,12 @@ fn sleep_interruptibly_on_a_thread(
 fn a_completion_ends_an_interruptible_sleep() {
     // 1 s asked, 300 us device: the completion's interrupt ends every sleep (100 I/Os
     // would otherwise take 100 s), each is an interrupt wait, and the policy hears that its
-    // completion was seen after one.
+    // completion was seen after one. An I/O the reactor found complete before it asked the
+    // policy (its thread held off the core for the device's 300 us) asks for no sleep.
     let start = Instant::now();
     let dev = "emu:nand,size=16M,read_us=300,write_us=300";
-    let (stats, after_interrupt) = sleep_interruptibly_on_a_thread(dev, Duration::from_secs(1), 50);
+    let (stats, asked, after_interrupt) =
+        sleep_interruptibly_on_a_thread(dev, Duration::from_secs(1), 50);
     assert!(
         start.elapsed() < Duration::from_secs(20),
         "{:?}",
@@ -113,11 +117,12 @@ fn a_completion_ends_an_interruptible_sleep() {
     );
     assert_eq!(stats.counters.ios, 100);
     assert_eq!(stats.counters.sleeps, 0, "{:?}", stats.counters);
-    assert!(
-        stats.counters.interrupt_waits >= 100,
-        "{:?}",
+    assert_eq!(
+        stats.counters.interrupt_waits, asked,
+        "every sleep asked for is an interrupt wait: {:?}",
         stats.counters
     );
+    assert!(asked >= 90, "{asked} of 100 I/Os asked for a sleep");
     assert!(
         after_interrupt >= 90,
         "{after_interrupt} of 100 seen after an interrupt"
@@ -130,7 +135,7 @@ fn an_interruptible_sleep_that_runs_its_course_is_the_ios_one_sleep() {
     // I/Os sleep depends on the machine (one that completed before the reactor got to
     // decide had none); `waits.rs` counts them exactly in virtual time.
     let dev = "emu:nand,size=16M,read_us=2000,write_us=2000,tail_pct=0";
-    let (stats, after_interrupt) =
+    let (stats, _asked, after_interrupt) =
         sleep_interruptibly_on_a_thread(dev, Duration::from_micros(50), 50);
     assert_eq!(stats.counters.ios, 100);
     assert!(stats.counters.sleeps > 0, "{:?}", stats.counters);

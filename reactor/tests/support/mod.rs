@@ -254,9 +254,10 @@ pub fn write_then_read_virtual_with(
 }
 
 /// A policy of the tests' own: one interruptible sleep of `sleep` per I/O, then spin. Counts
-/// the completions it is told were seen after an interrupt wait.
+/// the sleeps it asks for, and the completions it is told were seen after an interrupt wait.
 pub struct SleepInterruptibly {
     pub sleep: Duration,
+    pub asked: Arc<AtomicU64>,
     pub after_interrupt: Arc<AtomicU64>,
 }
 
@@ -270,6 +271,7 @@ impl hypoll_policy::PollPolicy for SleepInterruptibly {
         if ctx.oldest.slept {
             hypoll_policy::Decision::Spin
         } else {
+            self.asked.fetch_add(1, Ordering::Relaxed);
             hypoll_policy::Decision::SleepInterruptible(self.sleep)
         }
     }
@@ -282,15 +284,26 @@ impl hypoll_policy::PollPolicy for SleepInterruptibly {
     }
 }
 
-/// A factory of [`SleepInterruptibly`] policies, and the count they share.
+/// A factory of [`SleepInterruptibly`] policies, and the count of completions seen after an
+/// interrupt that they share.
 pub fn sleep_interruptibly(sleep: Duration) -> (PolicyFactory, Arc<AtomicU64>) {
+    let (factory, _asked, after_interrupt) = sleep_interruptibly_counted(sleep);
+    (factory, after_interrupt)
+}
+
+/// [`sleep_interruptibly`], with the count of sleeps the policies asked for too.
+pub fn sleep_interruptibly_counted(
+    sleep: Duration,
+) -> (PolicyFactory, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let asked = Arc::new(AtomicU64::new(0));
     let after_interrupt = Arc::new(AtomicU64::new(0));
-    let seen = after_interrupt.clone();
+    let (asked_by, seen) = (asked.clone(), after_interrupt.clone());
     let factory = PolicyFactory::new(move |_| {
         Box::new(SleepInterruptibly {
             sleep,
+            asked: asked_by.clone(),
             after_interrupt: seen.clone(),
         })
     });
-    (factory, after_interrupt)
+    (factory, asked, after_interrupt)
 }
