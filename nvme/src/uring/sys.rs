@@ -207,9 +207,10 @@ pub fn nowait_read_refused(file: &File) -> bool {
 }
 
 /// Reads into (or with `write`, writes from) the buffers `iov` describes, at `offset_bytes`
-/// of the file open as `fd`, in the calling thread (`preadv2`/`pwritev2` with `flags`). The
-/// result as io_uring would post it: the bytes moved, or a negative errno. A call that a
-/// signal interrupted before any byte moved is made again.
+/// of the file open as `fd`, in the calling thread (`preadv2`/`pwritev2` with `flags`; one
+/// buffer and no flags by `pread`/`pwrite`, which spare the kernel copying in and checking
+/// an iovec array on every call). The result as io_uring would post it: the bytes moved, or
+/// a negative errno. A call that a signal interrupted before any byte moved is made again.
 ///
 /// # Safety
 /// Every iovec must describe memory that stays valid for the call: writable for a read,
@@ -226,7 +227,13 @@ pub unsafe fn transfer_inline(
     loop {
         // SAFETY: the caller's guarantee on the buffers; `iov` itself is borrowed for the call.
         let ret = unsafe {
-            if write {
+            if let ([one], 0) = (iov, flags) {
+                if write {
+                    libc::pwrite(fd, one.iov_base, one.iov_len, offset)
+                } else {
+                    libc::pread(fd, one.iov_base, one.iov_len, offset)
+                }
+            } else if write {
                 libc::pwritev2(fd, iov.as_ptr(), count, offset, flags)
             } else {
                 libc::preadv2(fd, iov.as_ptr(), count, offset, flags)

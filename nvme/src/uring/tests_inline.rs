@@ -157,6 +157,21 @@ fn inline_reads_and_writes_complete_at_the_next_poll_with_their_data() {
     assert_eq!((done[0].tag, done[0].status), (7, Status::SUCCESS));
     assert_eq!(buf, data[3 * LBA..5 * LBA]);
 
+    // One buffer written without FUA and one with it (the calls differ: `sys.rs`), read
+    // back in one.
+    let (c, d) = ([0x33_u8; LBA], [0x44_u8; LBA]);
+    // SAFETY: the blocks outlive the completions, reaped below.
+    unsafe { qp.submit(&Command::write(14, 1, &c), 11) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::SUCCESS);
+    // SAFETY: as above.
+    unsafe { qp.submit(&Command::write(15, 1, &d).with_fua(true), 12) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::SUCCESS);
+    let mut back = vec![0u8; 3 * LBA];
+    // SAFETY: `back` outlives the completion.
+    unsafe { qp.submit(&Command::read(13, 3, &mut back), 13) }.unwrap();
+    assert_eq!(poll_now(&mut qp)[0].status, Status::SUCCESS);
+    assert_eq!(back, [&data[13 * LBA..14 * LBA], &c[..], &d[..]].concat());
+
     // Vectored: two pieces written (with FUA, which the data cannot show), read back in
     // three.
     let (a, b) = ([0x11_u8; LBA], [0x22_u8; 2 * LBA]);
