@@ -79,7 +79,8 @@ pub enum TaskRun {
 }
 
 /// Whether reads and writes are carried out by the reactor's own thread when submitted
-/// (`preadv2`/`pwritev2`) rather than handed to io_uring.
+/// (`pread`/`pwrite`, or `preadv2`/`pwritev2` for several buffers or FUA) rather than handed
+/// to io_uring.
 ///
 /// A buffered read of a file in memory (tmpfs) copies pages that are already there, which
 /// takes about as long as handing it over. But io_uring tries a buffered read inline only on

@@ -157,8 +157,8 @@ fn inline_reads_and_writes_complete_at_the_next_poll_with_their_data() {
     assert_eq!((done[0].tag, done[0].status), (7, Status::SUCCESS));
     assert_eq!(buf, data[3 * LBA..5 * LBA]);
 
-    // One buffer written without FUA and one with it (the calls differ: `sys.rs`), read
-    // back in one.
+    // One buffer written without FUA and one with it (`sys::transfer_inline` makes the first
+    // by `pwrite`, the second by `pwritev2`), read back in one.
     let (c, d) = ([0x33_u8; LBA], [0x44_u8; LBA]);
     // SAFETY: the blocks outlive the completions, reaped below.
     unsafe { qp.submit(&Command::write(14, 1, &c), 11) }.unwrap();

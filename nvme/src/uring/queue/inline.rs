@@ -1,10 +1,10 @@
 //! Reads and writes the reactor makes itself (`inline=`): the data moves inside `submit`,
-//! by `preadv2`/`pwritev2` on the queue pair's file, and the completion waits in the local
-//! queue for the next poll, as an out-of-range command's does. The command holds a slot
-//! until then, for its iovecs during the call and for the registered regions it uses
-//! (charged to the slot, so that they cannot be unregistered before its completion is
-//! delivered, as for a command in the kernel). Nothing is pushed on a ring, and a later
-//! abort finds nothing to cancel.
+//! by `pread`/`pwrite` (one buffer, no flags) or `preadv2`/`pwritev2` on the queue pair's
+//! file, and the completion waits in the local queue for the next poll, as an out-of-range
+//! command's does. The command holds a slot until then, for its iovecs during the call and
+//! for the registered regions it uses (charged to the slot, so that they cannot be
+//! unregistered before its completion is delivered, as for a command in the kernel).
+//! Nothing is pushed on a ring, and a later abort finds nothing to cancel.
 
 use std::os::fd::AsRawFd;
 
