@@ -292,7 +292,9 @@ fn main() -> ExitCode {
                  sqpoll_idle_ms=N (its idle time before it sleeps, default 1000), \
                  sqpoll_cpu=N (pin it), inline=auto|on|off (reads and writes made by the \
                  reactor itself; auto: on a file in memory whose file system refuses \
-                 non-blocking reads, where io_uring would hand each to a worker thread)",
+                 non-blocking reads, where io_uring would hand each to a worker thread), \
+                 atime=coarse|kernel (inline reads: the access time checked once a minute, \
+                 the default, or on every read)",
                 "uring:/path"
             );
             println!(

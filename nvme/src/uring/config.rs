@@ -1,11 +1,12 @@
 //! What a `uring:` device string says: the path, the keys it accepts
 //! (`direct`, `size`, `lba`, `iopoll`, `taskrun`, `wait`, `sqpoll`, `sqpoll_idle_ms`,
-//! `sqpoll_cpu`, `inline`), how each value is read, the rules between keys, and the
+//! `sqpoll_cpu`, `inline`, `atime`), how each value is read, the rules between keys, and the
 //! canonical text a configuration prints as.
 
 use std::fmt;
 use std::path::PathBuf;
 
+use super::atime::AtimeMode;
 use crate::config::{parse_size_bytes, size_text, ConfigError};
 
 /// Keys `uring:` accepts.
@@ -20,6 +21,7 @@ pub const URING_KEYS: &[&str] = &[
     "sqpoll_idle_ms",
     "sqpoll_cpu",
     "inline",
+    "atime",
 ];
 
 /// Logical block size of a file namespace when `lba=` is not given: 4 KiB suits O_DIRECT
@@ -145,6 +147,9 @@ pub struct UringConfig {
     pub sqpoll_cpu: Option<u32>,
     /// `inline`: reads and writes copied by the reactor itself (see [`InlineMode`]).
     pub inline: InlineMode,
+    /// `atime`: whether inline reads each go through the kernel's access-time check (see
+    /// [`AtimeMode`]).
+    pub atime: AtimeMode,
 }
 
 /// The submission thread's settings of a `sqpoll=on` device.
@@ -169,6 +174,7 @@ impl UringConfig {
             sqpoll_idle_ms: None,
             sqpoll_cpu: None,
             inline: InlineMode::Auto,
+            atime: AtimeMode::Coarse,
         }
     }
 
@@ -299,6 +305,13 @@ impl UringConfig {
                     _ => return Err(bad("auto, on or off")),
                 }
             }
+            "atime" => {
+                self.atime = match value {
+                    "coarse" => AtimeMode::Coarse,
+                    "kernel" => AtimeMode::Kernel,
+                    _ => return Err(bad("coarse or kernel")),
+                }
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     device: "uring".into(),
@@ -344,6 +357,9 @@ impl fmt::Display for UringConfig {
         }
         if self.inline != InlineMode::Auto {
             write!(f, ",inline={}", self.inline.as_str())?;
+        }
+        if self.atime != AtimeMode::Coarse {
+            write!(f, ",atime={}", self.atime.as_str())?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The `uring` device: NVMe-shaped queue pairs over io_uring, on a regular file or a block
 //! device. `uring:/path[,direct=0|1][,size=...][,lba=512|4096][,iopoll=auto|on|off|hybrid]
 //! [,taskrun=defer|signal][,wait=ring|epoll][,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N]
-//! [,inline=auto|on|off]`.
+//! [,inline=auto|on|off][,atime=coarse|kernel]`.
 //!
 //! Each queue pair owns one ring, with the file registered (fixed file 0), and in polled
 //! modes a second one for the commands an IOPOLL ring refuses (the side ring, in `queue`).
@@ -38,16 +38,19 @@
 //!
 //! With `inline` (by default where a buffered file lives in memory and io_uring would hand
 //! every read to a worker thread, see [`InlineMode`]) reads and writes are made by the
-//! reactor's thread when submitted, and only the other commands go through the ring.
+//! reactor's thread when submitted, and only the other commands go through the ring. Those
+//! reads skip the kernel's per-read access-time check but once a minute (`atime`, see
+//! [`AtimeMode`]).
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
-//! checking its size, probing io_uring), `iopoll` (choosing how completions are found),
+//! checking its size, probing io_uring), `atime` (inline reads' access time), `iopoll` (choosing how completions are found),
 //! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
 //! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
 //! set-up and `io_uring_enter`), `threads` (what io_uring's submission threads and workers
 //! cost), `sys` (the raw system calls the io-uring crate does not wrap). This file holds the
 //! controller.
 
+mod atime;
 mod command;
 mod config;
 mod iopoll;
@@ -69,7 +72,9 @@ use std::sync::Arc;
 
 use crate::qpair::{Controller, QueuePair, QueuePairError};
 use crate::spec::NamespaceInfo;
+use atime::AtimeKeeper;
 
+pub use atime::AtimeMode;
 pub use config::{
     InlineMode, IopollMode, SqPoll, TaskRun, UringConfig, SQPOLL_CPU_LIMIT, SQPOLL_IDLE_MS_DEFAULT,
     SQPOLL_IDLE_MS_MAX, URING_FILE_LBA_BYTES, URING_KEYS,
@@ -121,6 +126,9 @@ pub struct UringController {
     /// Reads and writes made inline (`inline=`), and why, for `describe`.
     inline: bool,
     inline_note: String,
+    /// Inline reads' second descriptor, without access-time updates (`atime=coarse`, where
+    /// it applies).
+    noatime: Option<Arc<File>>,
 }
 
 impl UringController {
@@ -142,6 +150,10 @@ impl UringController {
         )?;
         qp.ring_wait = self.cfg.ring_wait;
         qp.inline = self.inline;
+        qp.atime = self
+            .noatime
+            .as_ref()
+            .map(|noatime| AtimeKeeper::new(self.file.clone(), noatime.clone()));
         Ok(qp)
     }
 }

@@ -15,8 +15,8 @@ use io_uring::IoUring;
 use super::iopoll::choose_mode;
 use super::ring::{deferred_ring, main_ring};
 use super::{
-    sys, CompletionMode, InlineMode, TaskRun, UringConfig, UringController, URING_FILE_LBA_BYTES,
-    URING_TRANSFER_BYTES_MAX,
+    atime, sys, AtimeMode, CompletionMode, InlineMode, TaskRun, UringConfig, UringController,
+    URING_FILE_LBA_BYTES, URING_TRANSFER_BYTES_MAX,
 };
 use crate::config::size_text;
 use crate::spec::NamespaceInfo;
@@ -220,7 +220,25 @@ impl UringController {
             // Polled rings post completions from the reactor's own io_uring_enter already.
             _ => (false, String::new()),
         };
-        let (inline, inline_note) = choose_inline(cfg, &file, meta.is_file());
+        let (inline, mut inline_note) = choose_inline(cfg, &file, meta.is_file());
+        let noatime = match (inline, cfg.atime) {
+            (false, _) => None,
+            (true, AtimeMode::Kernel) => {
+                inline_note.push_str(", each read's access time checked (atime=kernel)");
+                None
+            }
+            (true, AtimeMode::Coarse) => match atime::noatime_reader(&file) {
+                Ok(reader) => {
+                    inline_note
+                        .push_str(", the access time checked on one read a minute (atime=coarse)");
+                    Some(Arc::new(reader))
+                }
+                Err(why) => {
+                    inline_note.push_str(&format!(", each read's access time checked: {why}"));
+                    None
+                }
+            },
+        };
         Ok(UringController {
             cfg: cfg.clone(),
             file: Arc::new(file),
@@ -237,6 +255,7 @@ impl UringController {
             taskrun_note,
             inline,
             inline_note,
+            noatime,
         })
     }
 }

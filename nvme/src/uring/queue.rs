@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, IoUring};
 
+use super::atime::AtimeKeeper;
 use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
 use super::ring::{enter, entered, main_ring, transient, unentered, wait_for_room};
 use super::{CompletionMode, SqPoll};
@@ -121,6 +122,9 @@ pub struct UringQueuePair {
     /// Reads and writes are made by this thread at submission (`inline=`), their
     /// completions queued in `local`; nothing else changes.
     pub(super) inline: bool,
+    /// Inline reads' choice of descriptor for the access time (`atime=coarse`, where it
+    /// applies); `None`: every read through `file`.
+    pub(super) atime: Option<AtimeKeeper>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -227,6 +231,7 @@ impl UringQueuePair {
             ring_wait: true,
             held: false,
             inline: false,
+            atime: None,
             _not_send: PhantomData,
         })
     }

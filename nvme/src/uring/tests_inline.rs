@@ -1,9 +1,10 @@
-//! Unit tests of `inline=` (reads and writes the reactor's thread makes itself) and of the
-//! count of io_uring's own threads' CPU, whose workers make those reads otherwise.
+//! Unit tests of `inline=` (reads and writes the reactor's thread makes itself), of their
+//! access time (`atime=`), and of the count of io_uring's own threads' CPU, whose workers make those reads otherwise.
 
+use std::fs::{File, FileTimes};
 use std::io::{IoSlice, IoSliceMut};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::open::inline_wanted;
 use super::threads::Seen;
@@ -337,4 +338,92 @@ fn the_workers_cpu_time_is_counted() {
         after_ns >= before_ns + 1_000_000,
         "{before_ns} ns then {after_ns} ns for 2,000 reads through the workers"
     );
+}
+
+/// Inline reads under `atime=` (see `atime.rs`): with `kernel` each read moves an access time
+/// the mount's rule says is stale; with `coarse` only the first read of a minute does, and a
+/// queue pair dropped after unchecked reads checks once more.
+#[test]
+fn inline_reads_check_the_access_time_once_a_minute_and_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = patterned(dir.path(), 8);
+    let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
+    // Under relatime, the usual mount, a read moves an access time that is a day old (and
+    // setting it moves the change time past it, which also calls for a move).
+    let make_stale = || {
+        let times = FileTimes::new().set_accessed(two_days_ago);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_times(times)
+            .unwrap();
+    };
+    let moved = || {
+        let accessed = std::fs::metadata(&path).unwrap().accessed().unwrap();
+        accessed > two_days_ago + Duration::from_secs(86_400)
+    };
+    let read = |qp: &mut UringQueuePair| {
+        let mut buf = vec![0u8; LBA];
+        // SAFETY: `buf` outlives the completion, reaped below.
+        unsafe { qp.submit(&Command::read(2, 1, &mut buf), 1) }.unwrap();
+        assert_eq!(poll_now(qp)[0].status, Status::SUCCESS);
+    };
+    let mut kernel = buffered(&path, "on");
+    kernel.set("atime", "kernel").unwrap();
+    assert!(kernel.to_string().ends_with(",inline=on,atime=kernel"));
+    assert!(matches!(
+        kernel.clone().set("atime", "never"),
+        Err(ConfigError::BadValue { .. })
+    ));
+    assert!(!buffered(&path, "on").to_string().contains("atime"));
+    let ctrl = UringController::open(&kernel).unwrap();
+    assert!(
+        ctrl.describe().contains("(atime=kernel)"),
+        "{}",
+        ctrl.describe()
+    );
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    make_stale();
+    read(&mut qp);
+    if !moved() {
+        // A strictatime mount would move it; this one never does (noatime): nothing to see.
+        assert!(!atime::relatime_mount(&File::open(&path).unwrap()).unwrap());
+        return;
+    }
+    make_stale();
+    read(&mut qp);
+    assert!(moved(), "atime=kernel: every read is checked");
+    drop(qp);
+
+    let ctrl = UringController::open(&buffered(&path, "on")).unwrap();
+    let describe = ctrl.describe();
+    if !describe.contains("(atime=coarse)") {
+        // Not a relatime mount, or not the file's owner: every read is checked, and says so.
+        assert!(
+            describe.contains("each read's access time checked: "),
+            "{describe}"
+        );
+        return;
+    }
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    make_stale();
+    read(&mut qp);
+    assert!(moved(), "the first read is checked");
+    make_stale();
+    read(&mut qp);
+    read(&mut qp);
+    assert!(
+        !moved(),
+        "atime=coarse: reads within the minute are not checked"
+    );
+    drop(qp);
+    assert!(moved(), "the queue pair checks once more when dropped");
+
+    // A queue pair whose reads were all checked owes nothing when dropped.
+    let mut qp = ctrl.queue_pair(4).unwrap();
+    read(&mut qp);
+    make_stale();
+    drop(qp);
+    assert!(!moved(), "nothing read unchecked, nothing to check");
 }

@@ -4,7 +4,8 @@
 //! command's does. The command holds a slot until then, for its iovecs during the call and
 //! for the registered regions it uses (charged to the slot, so that they cannot be
 //! unregistered before its completion is delivered, as for a command in the kernel).
-//! Nothing is pushed on a ring, and a later abort finds nothing to cancel.
+//! Nothing is pushed on a ring, and a later abort finds nothing to cancel. Reads go through
+//! the file's second descriptor, which skips the access time, but once a minute (`atime`).
 
 use std::os::fd::AsRawFd;
 
@@ -59,18 +60,14 @@ impl UringQueuePair {
             0
         };
         let offset_bytes = cmd.slba() * u64::from(self.ns.lba_size_bytes);
+        let fd = match &mut self.atime {
+            Some(keeper) if !write => keeper.read_fd(crate::sys::monotonic_coarse_ns()),
+            _ => self.file.as_raw_fd(),
+        };
         // SAFETY: the caller of `submit` keeps the command's buffers valid until its
         // completion is delivered (QueuePair::submit's contract), which is after this call;
         // the transfer limit keeps the length far below i32::MAX.
-        let result = unsafe {
-            sys::transfer_inline(
-                self.file.as_raw_fd(),
-                write,
-                &iov[..count],
-                offset_bytes,
-                flags,
-            )
-        };
+        let result = unsafe { sys::transfer_inline(fd, write, &iov[..count], offset_bytes, flags) };
         if regions != 0 {
             self.regions.charge(slot as usize, regions);
         }

@@ -1,0 +1,158 @@
+//! The access time of a file the reactor reads itself (`inline`), under `atime=`.
+//!
+//! Every read through an ordinary file descriptor asks the kernel whether the file's access
+//! time must move (`touch_atime`). On a `relatime` mount, the usual one, it moves only when
+//! it is not later than the file's last change or is a day old; but the asking (the clock,
+//! the inode's times, its owner mapped through the mount) runs on every read, and for a 4 KiB
+//! read of a file in memory it is a share of the read worth saving (docs/results.md).
+//!
+//! With `atime=coarse` (the default) inline reads go through a second descriptor of the same
+//! open file, opened with `O_NOATIME`, which skips the asking, and once a minute a read goes
+//! through the ordinary descriptor instead, so the kernel still applies the mount's rule: the
+//! access time is at most a minute later than the mount alone would make it. A queue pair
+//! that read without the asking since its last ordinary read makes one more, of one byte,
+//! when it is dropped. `atime=kernel` keeps every read on the ordinary descriptor.
+//!
+//! Only on a `relatime` mount: under `strictatime` every read is meant to move the access
+//! time, and under `noatime` the kernel skips the asking already. `O_NOATIME` needs the
+//! file's owner or CAP_FOWNER; without either, reads stay on the ordinary descriptor.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::sync::Arc;
+
+/// How long reads go without the kernel's access-time check before one goes through it.
+pub(super) const ATIME_TOUCH_INTERVAL_NS: u64 = 60 * 1_000_000_000;
+
+/// Whether the kernel checks the access time on each inline read (see the module
+/// documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// Once a minute, on a `relatime` mount, where the file's owner opens it; otherwise on
+    /// every read.
+    Coarse,
+    /// On every read, as for any reader.
+    Kernel,
+}
+
+impl AtimeMode {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            AtimeMode::Coarse => "coarse",
+            AtimeMode::Kernel => "kernel",
+        }
+    }
+}
+
+/// A second descriptor of `file` that reads without moving its access time, where `atime=
+/// coarse` applies to it (see the module documentation); otherwise why not, for `describe`.
+pub(super) fn noatime_reader(file: &File) -> Result<File, String> {
+    if !relatime_mount(file)? {
+        return Err("strictatime or noatime mount".into());
+    }
+    // Through /proc, the same file even if its path has been renamed or replaced since.
+    let reopened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) => "O_NOATIME needs the file's owner or CAP_FOWNER".to_string(),
+            _ => format!("no second descriptor through /proc ({e})"),
+        })?;
+    let (a, b) = (
+        file.metadata().map_err(|e| e.to_string())?,
+        reopened.metadata().map_err(|e| e.to_string())?,
+    );
+    if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+        return Err("the second descriptor is another file".into());
+    }
+    Ok(reopened)
+}
+
+/// Whether `file`'s mount updates access times by the `relatime` rule.
+pub(super) fn relatime_mount(file: &File) -> Result<bool, String> {
+    // SAFETY: a zeroed statvfs is a valid value to be overwritten; the call writes only it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, borrowed for the call, and a writable statvfs.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(format!(
+            "the mount cannot be asked ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(st.f_flag & libc::ST_RELATIME != 0 && st.f_flag & libc::ST_NOATIME == 0)
+}
+
+/// A queue pair's choice, read by read, between the two descriptors.
+#[derive(Debug)]
+pub(super) struct AtimeKeeper {
+    /// The ordinary descriptor (the queue pair's file).
+    plain: Arc<File>,
+    noatime: Arc<File>,
+    /// When the next read goes through `plain` (CLOCK_MONOTONIC_COARSE, ns); 0 at first.
+    touch_due_ns: u64,
+    /// A read went through `noatime` since the last one through `plain`.
+    touch_owed: bool,
+}
+
+impl AtimeKeeper {
+    pub(super) fn new(plain: Arc<File>, noatime: Arc<File>) -> AtimeKeeper {
+        AtimeKeeper {
+            plain,
+            noatime,
+            touch_due_ns: 0,
+            touch_owed: false,
+        }
+    }
+
+    /// The descriptor for a read made at `now_ns`.
+    pub(super) fn read_fd(&mut self, now_ns: u64) -> RawFd {
+        if now_ns >= self.touch_due_ns {
+            self.touch_due_ns = now_ns.saturating_add(ATIME_TOUCH_INTERVAL_NS);
+            self.touch_owed = false;
+            self.plain.as_raw_fd()
+        } else {
+            self.touch_owed = true;
+            self.noatime.as_raw_fd()
+        }
+    }
+}
+
+impl Drop for AtimeKeeper {
+    fn drop(&mut self) {
+        if self.touch_owed {
+            // One byte through the ordinary descriptor, so that the last reads count. A
+            // failure changes no data and has no one to tell: the access time stays behind.
+            let _ = self.plain.read_at(&mut [0u8; 1], 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keeper() -> AtimeKeeper {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let other = Arc::new(tempfile::tempfile().unwrap());
+        AtimeKeeper::new(file, other)
+    }
+
+    #[test]
+    fn one_read_a_minute_goes_through_the_ordinary_descriptor() {
+        let mut k = keeper();
+        let (plain, noatime) = (k.plain.as_raw_fd(), k.noatime.as_raw_fd());
+        let start = 5_000_000_000;
+        assert_eq!(k.read_fd(start), plain, "the first read is checked");
+        assert!(!k.touch_owed);
+        assert_eq!(k.read_fd(start + 1), noatime);
+        assert_eq!(k.read_fd(start + ATIME_TOUCH_INTERVAL_NS - 1), noatime);
+        assert!(k.touch_owed, "reads went unchecked");
+        assert_eq!(k.read_fd(start + ATIME_TOUCH_INTERVAL_NS), plain);
+        assert!(!k.touch_owed);
+        // After a long quiet spell the first read is checked at once.
+        assert_eq!(k.read_fd(start + 10 * ATIME_TOUCH_INTERVAL_NS), plain);
+        assert_eq!(k.read_fd(start + 10 * ATIME_TOUCH_INTERVAL_NS + 1), noatime);
+    }
+}
