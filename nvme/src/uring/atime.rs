@@ -7,11 +7,14 @@
 //! read of a file in memory it is a share of the read worth saving (docs/results.md).
 //!
 //! With `atime=coarse` (the default) inline reads go through a second descriptor of the same
-//! open file, opened with `O_NOATIME`, which skips the asking, and once a minute a read goes
-//! through the ordinary descriptor instead, so the kernel still applies the mount's rule: the
-//! access time is at most a minute later than the mount alone would make it. A queue pair
-//! that read without the asking since its last ordinary read makes one more, of one byte,
-//! when it is dropped. `atime=kernel` keeps every read on the ordinary descriptor.
+//! file, opened with `O_NOATIME`, which skips the asking, and the first read of each minute
+//! goes through the ordinary descriptor instead, so the kernel still applies the mount's
+//! rule. A queue pair that read without the asking since its last ordinary read makes one
+//! more, of one byte, when it is dropped. What can go uncounted is the reads since the last
+//! checked one, at most a minute of them, until the next read or the drop (for good if the
+//! process is killed): `relatime` itself lets the access time trail the reads by a day, and
+//! those who go by it (cleaners of /tmp) count in days. `atime=kernel` keeps every read on
+//! the ordinary descriptor.
 //!
 //! Only on a `relatime` mount: under `strictatime` every read is meant to move the access
 //! time, and under `noatime` the kernel skips the asking already. `O_NOATIME` needs the

@@ -38,17 +38,17 @@
 //!
 //! With `inline` (by default where a buffered file lives in memory and io_uring would hand
 //! every read to a worker thread, see [`InlineMode`]) reads and writes are made by the
-//! reactor's thread when submitted, and only the other commands go through the ring. Those
-//! reads skip the kernel's per-read access-time check but once a minute (`atime`, see
-//! [`AtimeMode`]).
+//! reactor's thread when submitted, and only the other commands go through the ring. Where
+//! `atime=coarse` applies, those reads skip the kernel's per-read access-time check but once
+//! a minute (see [`AtimeMode`]).
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
-//! checking its size, probing io_uring), `atime` (inline reads' access time), `iopoll` (choosing how completions are found),
-//! `queue` (the queue pair: its rings, submission, reaping, aborts), `command` (an NVMe
-//! command as an io_uring operation, an io_uring result as an NVMe status), `ring` (ring
-//! set-up and `io_uring_enter`), `threads` (what io_uring's submission threads and workers
-//! cost), `sys` (the raw system calls the io-uring crate does not wrap). This file holds the
-//! controller.
+//! checking its size, probing io_uring), `atime` (inline reads' access time), `iopoll`
+//! (choosing how completions are found), `queue` (the queue pair: its rings, submission,
+//! reaping, aborts), `command` (an NVMe command as an io_uring operation, an io_uring
+//! result as an NVMe status), `ring` (ring set-up and `io_uring_enter`), `threads` (what
+//! io_uring's submission threads and workers cost), `sys` (the raw system calls the
+//! io-uring crate does not wrap). This file holds the controller.
 
 mod atime;
 mod command;

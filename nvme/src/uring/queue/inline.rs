@@ -4,8 +4,9 @@
 //! command's does. The command holds a slot until then, for its iovecs during the call and
 //! for the registered regions it uses (charged to the slot, so that they cannot be
 //! unregistered before its completion is delivered, as for a command in the kernel).
-//! Nothing is pushed on a ring, and a later abort finds nothing to cancel. Reads go through
-//! the file's second descriptor, which skips the access time, but once a minute (`atime`).
+//! Nothing is pushed on a ring, and a later abort finds nothing to cancel. Where
+//! `atime=coarse` applies, reads go through the file's second descriptor, which skips the
+//! access time, but once a minute (`atime.rs`).
 
 use std::os::fd::AsRawFd;
 
