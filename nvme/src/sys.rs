@@ -9,26 +9,23 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 /// CLOCK_MONOTONIC in nanoseconds, the time base of every deadline in this crate and of
 /// timerfd's absolute timers.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(rc, 0);
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// CLOCK_MONOTONIC_COARSE in nanoseconds: the time of the last clock tick, read without
 /// the hardware clock, for choices that need to be right to a tick, not to a nanosecond.
 pub fn monotonic_coarse_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE exists since
-    // Linux 2.6.32.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; both clocks this module reads exist on
+    // every Linux this crate runs on (CLOCK_MONOTONIC_COARSE since 2.6.32).
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     debug_assert_eq!(rc, 0);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
