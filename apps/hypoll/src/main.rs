@@ -293,8 +293,8 @@ fn main() -> ExitCode {
                  sqpoll_cpu=N (pin it), inline=auto|on|off (reads and writes made by the \
                  reactor itself; auto: on a file in memory whose file system refuses \
                  non-blocking reads, where io_uring would hand each to a worker thread), \
-                 atime=coarse|kernel (inline reads: the access time checked once a minute, \
-                 the default, or on every read)",
+                 atime=coarse|kernel (reads through the page cache: the access time \
+                 checked once a minute, the default, or on every read)",
                 "uring:/path"
             );
             println!(

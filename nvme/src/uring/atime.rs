@@ -1,4 +1,4 @@
-//! The access time of a file the reactor reads itself (`inline`), under `atime=`.
+//! The access time of a file read through the page cache (`direct=0`), under `atime=`.
 //!
 //! Every read through an ordinary file descriptor asks the kernel whether the file's access
 //! time must move (`touch_atime`). On a `relatime` mount, the usual one, it moves only when
@@ -6,15 +6,16 @@
 //! the inode's times, its owner mapped through the mount) runs on every read, and for a 4 KiB
 //! read of a file in memory it is a share of the read worth saving (docs/results.md).
 //!
-//! With `atime=coarse` (the default) inline reads go through a second descriptor of the same
-//! file, opened with `O_NOATIME`, which skips the asking, and the first read of each minute
-//! goes through the ordinary descriptor instead, so the kernel still applies the mount's
-//! rule. A queue pair that read without the asking since its last ordinary read makes one
-//! more, of one byte, when it is dropped. What can go uncounted is the reads since the last
-//! checked one, at most a minute of them, until the next read or the drop (for good if the
-//! process is killed): `relatime` itself lets the access time trail the reads by a day, and
-//! those who go by it (cleaners of /tmp) count in days. `atime=kernel` keeps every read on
-//! the ordinary descriptor.
+//! With `atime=coarse` (the default) reads go through a second descriptor of the same file,
+//! opened with `O_NOATIME`, which skips the asking (inline, or as the ring's fixed file 1),
+//! and the first read of each minute goes through the ordinary descriptor instead, so the
+//! kernel still applies the mount's rule. A queue pair that read without the asking since
+//! its last ordinary read makes one more, of one byte, when it is dropped. What can go
+//! uncounted is the reads since the last checked one, at most a minute of them, until the
+//! next read or the drop (for good if the process is killed): `relatime` itself lets the
+//! access time trail the reads by a day, and those who go by it (cleaners of /tmp) count in
+//! days. `atime=kernel` keeps every read on the ordinary descriptor. With `direct=1`
+//! nothing changes: a read that waits for the disk takes far longer than the check.
 //!
 //! Only on a `relatime` mount: under `strictatime` every read is meant to move the access
 //! time, and under `noatime` the kernel skips the asking already. `O_NOATIME` needs the
@@ -28,8 +29,8 @@ use std::sync::Arc;
 /// How long reads go without the kernel's access-time check before one goes through it.
 pub(super) const ATIME_TOUCH_INTERVAL_NS: u64 = 60 * 1_000_000_000;
 
-/// Whether the kernel checks the access time on each inline read (see the module
-/// documentation).
+/// Whether the kernel checks the access time on each read through the page cache (see the
+/// module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtimeMode {
     /// Once a minute, on a `relatime` mount, where the file's owner opens it; otherwise on
@@ -109,16 +110,22 @@ impl AtimeKeeper {
         }
     }
 
-    /// The descriptor for a read made at `now_ns`.
-    pub(super) fn read_fd(&mut self, now_ns: u64) -> RawFd {
+    /// Whether a read made at `now_ns` goes through the ordinary descriptor, where the kernel
+    /// checks the access time (the first of each minute), or through the second one.
+    pub(super) fn check_read(&mut self, now_ns: u64) -> bool {
         if now_ns >= self.touch_due_ns {
             self.touch_due_ns = now_ns.saturating_add(ATIME_TOUCH_INTERVAL_NS);
             self.touch_owed = false;
-            self.plain.as_raw_fd()
+            true
         } else {
             self.touch_owed = true;
-            self.noatime.as_raw_fd()
+            false
         }
+    }
+
+    /// The second descriptor, without access-time updates.
+    pub(super) fn noatime_fd(&self) -> RawFd {
+        self.noatime.as_raw_fd()
     }
 }
 
@@ -145,17 +152,16 @@ mod tests {
     #[test]
     fn one_read_a_minute_goes_through_the_ordinary_descriptor() {
         let mut k = keeper();
-        let (plain, noatime) = (k.plain.as_raw_fd(), k.noatime.as_raw_fd());
         let start = 5_000_000_000;
-        assert_eq!(k.read_fd(start), plain, "the first read is checked");
+        assert!(k.check_read(start), "the first read is checked");
         assert!(!k.touch_owed);
-        assert_eq!(k.read_fd(start + 1), noatime);
-        assert_eq!(k.read_fd(start + ATIME_TOUCH_INTERVAL_NS - 1), noatime);
+        assert!(!k.check_read(start + 1));
+        assert!(!k.check_read(start + ATIME_TOUCH_INTERVAL_NS - 1));
         assert!(k.touch_owed, "reads went unchecked");
-        assert_eq!(k.read_fd(start + ATIME_TOUCH_INTERVAL_NS), plain);
+        assert!(k.check_read(start + ATIME_TOUCH_INTERVAL_NS));
         assert!(!k.touch_owed);
         // After a long quiet spell the first read is checked at once.
-        assert_eq!(k.read_fd(start + 10 * ATIME_TOUCH_INTERVAL_NS), plain);
-        assert_eq!(k.read_fd(start + 10 * ATIME_TOUCH_INTERVAL_NS + 1), noatime);
+        assert!(k.check_read(start + 10 * ATIME_TOUCH_INTERVAL_NS));
+        assert!(!k.check_read(start + 10 * ATIME_TOUCH_INTERVAL_NS + 1));
     }
 }

@@ -33,8 +33,8 @@ pub(super) enum Zeroing {
     Allocate,
 }
 
-/// The operation for a Read or a Write of the one buffer at `buf_ptr`, on fixed file 0, with
-/// `slot` as its user data: through the fixed buffer `fixed` names when the buffer lies in a
+/// The operation for a Read or a Write of the one buffer at `buf_ptr`, on the fixed file
+/// `file`, with `slot` as its user data: through the fixed buffer `fixed` names when the buffer lies in a
 /// registered one (the pinned pool is 0, an application's regions follow); a Write with FUA
 /// is written with `RWF_DSYNC`.
 pub(super) fn data_entry(
@@ -43,8 +43,8 @@ pub(super) fn data_entry(
     flight: &InFlight,
     slot: u32,
     fixed: Option<u16>,
+    file: types::Fixed,
 ) -> squeue::Entry {
-    let file = types::Fixed(0);
     let len_bytes = flight.len_bytes as u32;
     let entry = match (flight.opcode, fixed) {
         (Opcode::Read, Some(index)) => opcode::ReadFixed::new(file, buf_ptr, len_bytes, index)
@@ -67,7 +67,7 @@ pub(super) fn data_entry(
 }
 
 /// The operation for a vectored Read or Write (`readv`/`writev`) over the `count` iovecs at
-/// `iov`, which the queue pair keeps until the completion is reaped; FUA as in
+/// `iov`, which the queue pair keeps until the completion is reaped; the file and FUA as in
 /// [`data_entry`].
 pub(super) fn vectored_entry(
     cmd: &Command<'_>,
@@ -75,8 +75,8 @@ pub(super) fn vectored_entry(
     count: u32,
     flight: &InFlight,
     slot: u32,
+    file: types::Fixed,
 ) -> squeue::Entry {
-    let file = types::Fixed(0);
     let entry = match flight.opcode {
         Opcode::Read => opcode::Readv::new(file, iov, count)
             .offset(flight.offset_bytes)

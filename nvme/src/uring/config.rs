@@ -147,8 +147,8 @@ pub struct UringConfig {
     pub sqpoll_cpu: Option<u32>,
     /// `inline`: reads and writes copied by the reactor itself (see [`InlineMode`]).
     pub inline: InlineMode,
-    /// `atime`: whether inline reads each go through the kernel's access-time check (see
-    /// [`AtimeMode`]).
+    /// `atime`: whether each read through the page cache goes through the kernel's
+    /// access-time check (see [`AtimeMode`]).
     pub atime: AtimeMode,
 }
 

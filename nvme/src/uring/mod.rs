@@ -38,12 +38,12 @@
 //!
 //! With `inline` (by default where a buffered file lives in memory and io_uring would hand
 //! every read to a worker thread, see [`InlineMode`]) reads and writes are made by the
-//! reactor's thread when submitted, and only the other commands go through the ring. Where
-//! `atime=coarse` applies, those reads skip the kernel's per-read access-time check but once
-//! a minute (see [`AtimeMode`]).
+//! reactor's thread when submitted, and only the other commands go through the ring. Reads
+//! through the page cache skip the kernel's per-read access-time check but once a minute,
+//! where `atime=coarse` applies (see [`AtimeMode`]).
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
-//! checking its size, probing io_uring), `atime` (inline reads' access time), `iopoll`
+//! checking its size, probing io_uring), `atime` (the access time of reads through the page cache), `iopoll`
 //! (choosing how completions are found), `queue` (the queue pair: its rings, submission,
 //! reaping, aborts), `command` (an NVMe command as an io_uring operation, an io_uring
 //! result as an NVMe status), `ring` (ring set-up and `io_uring_enter`), `threads` (what
@@ -126,9 +126,10 @@ pub struct UringController {
     /// Reads and writes made inline (`inline=`), and why, for `describe`.
     inline: bool,
     inline_note: String,
-    /// Inline reads' second descriptor, without access-time updates (`atime=coarse`, where
-    /// it applies).
+    /// The second descriptor reads go through, without access-time updates (`atime=coarse`,
+    /// where it applies), and what `describe` says of it.
     noatime: Option<Arc<File>>,
+    atime_note: String,
 }
 
 impl UringController {
@@ -150,10 +151,9 @@ impl UringController {
         )?;
         qp.ring_wait = self.cfg.ring_wait;
         qp.inline = self.inline;
-        qp.atime = self
-            .noatime
-            .as_ref()
-            .map(|noatime| AtimeKeeper::new(self.file.clone(), noatime.clone()));
+        if let Some(noatime) = &self.noatime {
+            qp.keep_atime(AtimeKeeper::new(self.file.clone(), noatime.clone()))?;
+        }
         Ok(qp)
     }
 }
@@ -177,11 +177,10 @@ impl Controller for UringController {
                 )
             ),
         };
-        let inline = if self.inline_note.is_empty() {
-            String::new()
-        } else {
-            format!("; {}", self.inline_note)
-        };
+        let inline = [&self.inline_note, &self.atime_note]
+            .into_iter()
+            .filter(|note| !note.is_empty())
+            .fold(String::new(), |all, note| all + "; " + note);
         format!(
             "{} ({}, {} completions: {}{taskrun}{sqpoll}{inline}; {})",
             self.cfg,

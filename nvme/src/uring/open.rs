@@ -220,25 +220,8 @@ impl UringController {
             // Polled rings post completions from the reactor's own io_uring_enter already.
             _ => (false, String::new()),
         };
-        let (inline, mut inline_note) = choose_inline(cfg, &file, meta.is_file());
-        let noatime = match (inline, cfg.atime) {
-            (false, _) => None,
-            (true, AtimeMode::Kernel) => {
-                inline_note.push_str(", each read's access time checked (atime=kernel)");
-                None
-            }
-            (true, AtimeMode::Coarse) => match atime::noatime_reader(&file) {
-                Ok(reader) => {
-                    inline_note
-                        .push_str(", the access time checked on one read a minute (atime=coarse)");
-                    Some(Arc::new(reader))
-                }
-                Err(why) => {
-                    inline_note.push_str(&format!(", each read's access time checked: {why}"));
-                    None
-                }
-            },
-        };
+        let (inline, inline_note) = choose_inline(cfg, &file, meta.is_file());
+        let (noatime, atime_note) = choose_atime(cfg, &file);
         Ok(UringController {
             cfg: cfg.clone(),
             file: Arc::new(file),
@@ -256,7 +239,27 @@ impl UringController {
             inline,
             inline_note,
             noatime,
+            atime_note,
         })
+    }
+}
+
+/// The second descriptor reads through the page cache go through (see `atime.rs`), and what
+/// `describe` says of it (empty with O_DIRECT, where the access time is left to the kernel).
+fn choose_atime(cfg: &UringConfig, file: &File) -> (Option<Arc<File>>, String) {
+    match (cfg.direct, cfg.atime) {
+        (true, _) => (None, String::new()),
+        (false, AtimeMode::Kernel) => (
+            None,
+            "each read's access time checked (atime=kernel)".to_string(),
+        ),
+        (false, AtimeMode::Coarse) => match atime::noatime_reader(file) {
+            Ok(reader) => (
+                Some(Arc::new(reader)),
+                "the access time checked on one read a minute (atime=coarse)".to_string(),
+            ),
+            Err(why) => (None, format!("each read's access time checked: {why}")),
+        },
     }
 }
 

@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
-use io_uring::{opcode, squeue, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 
 use super::atime::AtimeKeeper;
 use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
@@ -37,6 +37,9 @@ use wait::{WakePoll, WAKE_USER_DATA};
 
 /// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;
+
+/// The main ring's fixed file for reads that skip the access-time check (`atime.rs`).
+const NOATIME_FILE_INDEX: u32 = 1;
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
 /// `fsync`, `fallocate` and `ASYNC_CANCEL` with EINVAL on a ring set up with IOPOLL, so
@@ -122,8 +125,8 @@ pub struct UringQueuePair {
     /// Reads and writes are made by this thread at submission (`inline=`), their
     /// completions queued in `local`; nothing else changes.
     pub(super) inline: bool,
-    /// Inline reads' choice of descriptor for the access time (`atime=coarse`, where it
-    /// applies); `None`: every read through `file`.
+    /// Reads' choice of descriptor (inline) or fixed file (through the ring) for the access
+    /// time (`atime=coarse`, where it applies); `None`: every read through `file`.
     pub(super) atime: Option<AtimeKeeper>,
     _not_send: PhantomData<*const ()>,
 }
@@ -146,7 +149,8 @@ impl UringQueuePair {
         }
         let entries = depth.next_power_of_two() as u32;
         let ring = main_ring(mode, defer_taskrun, sqpoll, entries)?;
-        ring.submitter().register_files(&[file.as_raw_fd()])?;
+        // Fixed file 1 is the same file until `keep_atime` puts the second descriptor there.
+        ring.submitter().register_files(&[file.as_raw_fd(); 2])?;
         let direct = opened_direct(&file);
         // Register the pinned pool once: reads and writes into it skip the kernel's per-I/O
         // page pinning. The table is sparse, with room after the pool for the regions an
@@ -239,6 +243,28 @@ impl UringQueuePair {
     /// How this queue pair finds completions.
     pub fn mode(&self) -> CompletionMode {
         self.mode
+    }
+
+    /// Reads from now on through `keeper`'s second descriptor but once a minute (see
+    /// `atime.rs`): inline ones directly, the others as fixed file 1 of the main ring.
+    pub(super) fn keep_atime(&mut self, keeper: AtimeKeeper) -> Result<(), QueuePairError> {
+        self.ring
+            .submitter()
+            .register_files_update(NOATIME_FILE_INDEX, &[keeper.noatime_fd()])?;
+        self.atime = Some(keeper);
+        Ok(())
+    }
+
+    /// The fixed file a Read or Write goes to: 0, the queue pair's file, but for a read that
+    /// `atime` lets skip the access-time check.
+    fn data_file(&mut self, opcode: Opcode) -> types::Fixed {
+        let unchecked = match self.atime.as_mut() {
+            Some(keeper) if opcode == Opcode::Read => {
+                !keeper.check_read(crate::sys::monotonic_coarse_ns())
+            }
+            _ => false,
+        };
+        types::Fixed(if unchecked { NOATIME_FILE_INDEX } else { 0 })
     }
 
     /// Hands every pending submission entry to the kernel: one `io_uring_enter` per ring
@@ -413,12 +439,13 @@ impl QueuePair for UringQueuePair {
             // One segment is one buffer: a plain (or fixed) read or write, as without segments.
             Some(&[one]) => self.one_buffer_entry(cmd, one.ptr(), &flight, slot),
             Some(segs) => {
+                let file = self.data_file(flight.opcode);
                 // `check` bounded the count by SEGMENTS_MAX.
                 let iov = &mut self.iovecs[slot as usize * SEGMENTS_MAX..][..segs.len()];
                 for (v, s) in iov.iter_mut().zip(segs) {
                     *v = s.to_iovec();
                 }
-                vectored_entry(cmd, iov.as_ptr(), segs.len() as u32, &flight, slot)
+                vectored_entry(cmd, iov.as_ptr(), segs.len() as u32, &flight, slot, file)
             }
             None if moves_data => self.one_buffer_entry(cmd, cmd.buf_ptr(), &flight, slot),
             None => flight.entry(slot),

@@ -341,11 +341,17 @@ fn the_workers_cpu_time_is_counted() {
     );
 }
 
-/// Inline reads under `atime=` (see `atime.rs`): with `kernel` each read moves an access time
-/// the mount's rule says is stale; with `coarse` only the first read of a minute does, and a
-/// queue pair dropped after unchecked reads checks once more.
+/// Reads through the page cache under `atime=` (see `atime.rs`), inline and through the
+/// ring: with `kernel` each read moves an access time the mount's rule says is stale; with
+/// `coarse` only the first read of a minute does, and a queue pair dropped after unchecked
+/// reads checks once more.
 #[test]
-fn inline_reads_check_the_access_time_once_a_minute_and_when_dropped() {
+fn buffered_reads_check_the_access_time_once_a_minute_and_when_dropped() {
+    check_access_time("on");
+    check_access_time("off");
+}
+
+fn check_access_time(inline: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = patterned(dir.path(), 8);
     let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
@@ -365,19 +371,19 @@ fn inline_reads_check_the_access_time_once_a_minute_and_when_dropped() {
         accessed > two_days_ago + Duration::from_secs(86_400)
     };
     let read = |qp: &mut UringQueuePair| {
-        let mut buf = vec![0u8; LBA];
-        // SAFETY: `buf` outlives the completion, reaped below.
-        unsafe { qp.submit(&Command::read(2, 1, &mut buf), 1) }.unwrap();
-        assert_eq!(poll_now(qp)[0].status, Status::SUCCESS);
+        let mut io = SyncIo::new(qp, Duration::from_secs(10));
+        assert_eq!(io.read(2, 1).unwrap().len(), LBA);
     };
-    let mut kernel = buffered(&path, "on");
+    let mut kernel = buffered(&path, inline);
     kernel.set("atime", "kernel").unwrap();
-    assert!(kernel.to_string().ends_with(",inline=on,atime=kernel"));
+    assert!(kernel
+        .to_string()
+        .ends_with(&format!(",inline={inline},atime=kernel")));
     assert!(matches!(
         kernel.clone().set("atime", "never"),
         Err(ConfigError::BadValue { .. })
     ));
-    assert!(!buffered(&path, "on").to_string().contains("atime"));
+    assert!(!buffered(&path, inline).to_string().contains("atime"));
     let ctrl = UringController::open(&kernel).unwrap();
     assert!(
         ctrl.describe().contains("(atime=kernel)"),
@@ -397,7 +403,7 @@ fn inline_reads_check_the_access_time_once_a_minute_and_when_dropped() {
     assert!(moved(), "atime=kernel: every read is checked");
     drop(qp);
 
-    let ctrl = UringController::open(&buffered(&path, "on")).unwrap();
+    let ctrl = UringController::open(&buffered(&path, inline)).unwrap();
     let describe = ctrl.describe();
     if !atime::relatime_mount(&File::open(&path).unwrap()).unwrap() {
         // strictatime: every read is checked, and the device says why.

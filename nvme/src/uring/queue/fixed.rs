@@ -77,7 +77,8 @@ impl UringQueuePair {
     ) -> squeue::Entry {
         let fixed = self.fixed_index(buf_ptr, flight.len_bytes);
         self.fixed_ios += u64::from(fixed.is_some());
-        data_entry(cmd, buf_ptr, flight, slot, fixed)
+        let file = self.data_file(flight.opcode);
+        data_entry(cmd, buf_ptr, flight, slot, fixed, file)
     }
 
     /// Registers the region as a fixed buffer (slot index + 1 of the sparse table), so a

@@ -61,9 +61,15 @@ impl UringQueuePair {
             0
         };
         let offset_bytes = cmd.slba() * u64::from(self.ns.lba_size_bytes);
-        let fd = match &mut self.atime {
-            Some(keeper) if !write => keeper.read_fd(crate::sys::monotonic_coarse_ns()),
-            _ => self.file.as_raw_fd(),
+        let fd = match self.atime.as_mut().filter(|_| !write) {
+            Some(keeper) => {
+                if keeper.check_read(crate::sys::monotonic_coarse_ns()) {
+                    self.file.as_raw_fd()
+                } else {
+                    keeper.noatime_fd()
+                }
+            }
+            None => self.file.as_raw_fd(),
         };
         // SAFETY: the caller of `submit` keeps the command's buffers valid until its
         // completion is delivered (QueuePair::submit's contract), which is after this call;
