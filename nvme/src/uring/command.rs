@@ -34,9 +34,9 @@ pub(super) enum Zeroing {
 }
 
 /// The operation for a Read or a Write of the one buffer at `buf_ptr`, on the fixed file
-/// `file`, with `slot` as its user data: through the fixed buffer `fixed` names when the buffer lies in a
-/// registered one (the pinned pool is 0, an application's regions follow); a Write with FUA
-/// is written with `RWF_DSYNC`.
+/// `file`, with `slot` as its user data: through the fixed buffer `fixed` names when the
+/// buffer lies in a registered one (the pinned pool is 0, an application's regions follow);
+/// a Write with FUA is written with `RWF_DSYNC`.
 pub(super) fn data_entry(
     cmd: &Command<'_>,
     buf_ptr: *mut u8,

@@ -3,13 +3,13 @@
 //! [,taskrun=defer|signal][,wait=ring|epoll][,sqpoll=off|on][,sqpoll_idle_ms=N][,sqpoll_cpu=N]
 //! [,inline=auto|on|off][,atime=coarse|kernel]`.
 //!
-//! Each queue pair owns one ring, with the file registered (fixed file 0), and in polled
-//! modes a second one for the commands an IOPOLL ring refuses (the side ring, in `queue`).
-//! Commands map to io_uring operations: Read and Write (Write with FUA becomes a write with
-//! `RWF_DSYNC`), Flush to `fdatasync`, Write Zeroes to `fallocate(ZERO_RANGE)` (where the
-//! file system lacks zero-range, `PUNCH_HOLE`, then a plain `fallocate` to allocate the
-//! blocks again unless the command allows deallocation), Deallocate to
-//! `fallocate(PUNCH_HOLE)`.
+//! Each queue pair owns one ring, with the file registered (fixed file 0; fixed file 1 is
+//! its second descriptor for reads under `atime`), and in polled modes a second one for the
+//! commands an IOPOLL ring refuses (the side ring, in `queue`). Commands map to io_uring
+//! operations: Read and Write (Write with FUA becomes a write with `RWF_DSYNC`), Flush to
+//! `fdatasync`, Write Zeroes to `fallocate(ZERO_RANGE)` (where the file system lacks
+//! zero-range, `PUNCH_HOLE`, then a plain `fallocate` to allocate the blocks again unless
+//! the command allows deallocation), Deallocate to `fallocate(PUNCH_HOLE)`.
 //!
 //! How completions are found depends on the device, detected when it is opened:
 //! - **poll** (`IORING_SETUP_IOPOLL`): only for O_DIRECT on a device with poll queues (an
@@ -43,12 +43,13 @@
 //! where `atime=coarse` applies (see [`AtimeMode`]).
 //!
 //! Layout: `config` (the device string's keys and their parsing), `open` (opening the file,
-//! checking its size, probing io_uring), `atime` (the access time of reads through the page cache), `iopoll`
-//! (choosing how completions are found), `queue` (the queue pair: its rings, submission,
-//! reaping, aborts), `command` (an NVMe command as an io_uring operation, an io_uring
-//! result as an NVMe status), `ring` (ring set-up and `io_uring_enter`), `threads` (what
-//! io_uring's submission threads and workers cost), `sys` (the raw system calls the
-//! io-uring crate does not wrap). This file holds the controller.
+//! checking its size, probing io_uring), `atime` (the access time of reads through the page
+//! cache), `iopoll` (choosing how completions are found), `queue` (the queue pair: its
+//! rings, submission, reaping, aborts), `command` (an NVMe command as an io_uring
+//! operation, an io_uring result as an NVMe status), `ring` (ring set-up and
+//! `io_uring_enter`), `threads` (what io_uring's submission threads and workers cost),
+//! `sys` (the raw system calls the io-uring crate does not wrap). This file holds the
+//! controller.
 
 mod atime;
 mod command;
@@ -152,7 +153,7 @@ impl UringController {
         qp.ring_wait = self.cfg.ring_wait;
         qp.inline = self.inline;
         if let Some(noatime) = &self.noatime {
-            qp.keep_atime(AtimeKeeper::new(self.file.clone(), noatime.clone()))?;
+            qp.keep_atime(AtimeKeeper::new(self.file.clone(), noatime.clone()));
         }
         Ok(qp)
     }

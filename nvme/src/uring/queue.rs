@@ -247,12 +247,15 @@ impl UringQueuePair {
 
     /// Reads from now on through `keeper`'s second descriptor but once a minute (see
     /// `atime.rs`): inline ones directly, the others as fixed file 1 of the main ring.
-    pub(super) fn keep_atime(&mut self, keeper: AtimeKeeper) -> Result<(), QueuePairError> {
-        self.ring
+    pub(super) fn keep_atime(&mut self, keeper: AtimeKeeper) {
+        // A kernel that cannot replace a registered file (before 5.5) leaves the ordinary
+        // one in slot 1: reads through the ring are then all checked, as with atime=kernel,
+        // which changes nothing a reader can see.
+        let _ = self
+            .ring
             .submitter()
-            .register_files_update(NOATIME_FILE_INDEX, &[keeper.noatime_fd()])?;
+            .register_files_update(NOATIME_FILE_INDEX, &[keeper.noatime_fd()]);
         self.atime = Some(keeper);
-        Ok(())
     }
 
     /// The fixed file a Read or Write goes to: 0, the queue pair's file, but for a read that
@@ -455,6 +458,10 @@ impl QueuePair for UringQueuePair {
         // waits for every command in the kernel before the ring goes away.
         if !unsafe { self.push(&entry, flight.side) } {
             self.free_slots.push(slot);
+            if let Some(keeper) = self.atime.as_mut().filter(|_| moves_data) {
+                // The read may have been this minute's checked one: check the next instead.
+                keeper.check_next_read();
+            }
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
         self.slots[slot as usize] = Some(flight);

@@ -374,6 +374,22 @@ fn check_access_time(inline: &str) {
         let mut io = SyncIo::new(qp, Duration::from_secs(10));
         assert_eq!(io.read(2, 1).unwrap().len(), LBA);
     };
+    // A read into two buffers (`preadv2`, or `Readv` on the ring).
+    let read_vectored = |qp: &mut UringQueuePair| {
+        let (mut x, mut y) = ([0u8; LBA / 2], [0u8; LBA / 2]);
+        let mut into = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
+        // SAFETY: the buffers outlive the completion, waited for below.
+        unsafe { qp.submit(&Command::readv(3, 1, &mut into), 2) }.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let done = loop {
+            let done = poll_now(qp);
+            if !done.is_empty() || std::time::Instant::now() > deadline {
+                break done;
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(done[0].status, Status::SUCCESS);
+    };
     let mut kernel = buffered(&path, inline);
     kernel.set("atime", "kernel").unwrap();
     assert!(kernel
@@ -421,7 +437,7 @@ fn check_access_time(inline: &str) {
     assert!(moved(), "the first read is checked");
     make_stale();
     read(&mut qp);
-    read(&mut qp);
+    read_vectored(&mut qp);
     assert!(
         !moved(),
         "atime=coarse: reads within the minute are not checked"
