@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, IoUring};
 
 use super::atime::AtimeKeeper;
 use super::command::{data_entry, status_of, vectored_entry, InFlight, Zeroing};
@@ -37,9 +37,6 @@ use wait::{WakePoll, WAKE_USER_DATA};
 
 /// User data of an `ASYNC_CANCEL` request (an abort): never a slot index.
 const CANCEL_USER_DATA: u64 = u64::MAX;
-
-/// The main ring's fixed file for reads that skip the access-time check (`atime.rs`).
-const NOATIME_FILE_INDEX: u32 = 1;
 
 /// In polled modes, a second ring for what an IOPOLL ring refuses. The kernel fails
 /// `fsync`, `fallocate` and `ASYNC_CANCEL` with EINVAL on a ring set up with IOPOLL, so
@@ -127,7 +124,7 @@ pub struct UringQueuePair {
     pub(super) inline: bool,
     /// Reads' choice of descriptor (inline) or fixed file (through the ring) for the access
     /// time (`atime=coarse`, where it applies); `None`: every read through `file`.
-    pub(super) atime: Option<AtimeKeeper>,
+    atime: Option<AtimeKeeper>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -243,31 +240,6 @@ impl UringQueuePair {
     /// How this queue pair finds completions.
     pub fn mode(&self) -> CompletionMode {
         self.mode
-    }
-
-    /// Reads from now on through `keeper`'s second descriptor but once a minute (see
-    /// `atime.rs`): inline ones directly, the others as fixed file 1 of the main ring.
-    pub(super) fn keep_atime(&mut self, keeper: AtimeKeeper) {
-        // A kernel that cannot replace a registered file (before 5.5) leaves the ordinary
-        // one in slot 1: reads through the ring are then all checked, as with atime=kernel,
-        // which changes nothing a reader can see.
-        let _ = self
-            .ring
-            .submitter()
-            .register_files_update(NOATIME_FILE_INDEX, &[keeper.noatime_fd()]);
-        self.atime = Some(keeper);
-    }
-
-    /// The fixed file a Read or Write goes to: 0, the queue pair's file, but for a read that
-    /// `atime` lets skip the access-time check.
-    fn data_file(&mut self, opcode: Opcode) -> types::Fixed {
-        let unchecked = match self.atime.as_mut() {
-            Some(keeper) if opcode == Opcode::Read => {
-                !keeper.check_read(crate::sys::monotonic_coarse_ns())
-            }
-            _ => false,
-        };
-        types::Fixed(if unchecked { NOATIME_FILE_INDEX } else { 0 })
     }
 
     /// Hands every pending submission entry to the kernel: one `io_uring_enter` per ring
@@ -458,7 +430,11 @@ impl QueuePair for UringQueuePair {
         // waits for every command in the kernel before the ring goes away.
         if !unsafe { self.push(&entry, flight.side) } {
             self.free_slots.push(slot);
-            if let Some(keeper) = self.atime.as_mut().filter(|_| moves_data) {
+            if let Some(keeper) = self
+                .atime
+                .as_mut()
+                .filter(|_| flight.opcode == Opcode::Read)
+            {
                 // The read may have been this minute's checked one: check the next instead.
                 keeper.check_next_read();
             }

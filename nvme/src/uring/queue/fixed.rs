@@ -1,16 +1,59 @@
-//! What a `uring` queue pair knows of fixed buffers and registered memory: which buffers
-//! lie in the pinned pool or in a region registered with the kernel (so a read or write of
-//! one buffer goes as `READ_FIXED`/`WRITE_FIXED` and skips the kernel's per-I/O page
-//! pinning), registering and unregistering regions in the ring's sparse buffer table, and
-//! O_DIRECT's rule for a vectored command's segments.
+//! What a `uring` queue pair has registered with its ring, buffers and files: which
+//! buffers lie in the pinned pool or in a region registered with the kernel (so a read or
+//! write of one buffer goes as `READ_FIXED`/`WRITE_FIXED` and skips the kernel's per-I/O
+//! page pinning), registering and unregistering regions in the ring's sparse buffer table,
+//! O_DIRECT's rule for a vectored command's segments, and which fixed file a read or write
+//! goes to (the second descriptor of `atime.rs` for a read that skips the access-time
+//! check).
 
-use io_uring::squeue;
+use io_uring::{squeue, types};
 
+use super::super::atime::AtimeKeeper;
 use super::{data_entry, InFlight, UringQueuePair};
 use crate::qpair::{Command, Segment, SegmentError};
 use crate::region::{MemoryRegion, RegisterError, UnregisterError};
+use crate::spec::Opcode;
+
+/// The main ring's fixed file for reads that skip the access-time check (`atime.rs`); the
+/// queue pair's file is 0.
+const NOATIME_FILE_INDEX: u32 = 1;
 
 impl UringQueuePair {
+    /// Reads from now on through `keeper`'s second descriptor but once a minute (see
+    /// `atime.rs`): inline ones directly, the others as fixed file 1 of the main ring.
+    pub(in super::super) fn keep_atime(&mut self, keeper: AtimeKeeper) {
+        // A kernel that cannot replace a registered file (before 5.5) leaves the ordinary
+        // one in slot 1: reads through the ring are then all checked, as with atime=kernel,
+        // which changes nothing a reader can see.
+        let _ = self
+            .ring
+            .submitter()
+            .register_files_update(NOATIME_FILE_INDEX, &[keeper.noatime_fd()]);
+        self.atime = Some(keeper);
+    }
+
+    /// Whether a command skips the kernel's access-time check: a read, while `atime` lets
+    /// it (all but the first of each minute). Asked once per read, when it is made or
+    /// pushed; the coarse clock is read from memory the kernel keeps, without a system call.
+    pub(super) fn skips_atime(&mut self, opcode: Opcode) -> bool {
+        match self.atime.as_mut() {
+            Some(keeper) if opcode == Opcode::Read => {
+                !keeper.check_read(crate::sys::monotonic_coarse_ns())
+            }
+            _ => false,
+        }
+    }
+
+    /// The fixed file a Read or Write goes to: 0, the queue pair's file, but for a read that
+    /// skips the access-time check.
+    pub(super) fn data_file(&mut self, opcode: Opcode) -> types::Fixed {
+        types::Fixed(if self.skips_atime(opcode) {
+            NOATIME_FILE_INDEX
+        } else {
+            0
+        })
+    }
+
     /// O_DIRECT's rule for a vectored command: each segment's address and length are
     /// multiples of the block size (the kernel would fail the whole I/O with EINVAL).
     pub(super) fn check_direct(&self, segs: &[Segment]) -> Result<(), SegmentError> {

@@ -33,6 +33,11 @@ impl UringQueuePair {
             Opcode::Write => true,
             other => unreachable!("only reads and writes move data, not {other:?}"),
         };
+        // The file: the second descriptor for a read that skips the access-time check.
+        let fd = match (self.skips_atime(cmd.opcode()), &self.atime) {
+            (true, Some(keeper)) => keeper.noatime_fd(),
+            _ => self.file.as_raw_fd(),
+        };
         // `submit` checked the depth: a slot is free.
         let slot = self
             .free_slots
@@ -61,16 +66,6 @@ impl UringQueuePair {
             0
         };
         let offset_bytes = cmd.slba() * u64::from(self.ns.lba_size_bytes);
-        let fd = match self.atime.as_mut().filter(|_| !write) {
-            Some(keeper) => {
-                if keeper.check_read(crate::sys::monotonic_coarse_ns()) {
-                    self.file.as_raw_fd()
-                } else {
-                    keeper.noatime_fd()
-                }
-            }
-            None => self.file.as_raw_fd(),
-        };
         // SAFETY: the caller of `submit` keeps the command's buffers valid until its
         // completion is delivered (QueuePair::submit's contract), which is after this call;
         // the transfer limit keeps the length far below i32::MAX.
