@@ -2,7 +2,7 @@
 //! protocol's [`Service`](crate::Service) started (the `listen` half of the composition
 //! design, docs/lab/2026-12-front-end-composition.md). [`AddedProtocol::bind`] binds its
 //! socket before the reactors start, so its address is known to their `init`, which builds
-//! the protocol's shard on each reactor with [`AddedProtocol::builder`]; once the service
+//! the protocol's shard on each reactor with [`AddedShards::builder`]; once the service
 //! runs, [`AddedProtocol::serve`] starts the listener thread with the reactors' handles.
 //! Its stop ([`AddedListener::stop`]) comes before the service's: stop accepting, let its
 //! connections finish what they have in flight, close them.

@@ -88,7 +88,7 @@ pub struct UringQueuePair {
     pub(super) polled_refusals: u64,
     /// The ring's registered eventfd, in interrupt mode.
     event_fd: Option<EventFd>,
-    /// Task work waits for our `io_uring_enter` ([`TaskRun::Defer`]).
+    /// Task work waits for our `io_uring_enter` ([`super::config::TaskRun::Defer`]).
     pub(super) defer_taskrun: bool,
     /// The main ring has a submission thread (`sqpoll=on`): pushed entries are taken without
     /// an enter while it is awake, and completions are posted by it, never by our enters.

@@ -1,6 +1,6 @@
 //! Time and waiting behind one seam. A reactor reads the time through its `Clock` and
 //! blocks through its `Waiter`: the real one sleeps the thread and waits in epoll; the
-//! simulation's ([`VirtualWaiter`]) moves a virtual clock instead, so the whole idle path
+//! simulation's (`VirtualWaiter`) moves a virtual clock instead, so the whole idle path
 //! (the policy's sleeps, interrupt waits, parks, the long-sleep bound) runs seeded and
 //! replays. Only the idle path consults the waiter: the I/O path pays nothing for it. The
 //! virtual waiter exists only with the `sim` feature (and in the crate's own tests): without
